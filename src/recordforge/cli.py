@@ -1,0 +1,86 @@
+"""The `recordforge` command line: parses, calls the library, prints."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from recordforge import __version__
+from recordforge.errors import RecordForgeError
+
+__all__ = ["main"]
+
+_USAGE = """recordforge COMMAND [flags]
+
+commands:
+  convert        convert Parquet/CSV files to TFRecords (recordforge convert --help)
+  infer-schema   print the schema YAML inferred from a source file
+  version        print the version
+"""
+
+
+def _convert(argv: list[str]) -> int:
+    if argv and argv[0] in ("-h", "--help"):
+        from recordforge.pipelines.options import ConvertOptions
+
+        parser = argparse.ArgumentParser(prog="recordforge convert",
+                                         epilog="Any other flag is passed to Apache Beam.")
+        ConvertOptions._add_argparse_args(parser)
+        parser.print_help()
+        return 0
+    from recordforge.pipelines.convert import run
+
+    meta = run(argv)
+    out = next((argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--output"), None)
+    out = out or next(a.split("=", 1)[1] for a in argv if a.startswith("--output="))
+    print(f"wrote {meta['num_records']} records in {len(meta['shards'])} shards to {out}")
+    print(f"  rows read {meta['rows_read']}, written {meta['rows_written']}, "
+          f"rejected {meta['rows_rejected']}")
+    print(f"  read it back: recordforge.read({out!r})")
+    return 0
+
+
+def _infer_schema(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="recordforge infer-schema")
+    parser.add_argument("source", help="a Parquet or CSV file (or pattern; the first match is used)")
+    parser.add_argument("--format", choices=("parquet", "csv"), default=None)
+    args = parser.parse_args(argv)
+    from recordforge.pipelines.config import format_from_path
+    from recordforge.pipelines.convert import read_arrow_schema
+    from recordforge.schemas import dump_schema, infer_schema
+    from recordforge.transforms.sources import expand_patterns
+
+    first = expand_patterns([args.source])[0].path
+    fmt = args.format or format_from_path(first)
+    if fmt is None:
+        raise RecordForgeError(f"cannot tell the format of {first} from its name; pass --format")
+    schema = infer_schema(read_arrow_schema(first, fmt), origin=first)
+    notes = "".join(f"# note: {n}\n" for n in schema.notes)
+    sys.stdout.write(dump_schema(schema, header=f"# inferred from {first}\n{notes}"))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    if not argv or argv[0] in ("-h", "--help"):
+        print(_USAGE)
+        return 0 if argv else 2
+    command, rest = argv[0], argv[1:]
+    commands = {"convert": _convert, "infer-schema": _infer_schema}
+    if command == "version":
+        print(__version__)
+        return 0
+    if command not in commands:
+        print(f"unknown command {command!r}\n\n{_USAGE}", file=sys.stderr)
+        return 2
+    try:
+        return commands[command](rest)
+    except RecordForgeError as exn:
+        print(f"recordforge {command}: error: {exn}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,47 @@
+"""Exceptions RecordForge raises, each naming where the problem is."""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["DataError", "RecordForgeError", "SchemaError", "SourceError"]
+
+
+class RecordForgeError(Exception):
+    """Base class: a problem the user can fix, with a message that says how."""
+
+
+class SchemaError(RecordForgeError, ValueError):
+    """The schema (file, flags or inferred) is invalid; raised before any data is read."""
+
+
+class SourceError(RecordForgeError, ValueError):
+    """An input pattern matched nothing, or an input file cannot be read."""
+
+
+class DataError(RecordForgeError, ValueError):
+    """A value does not fit the schema: names the file, the row (1-based, data rows), the column."""
+
+    def __init__(
+        self, *, file: str, row: int, column: str, reason: str, value: Any = None
+    ) -> None:
+        self.file = file
+        self.row = row
+        self.column = column
+        self.reason = reason
+        self.value = value
+        shown = "" if value is None else f" (value: {_short(value)})"
+        super().__init__(f"{file}, row {row}, column {column!r}: {reason}{shown}")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Keyword-only __init__: tell pickle how to rebuild it across Beam worker boundaries.
+        return (_rebuild_data_error, (self.file, self.row, self.column, self.reason, self.value))
+
+
+def _rebuild_data_error(file: str, row: int, column: str, reason: str, value: Any) -> DataError:
+    return DataError(file=file, row=row, column=column, reason=reason, value=value)
+
+
+def _short(value: Any, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -1,0 +1,67 @@
+"""The convert pipeline's configuration: validated once from flags, then frozen."""
+
+from __future__ import annotations
+
+import posixpath
+from dataclasses import dataclass
+
+from recordforge.errors import RecordForgeError
+from recordforge.pipelines.options import FORMATS, ConvertOptions
+from recordforge.tfrecord import Compression
+
+__all__ = ["ConvertConfig", "format_from_path"]
+
+_EXTENSIONS = {".parquet": "parquet", ".pq": "parquet", ".csv": "csv", ".tsv": "csv"}
+
+
+def format_from_path(path: str) -> str | None:
+    base = posixpath.basename(path.rstrip("/")).lower()
+    for suffix in (".gz", ".bz2", ".zst"):
+        base = base.removesuffix(suffix)
+    return _EXTENSIONS.get(posixpath.splitext(base)[1])
+
+
+@dataclass(frozen=True)
+class ConvertConfig:
+    """Everything `build` needs, frozen; `source_format` None means "from the first file"."""
+
+    sources: tuple[str, ...]
+    output: str
+    schema_path: str | None = None
+    source_format: str | None = None
+    compression: str = "gzip"
+    num_shards: int = 0
+    batch_size: int = 65536
+    overwrite: bool = False
+    command: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        problems = []
+        if not self.sources:
+            problems.append("--source is required")
+        if not self.output:
+            problems.append("--output is required")
+        if self.source_format is not None and self.source_format not in FORMATS:
+            problems.append(f"--format must be one of {', '.join(FORMATS)}")
+        if self.compression not in Compression.CHOICES:
+            problems.append(f"--compression must be one of {', '.join(Compression.CHOICES)}")
+        if self.num_shards < 0:
+            problems.append("--num_shards must be 0 (runner decides) or more")
+        if self.batch_size < 1:
+            problems.append("--batch_size must be at least 1")
+        if problems:
+            raise RecordForgeError("; ".join(problems))
+
+    @classmethod
+    def from_options(cls, opts: ConvertOptions, command: tuple[str, ...] = ()) -> ConvertConfig:
+        return cls(
+            sources=tuple(opts.source or ()),
+            output=opts.output or "",
+            schema_path=opts.schema,
+            source_format=opts.format,
+            compression=opts.compression,
+            num_shards=opts.num_shards,
+            batch_size=opts.batch_size,
+            overwrite=opts.overwrite,
+            command=command,
+        )

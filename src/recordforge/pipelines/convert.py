@@ -1,0 +1,159 @@
+"""The convert pipeline: tables in, sharded TFRecords and a self-describing bundle out.
+
+The data's path, in order:
+
+    files  --Read-->  SourceBatch (pa.RecordBatch + file + first row)
+           --ToExamples-->  pa.LargeBinaryArray of serialized tf.train.Examples (conform, encode)
+           --WriteTFRecords-->  ShardInfo per shard, measured on disk
+           --WriteBundle-->  schema.pbtxt, schema.yaml, feature_spec.json, metadata.json, _SUCCESS
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from typing import Any
+
+import apache_beam as beam
+import pyarrow as pa
+import pyarrow.csv as pacsv
+import pyarrow.parquet as pq
+from apache_beam.io.filesystems import FileSystems
+from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, StandardOptions
+
+from recordforge.errors import RecordForgeError, SourceError
+from recordforge.pipelines.config import ConvertConfig, format_from_path
+from recordforge.pipelines.options import ConvertOptions
+from recordforge.schemas import Plan, compile_schema, infer_schema, load_schema
+from recordforge.schemas.loader import dump_schema
+from recordforge.transforms.bundle import METADATA, SUCCESS, BundleSpec, WriteBundle
+from recordforge.transforms.examples import ToExamples
+from recordforge.transforms.sinks import WriteTFRecords
+from recordforge.transforms.sources import ReadCsv, ReadParquet, expand_patterns
+
+__all__ = ["build", "run", "DEFAULT_RUNNER"]
+
+_LOGGER = logging.getLogger(__name__)
+
+# Beam's in-process portable runner: what DirectRunner ends up using for batch pipelines, without
+# first trying (and, offline, failing) to download the Prism runner binary.
+DEFAULT_RUNNER = "apache_beam.runners.portability.fn_api_runner.FnApiRunner"
+
+
+def build(pipeline: beam.Pipeline, config: ConvertConfig) -> beam.PCollection[str]:
+    """Adds the conversion to `pipeline`; returns a PCollection holding the output path once the
+    bundle is published. Input patterns and the schema are resolved now, not at run time."""
+    files = expand_patterns(config.sources)
+    fmt = config.source_format or _detect_format(files[0].path)
+    plan = resolve_plan(config, fmt, files[0].path)
+    columns = list(plan.schema.source_columns)
+    if fmt == "parquet":
+        read = ReadParquet(config.sources, columns=columns, batch_size=config.batch_size,
+                           expanded=files)
+    else:
+        read = ReadCsv(config.sources, column_types=plan.csv_column_types, expanded=files)
+
+    batches = pipeline | "Read" >> read
+    # SourceBatch: a pa.RecordBatch with its file and first row
+    rows_read = (
+        batches
+        | "RowsPerBatch" >> beam.Map(lambda b: b.batch.num_rows)
+        | "RowsRead" >> beam.CombineGlobally(sum)
+    )
+    examples = batches | "ToExamples" >> ToExamples(plan)
+    # pa.LargeBinaryArray: serialized tf.train.Examples, one per row of the batch
+    shards = examples | "WriteTFRecords" >> WriteTFRecords(
+        config.output, compression=config.compression, num_shards=config.num_shards
+    )
+    # ShardInfo: path, records, bytes, sha256 of each shard as written
+    spec = BundleSpec(
+        output=config.output,
+        plan=plan,
+        source_format=fmt,
+        sources=tuple((f.path, f.size) for f in files),
+        compression=config.compression,
+        command=config.command,
+    )
+    return shards | "WriteBundle" >> WriteBundle(spec, rows_read)
+
+
+def _detect_format(path: str) -> str:
+    fmt = format_from_path(path)
+    if fmt is None:
+        raise RecordForgeError(f"cannot tell the format of {path} from its name; pass --format")
+    return fmt
+
+
+def resolve_plan(config: ConvertConfig, fmt: str, first_file: str) -> Plan:
+    """The declared schema, or one inferred from the first input file (and logged as YAML)."""
+    if config.schema_path:
+        return compile_schema(load_schema(config.schema_path))
+    arrow_schema = read_arrow_schema(first_file, fmt)
+    schema = infer_schema(arrow_schema, origin=first_file)
+    _LOGGER.info(
+        "No --schema given: inferred from %s (written to the bundle as schema.yaml; save it, edit "
+        "it and pass it with --schema to pin it):\n%s", first_file, dump_schema(schema)
+    )
+    for note in schema.notes:
+        _LOGGER.warning("inferred schema: %s", note)
+    return compile_schema(schema)
+
+
+def read_arrow_schema(path: str, fmt: str) -> pa.Schema:
+    try:
+        with FileSystems.open(path) as f:
+            if fmt == "parquet":
+                return pq.ParquetFile(f).schema_arrow
+            reader = pacsv.open_csv(
+                f,
+                parse_options=pacsv.ParseOptions(newlines_in_values=True),
+                convert_options=pacsv.ConvertOptions(
+                    null_values=[""], strings_can_be_null=False, quoted_strings_can_be_null=False
+                ),
+            )
+            return reader.schema
+    except Exception as exn:
+        raise SourceError(f"{path}: cannot read its schema as {fmt}: {exn}") from exn
+
+
+def _prepare_output(config: ConvertConfig) -> None:
+    """Refuses to mix a new dataset into an existing one unless asked to replace it."""
+    out = config.output.rstrip("/")
+    existing = [m.path for m in FileSystems.match([f"{out}/*"])[0].metadata_list]
+    if not existing:
+        return
+    if not config.overwrite:
+        raise RecordForgeError(
+            f"{out} is not empty ({len(existing)} files); pass --overwrite to replace it"
+        )
+    _LOGGER.info("--overwrite: deleting %d files under %s", len(existing), out)
+    FileSystems.delete(existing)
+
+
+def _pipeline_options(argv: list[str]) -> PipelineOptions:
+    options = PipelineOptions(argv)
+    standard = options.view_as(StandardOptions)
+    if standard.runner is None:
+        standard.runner = DEFAULT_RUNNER
+    if options.view_as(DirectOptions).direct_running_mode == "multi_threading":
+        raise RecordForgeError(
+            "--direct_running_mode=multi_threading is refused: Beam's multi-threaded mode was seen "
+            "to drop rows and still exit 0. Use in_memory (default) or multi_processing"
+        )
+    return options
+
+
+def run(argv: list[str] | None = None) -> dict[str, Any]:
+    """Parses flags, runs the conversion, returns the published metadata."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    options = _pipeline_options(argv)
+    config = ConvertConfig.from_options(options.view_as(ConvertOptions), tuple(argv))
+    _prepare_output(config)
+    with beam.Pipeline(options=options) as pipeline:
+        build(pipeline, config)
+    out = config.output.rstrip("/")
+    if not FileSystems.exists(f"{out}/{SUCCESS}"):
+        raise RecordForgeError(f"{out}: the pipeline finished but published no {SUCCESS}")
+    with FileSystems.open(f"{out}/{METADATA}") as f:
+        return json.loads(f.read())

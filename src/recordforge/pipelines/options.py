@@ -1,0 +1,50 @@
+"""The convert pipeline's flags, declared once; every other flag goes to Beam."""
+
+from __future__ import annotations
+
+import argparse
+
+from apache_beam.options.pipeline_options import PipelineOptions
+
+from recordforge.tfrecord import Compression
+
+__all__ = ["ConvertOptions", "FORMATS"]
+
+FORMATS = ("parquet", "csv")
+
+
+class ConvertOptions(PipelineOptions):
+    """Flags of `recordforge convert`; names here are also the Flex Template's parameter names."""
+
+    @classmethod
+    def _add_argparse_args(cls, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument(
+            "--source", action="append", default=None,
+            help="Input file pattern (local path or any Beam filesystem such as gs://); "
+            "repeat the flag for several patterns.",
+        )
+        parser.add_argument("--output", default=None, help="Output folder for shards and bundle.")
+        parser.add_argument(
+            "--schema", default=None,
+            help="Schema YAML file; without it the schema is inferred from the first source file.",
+        )
+        parser.add_argument(
+            "--format", default=None, choices=FORMATS,
+            help="Source format; defaults from the file extension of the first match.",
+        )
+        parser.add_argument(
+            "--compression", default="gzip", choices=Compression.CHOICES,
+            help="Compression of the TFRecord shards (default gzip).",
+        )
+        parser.add_argument(
+            "--num_shards", type=int, default=0,
+            help="Number of output shards; 0 (default) lets the runner decide.",
+        )
+        parser.add_argument(
+            "--batch_size", type=int, default=65536,
+            help="Rows per Arrow record batch moved between pipeline steps.",
+        )
+        parser.add_argument(
+            "--overwrite", action="store_true", default=False,
+            help="Replace a dataset already published at --output.",
+        )

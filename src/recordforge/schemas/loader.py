@@ -1,0 +1,128 @@
+"""Loading a schema YAML file, reporting every problem at once with its line number."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+from apache_beam.io.filesystems import FileSystems
+
+from recordforge.errors import SchemaError
+from recordforge.schemas.model import DType, Feature, NullPolicy, Schema
+
+__all__ = ["load_schema", "schema_from_dict", "dump_schema"]
+
+_LINE = "__line__"
+_KEYS = {"name", "type", "shape", "column", "nulls", "default", "narrow", "description"}
+
+
+class _LineLoader(yaml.SafeLoader):
+    """A SafeLoader that remembers the line each mapping starts on."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        mapping = super().construct_mapping(node, deep=deep)
+        mapping[_LINE] = node.start_mark.line + 1
+        return mapping
+
+
+def load_schema(path: str) -> Schema:
+    """Reads a schema YAML from any Beam filesystem path; raises SchemaError listing all problems."""
+    try:
+        with FileSystems.open(path) as f:
+            text = f.read().decode("utf-8")
+    except Exception as exn:
+        raise SchemaError(f"cannot read schema file {path}: {exn}") from exn
+    try:
+        data = yaml.load(text, Loader=_LineLoader)  # noqa: S506 - SafeLoader subclass
+    except yaml.YAMLError as exn:
+        raise SchemaError(f"{path}: not valid YAML: {exn}") from exn
+    return schema_from_dict(data, origin=path)
+
+
+def schema_from_dict(data: Any, *, origin: str = "declared") -> Schema:
+    """Builds a Schema from its dict form (as loaded from YAML or JSON)."""
+    where = origin
+    if not isinstance(data, dict) or not isinstance(data.get("features"), list):
+        raise SchemaError(f"{where}: expected a mapping with a `features:` list")
+    problems: list[str] = []
+    features: list[Feature] = []
+    for i, entry in enumerate(data["features"]):
+        line = entry.get(_LINE, "?") if isinstance(entry, dict) else "?"
+        prefix = f"{where}:{line}: feature #{i + 1}"
+        if not isinstance(entry, dict):
+            problems.append(f"{prefix}: expected a mapping, got {entry!r}")
+            continue
+        if "name" in entry:
+            prefix += f" {entry['name']!r}"
+        feature, errs = _feature_from_dict(entry)
+        problems.extend(f"{prefix}: {e}" for e in errs)
+        if feature is not None:
+            features.append(feature)
+    if not problems:
+        try:
+            return Schema(tuple(features), origin=origin)
+        except ValueError as exn:
+            problems.append(f"{where}: {exn}")
+    raise SchemaError("invalid schema:\n  " + "\n  ".join(problems))
+
+
+def _feature_from_dict(entry: dict[str, Any]) -> tuple[Feature | None, list[str]]:
+    errs: list[str] = []
+    unknown = sorted(set(entry) - _KEYS - {_LINE})
+    if unknown:
+        errs.append(f"unknown key(s) {', '.join(unknown)} (known: {', '.join(sorted(_KEYS))})")
+    name = entry.get("name")
+    if not isinstance(name, str) or not name:
+        errs.append("`name` is required and must be a string")
+    dtype = _enum(DType, entry.get("type"), "type", errs, required=True)
+    nulls_raw = entry.get("nulls")
+    if nulls_raw is None:
+        nulls_raw = "default" if "default" in entry else "absent"
+    nulls = _enum(NullPolicy, nulls_raw, "nulls", errs)
+    shape_raw = entry.get("shape", [])
+    if not isinstance(shape_raw, list) or not all(
+        isinstance(d, int) and not isinstance(d, bool) for d in shape_raw
+    ):
+        errs.append(f"`shape` must be a list of integers like [], [3], [2, 2] or [-1], got {shape_raw!r}")
+        shape_raw = []
+    column = entry.get("column")
+    if column is not None and not isinstance(column, str):
+        errs.append("`column` must be a string")
+    narrow = entry.get("narrow", False)
+    if not isinstance(narrow, bool):
+        errs.append("`narrow` must be true or false")
+    if errs or dtype is None or nulls is None:
+        return None, errs
+    try:
+        feature = Feature(
+            name=name,
+            dtype=dtype,
+            shape=tuple(shape_raw),
+            column=column,
+            nulls=nulls,
+            default=entry.get("default"),
+            narrow=narrow,
+            description=str(entry.get("description", "")),
+        )
+    except ValueError as exn:
+        # Feature joins all its own problems into one message.
+        return None, [str(exn).split(": ", 1)[1]]
+    return feature, []
+
+
+def _enum(cls: type, raw: Any, key: str, errs: list[str], *, required: bool = False) -> Any:
+    if raw is None:
+        if required:
+            errs.append(f"`{key}` is required (one of {', '.join(m.value for m in cls)})")
+        return None
+    try:
+        return cls(raw)
+    except ValueError:
+        errs.append(f"`{key}: {raw}` is not one of {', '.join(m.value for m in cls)}")
+        return None
+
+
+def dump_schema(schema: Schema, *, header: str = "") -> str:
+    """The schema as an editable YAML document."""
+    body = yaml.safe_dump(schema.to_dict(), sort_keys=False, default_flow_style=None)
+    return header + body
