@@ -60,7 +60,7 @@ def _conform_feature(batch: pa.RecordBatch, f: Feature, where: _Where) -> pa.Arr
         values = _cast_values(col, f, where, rows=None)
         return _apply_nulls(values, f, where)
     if pa.types.is_string(col.type) or pa.types.is_large_string(col.type):
-        col = _parse_json_lists(col, col_name, where)
+        col = _parse_json_lists(col, f, where)
     if not _is_list(col.type):
         raise SourceError(
             f"{where.file}: column {col_name!r} is {col.type}, but feature {f.name!r} has shape "
@@ -124,8 +124,18 @@ def _flatten_inner(col: pa.Array, f: Feature, where: _Where) -> pa.LargeListArra
     )
 
 
-def _parse_json_lists(col: pa.Array, column: str, where: _Where) -> pa.Array:
-    """CSV cells of list features hold JSON arrays (`[1, 2]`); an empty cell is a null."""
+_JSON_VALUE_TYPES = {
+    DType.INT64: pa.int64(), DType.BOOL: pa.bool_(), DType.FLOAT32: pa.float32(),
+    DType.FLOAT64: pa.float64(), DType.BYTES: pa.binary(), DType.STRING: pa.string(),
+}
+
+
+def _parse_json_lists(col: pa.Array, f: Feature, where: _Where) -> pa.Array:
+    """CSV cells of list features hold JSON arrays (`[1, 2]`); an empty cell is a null. Values are
+    converted straight to the declared type, as a typed CSV column would be."""
+    column = f.source_column
+    value_t = _JSON_VALUE_TYPES[f.dtype]
+    list_t = pa.list_(pa.list_(value_t) if len(f.shape) == 2 else value_t)
     parsed = []
     for i, cell in enumerate(col.to_pylist()):
         if cell is None or cell == "":
@@ -137,12 +147,19 @@ def _parse_json_lists(col: pa.Array, column: str, where: _Where) -> pa.Array:
             raise where.error(i, column, f"not a JSON array: {exn}", cell) from exn
         if not isinstance(value, list):
             raise where.error(i, column, "not a JSON array", cell)
+        if f.dtype is DType.BYTES:
+            value = [v.encode() if isinstance(v, str) else v for v in value]
         parsed.append(value)
     try:
-        return pa.array(parsed)
-    except (pa.ArrowInvalid, pa.ArrowTypeError) as exn:
-        raise SourceError(f"{where.file}: column {column!r}: mixed types in JSON lists: {exn}") \
-            from exn
+        return pa.array(parsed, list_t)
+    except (pa.ArrowInvalid, pa.ArrowTypeError):
+        for i, value in enumerate(parsed):
+            try:
+                pa.array([value], list_t)
+            except (pa.ArrowInvalid, pa.ArrowTypeError) as exn:
+                raise where.error(i, column, f"list values are not {f.dtype.value}: {exn}",
+                                  col[i].as_py()) from exn
+        raise
 
 
 def _valid(arr: pa.Array) -> np.ndarray:
