@@ -32,6 +32,8 @@ class ConvertConfig:
     compression: str = "gzip"
     num_shards: int = 0
     batch_size: int = 65536
+    sink: str = "fast"
+    compression_level: int = 1
     overwrite: bool = False
     command: tuple[str, ...] = ()
 
@@ -62,6 +64,8 @@ class ConvertConfig:
             compression=opts.compression,
             num_shards=opts.num_shards,
             batch_size=opts.batch_size,
+            sink=opts.sink,
+            compression_level=opts.compression_level,
             overwrite=opts.overwrite,
             command=command,
         )

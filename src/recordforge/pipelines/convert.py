@@ -64,7 +64,8 @@ def build(pipeline: beam.Pipeline, config: ConvertConfig) -> beam.PCollection[st
     examples = batches | "ToExamples" >> ToExamples(plan)
     # pa.LargeBinaryArray: serialized tf.train.Examples, one per row of the batch
     shards = examples | "WriteTFRecords" >> WriteTFRecords(
-        config.output, compression=config.compression, num_shards=config.num_shards
+        config.output, compression=config.compression, num_shards=config.num_shards,
+        sink=config.sink, compression_level=config.compression_level,
     )
     # ShardInfo: path, records, bytes, sha256 of each shard as written
     spec = BundleSpec(

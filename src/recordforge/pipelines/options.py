@@ -7,6 +7,7 @@ import argparse
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from recordforge.tfrecord import Compression
+from recordforge.transforms.sinks import DEFAULT_LEVEL, SINKS
 
 __all__ = ["ConvertOptions", "FORMATS"]
 
@@ -39,6 +40,15 @@ class ConvertOptions(PipelineOptions):
         parser.add_argument(
             "--num_shards", type=int, default=0,
             help="Number of output shards; 0 (default) lets the runner decide.",
+        )
+        parser.add_argument(
+            "--compression_level", type=int, default=DEFAULT_LEVEL, choices=range(4),
+            help=f"ISA-L deflate level 0-3 for the fast sink (default {DEFAULT_LEVEL}).",
+        )
+        parser.add_argument(
+            "--sink", default="fast", choices=SINKS,
+            help="fast: batches through Beam's file-based sink, vectorised framing, ISA-L "
+            "deflate (default); beam: beam.io.WriteToTFRecord, one element per record.",
         )
         parser.add_argument(
             "--batch_size", type=int, default=65536,

@@ -91,7 +91,7 @@ def _feature_from_dict(entry: dict[str, Any]) -> tuple[Feature | None, list[str]
     narrow = entry.get("narrow", False)
     if not isinstance(narrow, bool):
         errs.append("`narrow` must be true or false")
-    if errs or dtype is None or nulls is None:
+    if dtype is None or nulls is None or not isinstance(name, str) or not name:
         return None, errs
     try:
         feature = Feature(
@@ -106,8 +106,8 @@ def _feature_from_dict(entry: dict[str, Any]) -> tuple[Feature | None, list[str]
         )
     except ValueError as exn:
         # Feature joins all its own problems into one message.
-        return None, [str(exn).split(": ", 1)[1]]
-    return feature, []
+        return None, [*errs, str(exn).split(": ", 1)[1]]
+    return (None, errs) if errs else (feature, [])
 
 
 def _enum(cls: type, raw: Any, key: str, errs: list[str], *, required: bool = False) -> Any:

@@ -1,0 +1,68 @@
+"""The command line and `recordforge.read`, as a user runs them."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from typing import Any
+
+import numpy as np
+import pyarrow.parquet as pq
+
+import recordforge
+from recordforge.sampledata import taxi_table
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "recordforge", *args],
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_convert_with_inferred_schema_and_read_back(tmp_path: Any) -> None:
+    table = taxi_table(500, seed=3)
+    pq.write_table(table, tmp_path / "taxi.parquet", row_group_size=100)
+    out = tmp_path / "out"
+    proc = _cli("convert", "--source", str(tmp_path / "*.parquet"), "--output", str(out),
+                "--compression", "none")
+    assert proc.returncode == 0, proc.stderr
+    assert f"wrote 500 records in 1 shards to {out}" in proc.stdout
+
+    meta = json.loads((out / "metadata.json").read_text())
+    assert meta["schema_origin"] == "inferred"
+    assert meta["columns"]["pickup_zone"] == "Pickup Zone"
+    assert any("float64" in n for n in meta["schema_notes"])
+    assert (out / "data-00000-of-00001.tfrecord").exists()
+
+    rows = list(recordforge.read(str(out), batch_size=500))
+    assert len(rows) == 1
+    batch = rows[0]
+    order = np.argsort(batch["trip_id"].values.numpy())
+    np.testing.assert_array_equal(batch["trip_id"].values.numpy()[order], table["trip_id"])
+    np.testing.assert_array_equal(
+        batch["fare_amount"].values.numpy()[order],
+        table["fare_amount"].to_numpy().astype(np.float32),
+    )
+    zones = [z.decode() for z in batch["pickup_zone"].values.numpy()[order]]
+    assert zones == table["Pickup Zone"].to_pylist()
+    assert sum(1 for _ in recordforge.read(str(out))) == 500
+
+
+def test_infer_schema_prints_editable_yaml(tmp_path: Any) -> None:
+    pq.write_table(taxi_table(10), tmp_path / "t.parquet")
+    proc = _cli("infer-schema", str(tmp_path / "t.parquet"))
+    assert proc.returncode == 0, proc.stderr
+    assert "column: Pickup Zone" in proc.stdout
+    assert "narrow: true" in proc.stdout
+    (tmp_path / "s.yaml").write_text(proc.stdout)
+    out = tmp_path / "out"
+    proc = _cli("convert", "--source", str(tmp_path / "t.parquet"), "--output", str(out),
+                "--schema", str(tmp_path / "s.yaml"))
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_user_errors_are_one_clear_line(tmp_path: Any) -> None:
+    proc = _cli("convert", "--source", str(tmp_path / "none-*.csv"), "--output", str(tmp_path))
+    assert proc.returncode == 1
+    assert "matched no files" in proc.stderr
+    assert "Traceback" not in proc.stderr
