@@ -32,3 +32,21 @@ bench: $(STAMP)
 
 clean:
 	rm -rf out bench/out
+
+# Dataflow: one image for launcher and workers; the template spec from deploy/metadata.json.
+PROJECT ?= my-project
+REGION ?= us-central1
+IMAGE ?= $(REGION)-docker.pkg.dev/$(PROJECT)/recordforge/recordforge:$(shell $(PYTHON) -c "import tomllib;print(tomllib.load(open('pyproject.toml','rb'))['project']['version'])")
+TEMPLATE ?= gs://$(PROJECT)-dataflow/templates/recordforge-convert.json
+.PHONY: image template template-check
+image:
+	docker build -f deploy/Dockerfile -t $(IMAGE) .
+
+template:
+	gcloud dataflow flex-template build $(TEMPLATE) --image $(IMAGE) --sdk-language PYTHON \
+	    --metadata-file deploy/metadata.json
+
+# Offline: gcloud validates the spec and prints it without uploading.
+template-check:
+	gcloud dataflow flex-template build $(TEMPLATE) --image $(IMAGE) --sdk-language PYTHON \
+	    --metadata-file deploy/metadata.json --print-only

@@ -34,6 +34,7 @@ class ConvertConfig:
     batch_size: int = 65536
     sink: str = "fast"
     compression_level: int = 1
+    deterministic: bool = False
     overwrite: bool = False
     command: tuple[str, ...] = ()
 
@@ -49,6 +50,8 @@ class ConvertConfig:
             problems.append(f"--compression must be one of {', '.join(Compression.CHOICES)}")
         if self.num_shards < 0:
             problems.append("--num_shards must be 0 (runner decides) or more")
+        if self.deterministic and self.sink != "fast":
+            problems.append("--deterministic needs --sink fast")
         if self.batch_size < 1:
             problems.append("--batch_size must be at least 1")
         if problems:
@@ -66,6 +69,7 @@ class ConvertConfig:
             batch_size=opts.batch_size,
             sink=opts.sink,
             compression_level=opts.compression_level,
+            deterministic=opts.deterministic,
             overwrite=opts.overwrite,
             command=command,
         )

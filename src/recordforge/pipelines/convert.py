@@ -20,7 +20,13 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 from apache_beam.io.filesystems import FileSystems
-from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, StandardOptions
+from apache_beam.options.pipeline_options import (
+    DirectOptions,
+    GoogleCloudOptions,
+    PipelineOptions,
+    StandardOptions,
+    TestOptions,
+)
 
 from recordforge.errors import RecordForgeError, SourceError
 from recordforge.pipelines.config import ConvertConfig, format_from_path
@@ -45,6 +51,7 @@ def build(pipeline: beam.Pipeline, config: ConvertConfig) -> beam.PCollection[st
     """Adds the conversion to `pipeline`; returns a PCollection holding the output path once the
     bundle is published. Input patterns and the schema are resolved now, not at run time."""
     files = expand_patterns(config.sources)
+    dataflow_preflight(pipeline.options, config, files)
     fmt = config.source_format or _detect_format(files[0].path)
     plan = resolve_plan(config, fmt, files[0].path)
     columns = list(plan.schema.source_columns)
@@ -62,10 +69,12 @@ def build(pipeline: beam.Pipeline, config: ConvertConfig) -> beam.PCollection[st
         | "RowsRead" >> beam.CombineGlobally(sum)
     )
     examples = batches | "ToExamples" >> ToExamples(plan)
-    # pa.LargeBinaryArray: serialized tf.train.Examples, one per row of the batch
+    # ((file, first_row), pa.LargeBinaryArray of serialized tf.train.Examples, one per row)
     shards = examples | "WriteTFRecords" >> WriteTFRecords(
-        config.output, compression=config.compression, num_shards=config.num_shards,
+        config.output, compression=config.compression,
+        num_shards=config.num_shards or (1 if config.deterministic else 0),
         sink=config.sink, compression_level=config.compression_level,
+        deterministic=config.deterministic,
     )
     # ShardInfo: path, records, bytes, sha256 of each shard as written
     spec = BundleSpec(
@@ -77,6 +86,29 @@ def build(pipeline: beam.Pipeline, config: ConvertConfig) -> beam.PCollection[st
         command=config.command,
     )
     return shards | "WriteBundle" >> WriteBundle(spec, rows_read)
+
+
+def dataflow_preflight(options: PipelineOptions, config: ConvertConfig, files: list[Any]) -> None:
+    """What can be checked before a Dataflow job is submitted: workers can reach the paths, the
+    temp location is on GCS; and it says how much input the job will read."""
+    runner = options.view_as(StandardOptions).runner or ""
+    if "dataflow" not in str(runner).lower():
+        return
+    problems = []
+    gcp = options.view_as(GoogleCloudOptions)
+    if not (gcp.temp_location or "").startswith("gs://"):
+        problems.append(f"--temp_location must be a gs:// path, not {gcp.temp_location!r}")
+    remote = [p for p in (*config.sources, config.output) if "://" not in p]
+    if remote and not options.view_as(TestOptions).dry_run:
+        problems.append(
+            f"Dataflow workers cannot read or write local paths: {', '.join(remote)}"
+        )
+    if problems:
+        raise RecordForgeError("cannot submit to Dataflow: " + "; ".join(problems))
+    total = sum(f.size for f in files)
+    _LOGGER.warning(
+        "Dataflow job input: %d files, %.1f MB in all", len(files), total / 1e6
+    )
 
 
 def _detect_format(path: str) -> str:

@@ -14,6 +14,14 @@ __all__ = ["ConvertOptions", "FORMATS"]
 FORMATS = ("parquet", "csv")
 
 
+def _bool(text: str) -> bool:
+    """`--flag`, `--flag=true` and `--flag=false` all work (Flex Templates pass `--name=value`)."""
+    lowered = text.lower()
+    if lowered not in ("true", "false", "1", "0", "yes", "no"):
+        raise argparse.ArgumentTypeError(f"expected true or false, not {text!r}")
+    return lowered in ("true", "1", "yes")
+
+
 class ConvertOptions(PipelineOptions):
     """Flags of `recordforge convert`; names here are also the Flex Template's parameter names."""
 
@@ -55,6 +63,11 @@ class ConvertOptions(PipelineOptions):
             help="Rows per Arrow record batch moved between pipeline steps.",
         )
         parser.add_argument(
-            "--overwrite", action="store_true", default=False,
+            "--deterministic", type=_bool, nargs="?", const=True, default=False,
+            help="Byte-identical output for the same input and config on any runner: exactly "
+            "--num_shards shards (default 1), each a contiguous run of the input in order.",
+        )
+        parser.add_argument(
+            "--overwrite", type=_bool, nargs="?", const=True, default=False,
             help="Replace a dataset already published at --output.",
         )

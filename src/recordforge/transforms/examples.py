@@ -27,7 +27,7 @@ class _ToExamplesFn(beam.DoFn):
     def setup(self) -> None:
         self._encoder = ExampleEncoder(self._plan)
 
-    def process(self, element: SourceBatch) -> Iterator[pa.Array]:
+    def process(self, element: SourceBatch) -> Iterator[tuple[tuple[str, int], pa.Array]]:
         self._rows_read.inc(element.batch.num_rows)
         if element.batch.num_rows == 0:
             return
@@ -36,14 +36,16 @@ class _ToExamplesFn(beam.DoFn):
         )
         encoded = self._encoder.encode(conformed)
         self._rows_encoded.inc(len(encoded))
-        yield encoded
+        yield (element.file, element.first_row), encoded
 
 
 class ToExamples(beam.PTransform):
     """Conforms and encodes source batches.
 
-    In: `SourceBatch`es. Out: large_binary arrays, one serialized tf.train.Example per source row,
-    in row order. A value that does not fit the plan fails the pipeline with a DataError naming the
+    In: `SourceBatch`es. Out: `((file, first_row), records)` where records is a large_binary array
+    holding one serialized tf.train.Example per source row of the batch, in row order; the key
+    lets a deterministic sink restore the input order. A value that does not fit the plan fails
+    the pipeline with a DataError naming the
     file, row and column. Metrics: `recordforge/rows_read`, `recordforge/rows_encoded`.
     """
 
@@ -51,5 +53,7 @@ class ToExamples(beam.PTransform):
         super().__init__()
         self._plan = plan
 
-    def expand(self, batches: beam.PCollection[SourceBatch]) -> beam.PCollection[pa.Array]:
+    def expand(
+        self, batches: beam.PCollection[SourceBatch]
+    ) -> beam.PCollection[tuple[tuple[str, int], pa.Array]]:
         return batches | "Encode" >> beam.ParDo(_ToExamplesFn(self._plan))

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+import uuid
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import apache_beam as beam
@@ -11,6 +12,7 @@ import pyarrow as pa
 from apache_beam.coders import coders
 from apache_beam.io import filebasedsink
 from apache_beam.io.filesystem import CompressionTypes
+from apache_beam.io.filesystems import FileSystems
 
 from recordforge.encoding import binary_parts
 from recordforge.tfrecord import Compression, ShardInfo, describe_shard, frame_records
@@ -29,9 +31,74 @@ def shard_prefix(output: str, name: str = "data") -> str:
     return output.rstrip("/") + "/" + name
 
 
-def _records(batch: pa.Array) -> Iterator[bytes]:
+def _records(keyed: tuple[Any, pa.Array]) -> Iterator[bytes]:
     # WriteToTFRecord takes one element per record: this is where batches become records.
-    return iter(batch.to_pylist())
+    return iter(keyed[1].to_pylist())
+
+
+def _values(keyed: tuple[Any, pa.Array]) -> pa.Array:
+    return keyed[1]
+
+
+def _ranks(keys: list[Any]) -> dict[Any, int]:
+    return {k: i for i, k in enumerate(sorted(keys))}
+
+
+def _assign_shard(
+    keyed: tuple[Any, pa.Array], ranks: dict[Any, int], num_shards: int
+) -> tuple[int, tuple[Any, pa.Array]]:
+    """Shard by the batch key's rank among all keys: contiguous runs of input order per shard."""
+    return ranks[keyed[0]] * num_shards // len(ranks), keyed
+
+
+class _ShardWriter:
+    """Writes one whole shard, batches in key order, to a temporary name, then renames it."""
+
+    def __init__(self, prefix: str, suffix: str, num_shards: int, compression: str, level: int):
+        self.num_shards = num_shards
+        self._prefix = prefix
+        self._suffix = suffix
+        self._compression = compression
+        self._level = level
+
+    def name(self, shard: int) -> str:
+        return f"{self._prefix}-{shard:05d}-of-{self.num_shards:05d}{self._suffix}"
+
+    def write(self, shard: int, batches: Iterable[tuple[Any, pa.Array]]) -> str:
+        final = self.name(shard)
+        tmp = f"{final}.tmp-{uuid.uuid4().hex}"
+        handle: Any = FileSystems.create(tmp, compression_type=CompressionTypes.UNCOMPRESSED)
+        if self._compression != "none":
+            handle = _DeflateWriter(handle, self._compression, self._level)
+        for _, records in sorted(batches, key=lambda kv: kv[0]):
+            offsets, data = binary_parts(frame_records(records))
+            handle.write(memoryview(data[offsets[0] : offsets[-1]]))
+        handle.close()
+        if FileSystems.exists(final):
+            FileSystems.delete([final])
+        FileSystems.rename([tmp], [final])
+        return final
+
+
+class _WriteShardFn(beam.DoFn):
+    def __init__(self, writer: _ShardWriter) -> None:
+        self._writer = writer
+
+    def process(self, element: tuple[int, Iterable[tuple[Any, pa.Array]]]) -> Iterator[str]:
+        shard, batches = element
+        yield self._writer.write(shard, batches)
+
+
+class _WriteEmptyShardsFn(beam.DoFn):
+    """Deterministic mode writes every shard, also those no batch was assigned to."""
+
+    def __init__(self, writer: _ShardWriter) -> None:
+        self._writer = writer
+
+    def process(self, written: list[str]) -> Iterator[str]:
+        for shard in range(self._writer.num_shards):
+            if self._writer.name(shard) not in written:
+                yield self._writer.write(shard, [])
 
 
 class _DeflateWriter:
@@ -96,18 +163,26 @@ class _DescribeShardFn(beam.DoFn):
 class WriteTFRecords(beam.PTransform):
     """Writes batches of serialized examples as `{output}/data-SSSSS-of-NNNNN.tfrecord[.gz]`.
 
-    In: large_binary arrays of serialized records. Out: a `ShardInfo` per written shard, measured
+    In: `(key, records)`: large_binary arrays of serialized records keyed by (file, first_row).
+    Out: a `ShardInfo` per written shard, measured
     from the file on disk (records, bytes, sha256). `num_shards=0` lets the runner choose.
     `sink="fast"` (default) writes whole batches through Beam's file-based sink with vectorised
     framing and ISA-L deflate at `compression_level`; `sink="beam"` is `beam.io.WriteToTFRecord`,
-    one element per record, zlib level 6.
+    one element per record, zlib level 6. `deterministic=True` writes exactly `num_shards` shards,
+    each holding a contiguous run of the input in key order: the same input and config give the
+    same bytes on any runner (it groups each shard's batches in memory to sort them).
     """
 
     def __init__(
         self, output: str, *, compression: str = "gzip", num_shards: int = 0, sink: str = "fast",
-        compression_level: int = DEFAULT_LEVEL,
+        compression_level: int = DEFAULT_LEVEL, deterministic: bool = False,
     ) -> None:
         super().__init__()
+        if deterministic and sink != "fast":
+            raise ValueError("deterministic output needs the fast sink")
+        if deterministic and num_shards < 1:
+            raise ValueError("deterministic output needs a fixed num_shards >= 1")
+        self._deterministic = deterministic
         if sink not in SINKS:
             raise ValueError(f"sink must be one of {SINKS}, not {sink!r}")
         if not 0 <= compression_level <= 3:
@@ -122,10 +197,35 @@ class WriteTFRecords(beam.PTransform):
         self._compression = compression
         self._num_shards = num_shards
 
-    def expand(self, batches: beam.PCollection[pa.Array]) -> beam.PCollection[ShardInfo]:
+    def expand(
+        self, batches: beam.PCollection[tuple[Any, pa.Array]]
+    ) -> beam.PCollection[ShardInfo]:
         prefix = shard_prefix(self._output)
         suffix = Compression.suffix(self._compression)
-        if self._sink == "beam":
+        if self._deterministic:
+            writer = _ShardWriter(prefix, suffix, self._num_shards, self._compression, self._level)
+            ranks = (
+                batches
+                | "Keys" >> beam.Keys()
+                | "AllKeys" >> beam.combiners.ToList()
+                | "Ranks" >> beam.Map(_ranks)
+            )
+            written = (
+                batches
+                | "AssignShards" >> beam.Map(
+                    _assign_shard, beam.pvalue.AsSingleton(ranks), self._num_shards
+                )
+                # (shard, ((file, first_row), records))
+                | "GroupShards" >> beam.GroupByKey()
+                | "WriteShards" >> beam.ParDo(_WriteShardFn(writer))
+            )
+            empty = (
+                written
+                | "WrittenNames" >> beam.combiners.ToList()
+                | "WriteEmptyShards" >> beam.ParDo(_WriteEmptyShardsFn(writer))
+            )
+            written = (written, empty) | "AllShards" >> beam.Flatten()
+        elif self._sink == "beam":
             written = (
                 batches
                 | "Records" >> beam.FlatMap(_records)
@@ -141,6 +241,6 @@ class WriteTFRecords(beam.PTransform):
             sink = _TFRecordBatchSink(
                 prefix, suffix, self._num_shards, self._compression, self._level
             )
-            written = batches | "Write" >> beam.io.Write(sink)
+            written = batches | "Values" >> beam.Map(_values) | "Write" >> beam.io.Write(sink)
         # path of each final shard
         return written | "Describe" >> beam.ParDo(_DescribeShardFn(self._compression))
