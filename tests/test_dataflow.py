@@ -11,7 +11,6 @@ import sys
 import tarfile
 from collections import Counter
 from pathlib import Path
-from typing import Any
 
 import apache_beam as beam
 import pyarrow.parquet as pq
