@@ -38,7 +38,10 @@ PROJECT ?= my-project
 REGION ?= us-central1
 IMAGE ?= $(REGION)-docker.pkg.dev/$(PROJECT)/recordforge/recordforge:$(shell $(PYTHON) -c "import tomllib;print(tomllib.load(open('pyproject.toml','rb'))['project']['version'])")
 TEMPLATE ?= gs://$(PROJECT)-dataflow/templates/recordforge-convert.json
-.PHONY: image template template-check
+.PHONY: image template template-check metadata
+metadata: $(STAMP)
+	$(BIN)/python -m recordforge.pipelines.template > deploy/metadata.json
+
 image:
 	docker build -f deploy/Dockerfile -t $(IMAGE) .
 

@@ -21,6 +21,7 @@ from recordforge.errors import RecordForgeError
 from recordforge.pipelines.config import ConvertConfig
 from recordforge.pipelines.convert import build, dataflow_preflight, run
 from recordforge.pipelines.options import ConvertOptions
+from recordforge.pipelines.template import template_metadata
 from recordforge.sampledata import taxi_table
 from recordforge.tfrecord import iter_records
 from recordforge.transforms.sources import expand_patterns
@@ -38,6 +39,7 @@ def _flags() -> dict[str, argparse.Action]:
 
 def test_template_metadata_matches_pipeline_flags() -> None:
     meta = json.loads((ROOT / "deploy" / "metadata.json").read_text())
+    assert meta == template_metadata(), "deploy/metadata.json is stale: run `make metadata`"
     params = {p["name"]: p for p in meta["parameters"]}
     flags = _flags()
     assert set(params) == set(flags)

@@ -74,7 +74,7 @@ def _random_batch(rng: np.random.Generator, n: int) -> pa.RecordBatch:
 def test_matches_protobuf_messages(seed: int) -> None:
     rng = np.random.default_rng(seed)
     batch = _random_batch(rng, 300)
-    conformed = conform_batch(batch, PLAN, file="mem", first_row=0)
+    conformed = conform_batch(batch, PLAN, file="mem", first_row=0).batch
     encoded = ExampleEncoder(PLAN).encode(conformed)
     assert len(encoded) == batch.num_rows
     for i, row in enumerate(conformed.to_pylist()):
@@ -86,7 +86,7 @@ def test_matches_protobuf_messages(seed: int) -> None:
 
 def test_deterministic_and_keys_in_byte_order() -> None:
     batch = _random_batch(np.random.default_rng(7), 50)
-    conformed = conform_batch(batch, PLAN, file="mem", first_row=0)
+    conformed = conform_batch(batch, PLAN, file="mem", first_row=0).batch
     a = ExampleEncoder(PLAN).encode(conformed)
     b = ExampleEncoder(PLAN).encode(conformed.slice(0))
     assert a.equals(b)
@@ -125,7 +125,7 @@ def _wire_keys(raw: bytes) -> list[bytes]:
 
 def test_sliced_batches_encode_like_whole() -> None:
     batch = _random_batch(np.random.default_rng(3), 40)
-    conformed = conform_batch(batch, PLAN, file="mem", first_row=0)
+    conformed = conform_batch(batch, PLAN, file="mem", first_row=0).batch
     whole = ExampleEncoder(PLAN).encode(conformed)
     part = ExampleEncoder(PLAN).encode(conformed.slice(13, 11))
     assert part.to_pylist() == whole.slice(13, 11).to_pylist()
@@ -150,7 +150,7 @@ def test_zeros_and_edge_values_are_values(column: str, value: object, expected: 
                                   "f": "float32"}[column]}]}))
     typ = {"f": pa.float32(), "b": pa.binary()}.get(column)
     batch = pa.RecordBatch.from_pydict({column: pa.array([value, None], typ)})
-    out = ExampleEncoder(plan).encode(conform_batch(batch, plan, file="m", first_row=0))
+    out = ExampleEncoder(plan).encode(conform_batch(batch, plan, file="m", first_row=0).batch)
     first = example_pb2.Example.FromString(out[0].as_py()).features.feature[column]
     assert list(getattr(first, first.WhichOneof("kind")).value) == expected
     assert column not in example_pb2.Example.FromString(out[1].as_py()).features.feature

@@ -21,8 +21,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from recordforge.schemas.model import ExampleKind, Feature
-from recordforge.schemas.plan import Plan
+from recordforge.schemas.model import ExampleKind
+from recordforge.schemas.plan import Column, Plan
 
 __all__ = ["ExampleEncoder", "binary_array", "binary_parts"]
 
@@ -30,12 +30,18 @@ _EMPTY = pa.scalar(b"", pa.large_binary())
 _FEATURE_TAG = {ExampleKind.BYTES: 0x0A, ExampleKind.FLOAT: 0x12, ExampleKind.INT64: 0x1A}
 
 
-def binary_array(data: np.ndarray, lengths: np.ndarray) -> pa.LargeBinaryArray:
-    """Wraps contiguous bytes and per-element lengths as a large_binary array (no copy of data)."""
+def binary_array(
+    data: np.ndarray, lengths: np.ndarray, *, valid: np.ndarray | None = None
+) -> pa.LargeBinaryArray:
+    """Wraps contiguous bytes and per-element lengths as a large_binary array (no copy of data);
+    `valid` (bool per element) marks nulls."""
     offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
     np.cumsum(lengths, out=offsets[1:])
+    validity = None
+    if valid is not None and not valid.all():
+        validity = pa.py_buffer(np.packbits(valid, bitorder="little"))
     return pa.Array.from_buffers(
-        pa.large_binary(), len(lengths), [None, pa.py_buffer(offsets), pa.py_buffer(data)]
+        pa.large_binary(), len(lengths), [validity, pa.py_buffer(offsets), pa.py_buffer(data)]
     )
 
 
@@ -130,10 +136,9 @@ def _primitive_offsets(arr: pa.Array) -> np.ndarray:
     return np.frombuffer(arr.buffers()[1], dtype=np.int64)[arr.offset : arr.offset + len(arr) + 1]
 
 
-def _column(arr: pa.Array, feature: Feature) -> _Column:
+def _column(arr: pa.Array, kind: ExampleKind) -> _Column:
     present, offsets, values = _list_layout(arr)
     counts = np.diff(offsets)
-    kind = feature.kind
     if kind is ExampleKind.FLOAT:
         payload = _primitive(values, np.float32).astype("<f4", copy=False).view(np.uint8)
         return _Column(present, counts, payload, counts * 4)
@@ -171,17 +176,17 @@ class ExampleEncoder:
 
     def __init__(self, plan: Plan) -> None:
         # Deterministic serialization orders map entries by key; so do we.
-        self._features = sorted(plan.features, key=lambda f: f.name.encode("utf-8"))
-        self._keys = [_key_prefix(f.name) for f in self._features]
+        self._columns = sorted(plan.columns, key=lambda c: c.name.encode("utf-8"))
+        self._keys = [_key_prefix(c.name) for c in self._columns]
 
     def encode(self, batch: pa.RecordBatch) -> pa.LargeBinaryArray:
         """One serialized Example per row, as a large_binary array of the same length."""
         n = batch.num_rows
         parts: list[pa.Array] = []
         total = np.zeros(n, dtype=np.int64)
-        for feature, key in zip(self._features, self._keys, strict=True):
-            col = _column(batch.column(feature.name), feature)
-            header, header_lens = self._entry_header(col, feature, key, n)
+        for column, key in zip(self._columns, self._keys, strict=True):
+            col = _column(batch.column(column.name), column.kind)
+            header, header_lens = self._entry_header(col, column, key, n)
             parts.append(binary_array(header, header_lens))
             parts.append(binary_array(col.payload, col.payload_lens))
             total += header_lens + col.payload_lens
@@ -196,7 +201,7 @@ class ExampleEncoder:
 
     @staticmethod
     def _entry_header(
-        col: _Column, feature: Feature, key: bytes, n: int
+        col: _Column, feature: Column, key: bytes, n: int
     ) -> tuple[np.ndarray, np.ndarray]:
         """Everything of one map entry that precedes the payload, for every present row."""
         present = col.present

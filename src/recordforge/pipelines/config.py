@@ -35,6 +35,9 @@ class ConvertConfig:
     sink: str = "fast"
     compression_level: int = 1
     deterministic: bool = False
+    max_rejected: int = 0
+    max_rejected_fraction: float = 0.0
+    skip_unreadable_files: bool = False
     overwrite: bool = False
     command: tuple[str, ...] = ()
 
@@ -52,10 +55,19 @@ class ConvertConfig:
             problems.append("--num_shards must be 0 (runner decides) or more")
         if self.deterministic and self.sink != "fast":
             problems.append("--deterministic needs --sink fast")
+        if self.max_rejected < 0:
+            problems.append("--max_rejected must be 0 or more")
+        if not 0.0 <= self.max_rejected_fraction <= 1.0:
+            problems.append("--max_rejected_fraction must be between 0 and 1")
         if self.batch_size < 1:
             problems.append("--batch_size must be at least 1")
         if problems:
             raise RecordForgeError("; ".join(problems))
+
+    @property
+    def strict(self) -> bool:
+        """No bad row allowed: the first one fails the job where it is found."""
+        return self.max_rejected == 0 and self.max_rejected_fraction == 0.0
 
     @classmethod
     def from_options(cls, opts: ConvertOptions, command: tuple[str, ...] = ()) -> ConvertConfig:
@@ -70,6 +82,9 @@ class ConvertConfig:
             sink=opts.sink,
             compression_level=opts.compression_level,
             deterministic=opts.deterministic,
+            max_rejected=opts.max_rejected,
+            max_rejected_fraction=opts.max_rejected_fraction,
+            skip_unreadable_files=opts.skip_unreadable_files,
             overwrite=opts.overwrite,
             command=command,
         )

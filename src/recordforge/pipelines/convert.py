@@ -2,10 +2,12 @@
 
 The data's path, in order:
 
-    files  --Read-->  SourceBatch (pa.RecordBatch + file + first row)
-           --ToExamples-->  pa.LargeBinaryArray of serialized tf.train.Examples (conform, encode)
+    files  --Read-->  SourceBatch (pa.RecordBatch + file + first row)   [+ unreadable files]
+           --ToExamples-->  ((file, first_row), pa.LargeBinaryArray of serialized tf.train.Examples)
+                            [+ rejected rows as JSON lines --WriteRejected--> _rejected/*.jsonl]
            --WriteTFRecords-->  ShardInfo per shard, measured on disk
            --WriteBundle-->  schema.pbtxt, schema.yaml, feature_spec.json, metadata.json, _SUCCESS
+                             (after checking rows_read == rows_written + rows_rejected)
 """
 
 from __future__ import annotations
@@ -33,10 +35,11 @@ from recordforge.pipelines.config import ConvertConfig, format_from_path
 from recordforge.pipelines.options import ConvertOptions
 from recordforge.schemas import Plan, compile_schema, infer_schema, load_schema
 from recordforge.schemas.loader import dump_schema
-from recordforge.transforms.bundle import METADATA, SUCCESS, BundleSpec, WriteBundle
-from recordforge.transforms.examples import ToExamples
+from recordforge.transforms.bundle import METADATA, SUCCESS, BundleSpec, WriteBundle, rule_of
+from recordforge.transforms.examples import REJECTED, ToExamples
+from recordforge.transforms.rejects import WriteRejected
 from recordforge.transforms.sinks import WriteTFRecords
-from recordforge.transforms.sources import ReadCsv, ReadParquet, expand_patterns
+from recordforge.transforms.sources import UNREADABLE, ReadCsv, ReadParquet, expand_patterns
 
 __all__ = ["build", "run", "DEFAULT_RUNNER"]
 
@@ -57,20 +60,28 @@ def build(pipeline: beam.Pipeline, config: ConvertConfig) -> beam.PCollection[st
     columns = list(plan.schema.source_columns)
     if fmt == "parquet":
         read = ReadParquet(config.sources, columns=columns, batch_size=config.batch_size,
-                           expanded=files)
+                           expanded=files, skip_unreadable=config.skip_unreadable_files)
     else:
-        read = ReadCsv(config.sources, column_types=plan.csv_column_types, expanded=files)
+        read = ReadCsv(config.sources, column_types=plan.csv_column_types, expanded=files,
+                       strict=config.strict, skip_unreadable=config.skip_unreadable_files)
 
-    batches = pipeline | "Read" >> read
+    source = pipeline | "Read" >> read
+    batches = source["batches"]
     # SourceBatch: a pa.RecordBatch with its file and first row
-    rows_read = (
+    rows_in_batches = (
         batches
         | "RowsPerBatch" >> beam.Map(lambda b: b.batch.num_rows)
         | "RowsRead" >> beam.CombineGlobally(sum)
     )
-    examples = batches | "ToExamples" >> ToExamples(plan)
-    # ((file, first_row), pa.LargeBinaryArray of serialized tf.train.Examples, one per row)
-    shards = examples | "WriteTFRecords" >> WriteTFRecords(
+    encoded = batches | "ToExamples" >> ToExamples(plan, strict=config.strict)
+    # examples: ((file, first_row), pa.LargeBinaryArray of serialized tf.train.Examples)
+    # rejected: one JSON line per bad row, with its file, row, column, rule and original values
+    rejected = [encoded[REJECTED]]
+    if REJECTED in source:
+        rejected.append(source[REJECTED])
+    rejected_lines = rejected | "AllRejected" >> beam.Flatten()
+    _ = rejected_lines | "WriteRejected" >> WriteRejected(config.output)
+    shards = encoded.examples | "WriteTFRecords" >> WriteTFRecords(
         config.output, compression=config.compression,
         num_shards=config.num_shards or (1 if config.deterministic else 0),
         sink=config.sink, compression_level=config.compression_level,
@@ -84,8 +95,15 @@ def build(pipeline: beam.Pipeline, config: ConvertConfig) -> beam.PCollection[st
         sources=tuple((f.path, f.size) for f in files),
         compression=config.compression,
         command=config.command,
+        max_rejected=config.max_rejected,
+        max_rejected_fraction=config.max_rejected_fraction,
     )
-    return shards | "WriteBundle" >> WriteBundle(spec, rows_read)
+    return shards | "WriteBundle" >> WriteBundle(
+        spec,
+        rows_in_batches=rows_in_batches,
+        rejected_rules=rejected_lines | "RejectedRules" >> beam.Map(rule_of),
+        unreadable=source[UNREADABLE],
+    )
 
 
 def dataflow_preflight(options: PipelineOptions, config: ConvertConfig, files: list[Any]) -> None:

@@ -68,6 +68,19 @@ class ConvertOptions(PipelineOptions):
             "--num_shards shards (default 1), each a contiguous run of the input in order.",
         )
         parser.add_argument(
+            "--max_rejected", type=int, default=0,
+            help="Bad rows allowed into {output}/_rejected/ before the job fails; 0 (default): "
+            "the first bad row fails the job, naming file, row, column, value and rule.",
+        )
+        parser.add_argument(
+            "--max_rejected_fraction", type=float, default=0.0,
+            help="Bad rows allowed as a fraction of rows read (the larger bound applies).",
+        )
+        parser.add_argument(
+            "--skip_unreadable_files", type=_bool, nargs="?", const=True, default=False,
+            help="List unreadable input files in metadata.json instead of failing the job.",
+        )
+        parser.add_argument(
             "--overwrite", type=_bool, nargs="?", const=True, default=False,
             help="Replace a dataset already published at --output.",
         )

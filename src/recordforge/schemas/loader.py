@@ -8,12 +8,13 @@ import yaml
 from apache_beam.io.filesystems import FileSystems
 
 from recordforge.errors import SchemaError
-from recordforge.schemas.model import DType, Feature, NullPolicy, Schema
+from recordforge.schemas.model import DType, Feature, NullPolicy, Op, Schema, feature_to_dict
 
 __all__ = ["load_schema", "schema_from_dict", "dump_schema"]
 
 _LINE = "__line__"
-_KEYS = {"name", "type", "shape", "column", "nulls", "default", "narrow", "description"}
+_KEYS = {"name", "type", "shape", "column", "nulls", "default", "narrow", "description", "encode",
+         "unit", "as", "scale", "min", "max", "allowed", "max_length", "regex", "ops"}
 
 
 class _LineLoader(yaml.SafeLoader):
@@ -26,12 +27,17 @@ class _LineLoader(yaml.SafeLoader):
 
 
 def load_schema(path: str) -> Schema:
-    """Reads a schema YAML from any Beam filesystem path; raises SchemaError listing all problems."""
+    """Reads a schema YAML, or a TFMD `schema.pbtxt` (as TFDV/SchemaGen write it), from any Beam
+    filesystem path; raises SchemaError listing all problems."""
     try:
         with FileSystems.open(path) as f:
             text = f.read().decode("utf-8")
     except Exception as exn:
         raise SchemaError(f"cannot read schema file {path}: {exn}") from exn
+    if path.endswith((".pbtxt", ".textproto")):
+        from recordforge.schemas.tfmd import schema_from_tfmd_text
+
+        return schema_from_tfmd_text(text, origin=path)
     try:
         data = yaml.load(text, Loader=_LineLoader)  # noqa: S506 - SafeLoader subclass
     except yaml.YAMLError as exn:
@@ -91,6 +97,20 @@ def _feature_from_dict(entry: dict[str, Any]) -> tuple[Feature | None, list[str]
     narrow = entry.get("narrow", False)
     if not isinstance(narrow, bool):
         errs.append("`narrow` must be true or false")
+    ops = _ops(entry.get("ops", []), errs)
+    allowed = entry.get("allowed")
+    if allowed is not None and not isinstance(allowed, list):
+        errs.append("`allowed` must be a list of values")
+    for key in ("min", "max"):
+        if entry.get(key) is not None and (
+            isinstance(entry[key], bool) or not isinstance(entry[key], int | float)
+        ):
+            errs.append(f"`{key}` must be a number")
+    for key in ("max_length", "scale"):
+        if entry.get(key) is not None and (
+            isinstance(entry[key], bool) or not isinstance(entry[key], int)
+        ):
+            errs.append(f"`{key}` must be an integer")
     if dtype is None or nulls is None or not isinstance(name, str) or not name:
         return None, errs
     try:
@@ -102,12 +122,41 @@ def _feature_from_dict(entry: dict[str, Any]) -> tuple[Feature | None, list[str]
             nulls=nulls,
             default=entry.get("default"),
             narrow=narrow,
+            encode=entry.get("encode"),
+            unit=entry.get("unit"),
+            decimal_as=entry.get("as"),
+            scale=entry.get("scale"),
+            min=entry.get("min"),
+            max=entry.get("max"),
+            allowed=tuple(allowed) if isinstance(allowed, list) else None,
+            max_length=entry.get("max_length"),
+            regex=entry.get("regex"),
+            ops=ops,
             description=str(entry.get("description", "")),
         )
     except ValueError as exn:
         # Feature joins all its own problems into one message.
         return None, [*errs, str(exn).split(": ", 1)[1]]
     return (None, errs) if errs else (feature, [])
+
+
+def _ops(raw: Any, errs: list[str]) -> tuple[tuple[Op, Any], ...]:
+    """`ops: [lower, {clip: [0, 10]}, {hash_bucket: 100}]`: names, or one-key mappings."""
+    if not isinstance(raw, list):
+        errs.append("`ops` must be a list")
+        return ()
+    out = []
+    for item in raw:
+        if isinstance(item, dict):
+            item = {k: v for k, v in item.items() if k != _LINE}
+        name, arg = (item, None) if isinstance(item, str) else (
+            next(iter(item.items())) if isinstance(item, dict) and len(item) == 1 else (None, None)
+        )
+        try:
+            out.append((Op(name), arg))
+        except ValueError:
+            errs.append(f"unknown op {item!r} (known: {', '.join(o.value for o in Op)})")
+    return tuple(out)
 
 
 def _enum(cls: type, raw: Any, key: str, errs: list[str], *, required: bool = False) -> Any:
@@ -122,7 +171,16 @@ def _enum(cls: type, raw: Any, key: str, errs: list[str], *, required: bool = Fa
         return None
 
 
-def dump_schema(schema: Schema, *, header: str = "") -> str:
-    """The schema as an editable YAML document."""
-    body = yaml.safe_dump(schema.to_dict(), sort_keys=False, default_flow_style=None)
-    return header + body
+def dump_schema(
+    schema: Schema, *, header: str = "", comments: dict[str, str] | None = None
+) -> str:
+    """The schema as an editable YAML document; `comments` are put above each named feature."""
+    lines = [header.rstrip("\n")] if header else []
+    lines.append("features:")
+    for f in schema.features:
+        if comments and f.name in comments:
+            lines.extend(f"  # {c}" for c in comments[f.name].splitlines())
+        body = yaml.safe_dump([feature_to_dict(f)], sort_keys=False, default_flow_style=None,
+                              allow_unicode=True)
+        lines.extend("  " + line for line in body.rstrip("\n").splitlines())
+    return "\n".join(lines) + "\n"

@@ -8,7 +8,9 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["DType", "ExampleKind", "Feature", "NullPolicy", "Schema", "normalize_name"]
+__all__ = [
+    "DType", "ExampleKind", "Feature", "NullPolicy", "Op", "Schema", "VARIABLE", "normalize_name",
+]
 
 
 class DType(enum.Enum):
@@ -20,6 +22,9 @@ class DType(enum.Enum):
     BYTES = "bytes"
     STRING = "string"
     BOOL = "bool"
+    TIMESTAMP = "timestamp"  # int64 since the epoch, in `unit`
+    DATE = "date"  # int64 days since 1970-01-01
+    DECIMAL = "decimal"  # `as: string`, or `as: scaled_int` with `scale`
 
 
 class ExampleKind(enum.Enum):
@@ -38,9 +43,24 @@ class NullPolicy(enum.Enum):
     DEFAULT = "default"  # the declared default value is written
 
 
+class Op(enum.Enum):
+    """Safe, built-in row-local derivations, applied in order after the type cast."""
+
+    LOWER = "lower"
+    UPPER = "upper"
+    STRIP = "strip"
+    CLIP = "clip"  # argument [low, high]
+    HASH_BUCKET = "hash_bucket"  # argument n; strings to int64 in [0, n), as tf.strings.to_hash_bucket_fast
+    ABS = "abs"
+
+
 VARIABLE = -1
+RAGGED = (VARIABLE, VARIABLE)
+TIME_UNITS = ("s", "ms", "us", "ns")
+DECIMAL_AS = ("string", "scaled_int")
 _NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-/]*$")
 _NORMALIZE_RE = re.compile(r"[^a-z0-9_]+")
+_STRINGY = {"string", "bytes"}
 
 
 def normalize_name(column: str) -> str:
@@ -58,7 +78,8 @@ class Feature:
     """One feature of the output records and the source column it comes from.
 
     `shape` is `()` for a scalar, `(N,)` or `(N, M)` for fixed shapes (written flattened, row-major),
-    or `(-1,)` for a variable-length list.
+    `(-1,)` for a variable-length list, `(-1, -1)` for a ragged list of lists (values plus a
+    `{name}.row_lengths` feature, restored by `tf.io.RaggedFeature`).
     """
 
     name: str
@@ -68,6 +89,16 @@ class Feature:
     nulls: NullPolicy = NullPolicy.ABSENT
     default: Any = None
     narrow: bool = False
+    encode: str | None = None  # "bytes": float64 kept bit-exact as little-endian bytes
+    unit: str | None = None  # timestamp unit
+    decimal_as: str | None = None
+    scale: int | None = None
+    min: float | None = None
+    max: float | None = None
+    allowed: tuple[Any, ...] | None = None
+    max_length: int | None = None
+    regex: str | None = None
+    ops: tuple[tuple[Op, Any], ...] = ()
     description: str = ""
 
     def __post_init__(self) -> None:
@@ -83,26 +114,89 @@ class Feature:
                 f"{self.name!r} is not a valid feature name (letters, digits, '_', '.', '-', '/'; "
                 f"'{normalize_name(self.name)}' would be)"
             )
-        if any(d == 0 or d < VARIABLE for d in self.shape):
-            out.append(f"shape {list(self.shape)} has a dimension that is 0 or below -1")
-        if VARIABLE in self.shape and self.shape != (VARIABLE,):
-            out.append(f"shape {list(self.shape)}: only [-1] may be variable-length")
-        if len(self.shape) > 2:
-            out.append(f"shape {list(self.shape)} has more than two dimensions")
-        if self.dtype is DType.FLOAT64 and not self.narrow:
-            out.append(
-                "float64 cannot be stored in a tf.train.Example float_list (32-bit) without losing "
-                "precision; add `narrow: true` to accept float32, or declare `type: float32`"
-            )
-        if self.narrow and self.dtype is not DType.FLOAT64:
-            out.append("`narrow` applies only to float64 features")
+        out.extend(self._shape_problems())
+        out.extend(self._type_problems())
+        out.extend(self._check_problems())
         if self.nulls is NullPolicy.DEFAULT:
             if self.default is None:
                 out.append("`nulls: default` needs a `default:` value")
+            elif self.is_ragged:
+                out.append("a ragged feature cannot have a default")
             else:
                 out.extend(_default_problems(self))
         elif self.default is not None:
             out.append(f"`default:` is given but `nulls` is {self.nulls.value!r}")
+        return out
+
+    def _shape_problems(self) -> list[str]:
+        out = []
+        if any(d == 0 or d < VARIABLE for d in self.shape):
+            out.append(f"shape {list(self.shape)} has a dimension that is 0 or below -1")
+        if VARIABLE in self.shape and self.shape not in ((VARIABLE,), RAGGED):
+            out.append(f"shape {list(self.shape)}: variable lengths are [-1] or [-1, -1] (ragged)")
+        if len(self.shape) > 2:
+            out.append(f"shape {list(self.shape)} has more than two dimensions")
+        return out
+
+    def _type_problems(self) -> list[str]:
+        out = []
+        if self.dtype is DType.FLOAT64:
+            if self.encode not in (None, "bytes"):
+                out.append("`encode` must be `bytes` (float64 kept bit-exact)")
+            if self.narrow == (self.encode == "bytes"):
+                out.append(
+                    "float64 does not fit a tf.train.Example float_list (32-bit): add `narrow: "
+                    "true` to accept float32 precision, or `encode: bytes` to keep all 64 bits"
+                )
+            if self.encode == "bytes" and self.is_ragged:
+                out.append("`encode: bytes` does not support ragged shapes")
+        else:
+            if self.narrow:
+                out.append("`narrow` applies only to float64 features")
+            if self.encode is not None:
+                out.append("`encode` applies only to float64 features")
+        if (self.dtype is DType.TIMESTAMP) != (self.unit is not None):
+            out.append(f"timestamps need `unit` (one of {', '.join(TIME_UNITS)}), other types not")
+        elif self.unit is not None and self.unit not in TIME_UNITS:
+            out.append(f"`unit: {self.unit}` is not one of {', '.join(TIME_UNITS)}")
+        if self.dtype is DType.DECIMAL:
+            if self.decimal_as not in DECIMAL_AS:
+                out.append(f"decimals need `as:` one of {', '.join(DECIMAL_AS)}")
+            if (self.decimal_as == "scaled_int") != (self.scale is not None):
+                out.append("`as: scaled_int` needs `scale` (digits after the point), and only it")
+        elif self.decimal_as is not None or self.scale is not None:
+            out.append("`as` and `scale` apply only to decimal features")
+        return out
+
+    def _check_problems(self) -> list[str]:
+        out = []
+        numeric = self.value_kind is ExampleKind.INT64 or self.value_kind is ExampleKind.FLOAT
+        if (self.min is not None or self.max is not None) and not numeric:
+            out.append("`min`/`max` apply to numeric features")
+        if self.min is not None and self.max is not None and self.min > self.max:
+            out.append(f"`min` {self.min} is above `max` {self.max}")
+        if self.regex is not None:
+            if self.dtype is not DType.STRING:
+                out.append("`regex` applies to string features")
+            else:
+                try:
+                    re.compile(self.regex)
+                except re.error as exn:
+                    out.append(f"`regex` does not compile: {exn}")
+        if self.max_length is not None and self.max_length < 0:
+            out.append("`max_length` must be 0 or more")
+        for op, arg in self.ops:
+            if op in (Op.LOWER, Op.UPPER, Op.STRIP) and self.dtype is not DType.STRING:
+                out.append(f"op `{op.value}` applies to string features")
+            if op in (Op.CLIP, Op.ABS) and not numeric:
+                out.append(f"op `{op.value}` applies to numeric features")
+            if op is Op.CLIP and not (isinstance(arg, list) and len(arg) == 2):
+                out.append("op `clip` takes [low, high]")
+            if op is Op.HASH_BUCKET:
+                if not (isinstance(arg, int) and arg > 0):
+                    out.append("op `hash_bucket` takes a positive number of buckets")
+                if self.dtype not in (DType.STRING, DType.BYTES):
+                    out.append("op `hash_bucket` applies to string or bytes features")
         return out
 
     @property
@@ -110,12 +204,26 @@ class Feature:
         return self.column if self.column is not None else self.name
 
     @property
-    def kind(self) -> ExampleKind:
-        if self.dtype in (DType.INT64, DType.BOOL):
+    def hashed(self) -> bool:
+        return any(op is Op.HASH_BUCKET for op, _ in self.ops)
+
+    @property
+    def value_kind(self) -> ExampleKind:
+        """The kind of the feature's values (before `encode: bytes` packing)."""
+        if self.hashed:
             return ExampleKind.INT64
+        if self.dtype in (DType.INT64, DType.BOOL, DType.TIMESTAMP, DType.DATE):
+            return ExampleKind.INT64
+        if self.dtype is DType.DECIMAL:
+            return ExampleKind.INT64 if self.decimal_as == "scaled_int" else ExampleKind.BYTES
         if self.dtype in (DType.FLOAT32, DType.FLOAT64):
             return ExampleKind.FLOAT
         return ExampleKind.BYTES
+
+    @property
+    def kind(self) -> ExampleKind:
+        """The list the written Example carries the values in."""
+        return ExampleKind.BYTES if self.encode == "bytes" else self.value_kind
 
     @property
     def is_scalar(self) -> bool:
@@ -126,9 +234,17 @@ class Feature:
         return self.shape == (VARIABLE,)
 
     @property
+    def is_ragged(self) -> bool:
+        return self.shape == RAGGED
+
+    @property
     def num_values(self) -> int | None:
         """Values per record for fixed shapes (1 for scalars), None for variable length."""
-        return None if self.is_variable else math.prod(self.shape)
+        return None if VARIABLE in self.shape else math.prod(self.shape)
+
+    @property
+    def row_lengths_name(self) -> str:
+        return f"{self.name}.row_lengths"
 
 
 def _default_problems(feature: Feature) -> list[str]:
@@ -142,11 +258,14 @@ def _default_problems(feature: Feature) -> list[str]:
         return [f"the default has {len(values)} values, the shape needs {n}"]
     expected: tuple[type, ...] = {
         DType.INT64: (int,),
+        DType.TIMESTAMP: (int,),
+        DType.DATE: (int,),
         DType.BOOL: (bool,),
         DType.FLOAT32: (int, float),
         DType.FLOAT64: (int, float),
         DType.BYTES: (str, bytes),
         DType.STRING: (str,),
+        DType.DECIMAL: (str, int),
     }[feature.dtype]
     bad = [v for v in values if not isinstance(v, expected) or (
         feature.dtype is DType.INT64 and isinstance(v, bool))]
@@ -157,7 +276,7 @@ def _default_problems(feature: Feature) -> list[str]:
 
 @dataclass(frozen=True)
 class Schema:
-    """An ordered set of features; the order is the order of the written feature map's keys."""
+    """An ordered set of features."""
 
     features: tuple[Feature, ...]
     origin: str = "declared"  # "declared", "inferred" or the path of the file it was loaded from
@@ -167,28 +286,35 @@ class Schema:
         if not self.features:
             raise ValueError("a schema needs at least one feature")
         names = [f.name for f in self.features]
+        names += [f.row_lengths_name for f in self.features if f.is_ragged]
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
             raise ValueError(f"duplicate feature names: {', '.join(dupes)}")
 
     @property
     def source_columns(self) -> tuple[str, ...]:
-        """Source columns to read, each once, in first-use order."""
+        """Top-level source columns to read, each once, in first-use order."""
         return tuple(dict.fromkeys(f.source_column for f in self.features))
 
     def to_dict(self) -> dict[str, Any]:
         """The YAML/JSON form the loader reads back (round-trips through `schema_from_dict`)."""
-        out = []
-        for f in self.features:
-            d: dict[str, Any] = {"name": f.name, "type": f.dtype.value, "shape": list(f.shape)}
-            if f.column is not None and f.column != f.name:
-                d["column"] = f.column
-            d["nulls"] = f.nulls.value
-            if f.default is not None:
-                d["default"] = f.default
-            if f.narrow:
-                d["narrow"] = True
-            if f.description:
-                d["description"] = f.description
-            out.append(d)
-        return {"features": out}
+        return {"features": [feature_to_dict(f) for f in self.features]}
+
+
+def feature_to_dict(f: Feature) -> dict[str, Any]:
+    d: dict[str, Any] = {"name": f.name, "type": f.dtype.value, "shape": list(f.shape)}
+    if f.column is not None and f.column != f.name:
+        d["column"] = f.column
+    d["nulls"] = f.nulls.value
+    optional = {
+        "default": f.default, "unit": f.unit, "as": f.decimal_as, "scale": f.scale,
+        "encode": f.encode, "min": f.min, "max": f.max, "max_length": f.max_length,
+        "regex": f.regex, "description": f.description or None,
+        "allowed": list(f.allowed) if f.allowed is not None else None,
+    }
+    d.update({k: v for k, v in optional.items() if v is not None})
+    if f.narrow:
+        d["narrow"] = True
+    if f.ops:
+        d["ops"] = [op.value if arg is None else {op.value: arg} for op, arg in f.ops]
+    return d

@@ -9,18 +9,15 @@ from typing import Any
 
 import pyarrow as pa
 
-from recordforge.schemas.model import DType, Feature, NullPolicy, Schema
+from recordforge.schemas.model import DType, ExampleKind, Feature, NullPolicy, Schema
 
-__all__ = ["Plan", "compile_schema", "feature_spec_entry", "value_type"]
+__all__ = ["Column", "Plan", "compile_schema", "feature_spec_entries", "value_type"]
 
-# The Arrow type each feature's values have after conforming, i.e. what the encoder receives.
-_VALUE_TYPES: dict[DType, pa.DataType] = {
-    DType.INT64: pa.int64(),
-    DType.BOOL: pa.int64(),  # written as 0/1 in an int64_list
-    DType.FLOAT32: pa.float32(),
-    DType.FLOAT64: pa.float32(),  # only reachable with `narrow: true`
-    DType.BYTES: pa.large_binary(),
-    DType.STRING: pa.large_binary(),  # validated UTF-8 before it gets here
+# The Arrow type of each kind's values after conforming, i.e. what the encoder receives.
+_KIND_TYPES: dict[ExampleKind, pa.DataType] = {
+    ExampleKind.INT64: pa.int64(),
+    ExampleKind.FLOAT: pa.float32(),
+    ExampleKind.BYTES: pa.large_binary(),
 }
 
 # The Arrow type a CSV column is parsed as, so that parsing is exact (float64 is narrowed later,
@@ -32,32 +29,65 @@ _CSV_TYPES: dict[DType, pa.DataType] = {
     DType.FLOAT64: pa.float64(),
     DType.BYTES: pa.binary(),
     DType.STRING: pa.string(),
+    DType.DATE: pa.date32(),
+    DType.DECIMAL: pa.string(),  # parsed exactly from the text later
 }
 
-_TF_DTYPES = {DType.INT64: "int64", DType.BOOL: "int64", DType.FLOAT32: "float32",
-              DType.FLOAT64: "float32", DType.BYTES: "string", DType.STRING: "string"}
+_TF_DTYPES = {ExampleKind.INT64: "int64", ExampleKind.FLOAT: "float32", ExampleKind.BYTES: "string"}
 
 
 def value_type(feature: Feature) -> pa.DataType:
-    return _VALUE_TYPES[feature.dtype]
+    """Arrow type of a feature's values as the encoder sees them (before `encode: bytes`)."""
+    return _KIND_TYPES[feature.value_kind]
 
 
-def _column_type(feature: Feature) -> pa.DataType:
-    t = value_type(feature)
-    return t if feature.is_scalar else pa.large_list(t)
+@dataclass(frozen=True)
+class Column:
+    """A feature as written: one key of the Example's feature map."""
+
+    name: str
+    kind: ExampleKind
+    scalar: bool  # one value per record (a primitive Arrow column) rather than a list
 
 
-def feature_spec_entry(feature: Feature) -> dict[str, Any]:
+def _columns(f: Feature) -> list[Column]:
+    if f.encode == "bytes":
+        return [Column(f.name, ExampleKind.BYTES, True)]
+    if f.is_ragged:
+        return [Column(f.name, f.kind, False), Column(f.row_lengths_name, ExampleKind.INT64, False)]
+    return [Column(f.name, f.kind, f.is_scalar)]
+
+
+def feature_spec_entries(f: Feature) -> dict[str, dict[str, Any]]:
     """The tf.io parsing spec of one feature, as JSON-able data (see `recordforge.read`).
 
     A fixed shape whose nulls are never absent parses as FixedLenFeature with that shape; anything
     that can be missing or has variable length parses as VarLenFeature, so a missing value stays
-    distinguishable from a real one instead of being replaced by a default.
+    distinguishable from a real one instead of being replaced by a default. Ragged lists parse as
+    RaggedFeature with row lengths; `encode: bytes` floats carry a `decode` entry.
     """
-    dtype = _TF_DTYPES[feature.dtype]
-    if feature.is_variable or feature.nulls is NullPolicy.ABSENT:
-        return {"kind": "VarLenFeature", "dtype": dtype}
-    return {"kind": "FixedLenFeature", "dtype": dtype, "shape": list(feature.shape)}
+    dtype = _TF_DTYPES[f.kind]
+    entry: dict[str, Any]
+    if f.is_ragged:
+        entry = {"kind": "RaggedFeature", "dtype": dtype, "value_key": f.name,
+                 "partitions": [{"row_lengths": f.row_lengths_name}]}
+    elif f.encode == "bytes":
+        entry = ({"kind": "VarLenFeature", "dtype": "string"} if f.nulls is NullPolicy.ABSENT
+                 else {"kind": "FixedLenFeature", "dtype": "string", "shape": []})
+        entry["decode"] = {"raw": "float64", "byte_order": "little",
+                           "shape": list(f.shape) if not f.is_variable else [-1]}
+    elif f.is_variable or f.nulls is NullPolicy.ABSENT:
+        entry = {"kind": "VarLenFeature", "dtype": dtype}
+    else:
+        entry = {"kind": "FixedLenFeature", "dtype": dtype, "shape": list(f.shape)}
+    if f.dtype is DType.TIMESTAMP:
+        entry["logical"] = f"timestamp[{f.unit}]"
+    elif f.dtype is DType.DATE:
+        entry["logical"] = "date (days since 1970-01-01)"
+    elif f.dtype is DType.DECIMAL:
+        entry["logical"] = ("decimal as string" if f.decimal_as == "string"
+                            else f"decimal scaled by 10^{f.scale}")
+    return {f.name: entry}
 
 
 @dataclass(frozen=True)
@@ -65,6 +95,7 @@ class Plan:
     """Everything derived from a schema, computed once and shared by every step."""
 
     schema: Schema
+    columns: tuple[Column, ...]
     arrow_schema: pa.Schema
     csv_column_types: dict[str, pa.DataType]
     feature_spec: dict[str, dict[str, Any]]
@@ -75,22 +106,34 @@ class Plan:
         return self.schema.features
 
 
+def _csv_type(f: Feature) -> pa.DataType:
+    if not f.is_scalar:
+        return pa.string()  # JSON arrays / objects in a cell, parsed after reading as text
+    if f.dtype is DType.TIMESTAMP:
+        return pa.timestamp(f.unit)
+    return _CSV_TYPES[f.dtype]
+
+
 def compile_schema(schema: Schema) -> Plan:
+    columns = tuple(c for f in schema.features for c in _columns(f))
     arrow_schema = pa.schema(
-        [pa.field(f.name, _column_type(f), nullable=f.nulls is NullPolicy.ABSENT)
-         for f in schema.features]
+        [pa.field(c.name, _KIND_TYPES[c.kind] if c.scalar else pa.large_list(_KIND_TYPES[c.kind]))
+         for c in columns]
     )
     csv_types: dict[str, pa.DataType] = {}
     for f in schema.features:
-        # List cells in CSV are JSON arrays, parsed after reading the cell as text.
-        t = _CSV_TYPES[f.dtype] if f.is_scalar else pa.string()
-        previous = csv_types.setdefault(f.source_column, t)
+        top = f.source_column
+        t = _csv_type(f)
+        previous = csv_types.setdefault(top, t)
         if previous != t:
-            csv_types[f.source_column] = pa.string()  # two readings of one column: parse later
-    spec = {f.name: feature_spec_entry(f) for f in schema.features}
+            csv_types[top] = pa.string()  # two readings of one column: parse later
+    spec: dict[str, dict[str, Any]] = {}
+    for f in schema.features:
+        spec.update(feature_spec_entries(f))
     canonical = json.dumps(schema.to_dict(), sort_keys=True, default=repr).encode()
     return Plan(
         schema=schema,
+        columns=columns,
         arrow_schema=arrow_schema,
         csv_column_types=csv_types,
         feature_spec=spec,

@@ -14,10 +14,12 @@ import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 
 from recordforge import __version__
+from recordforge.errors import RecordForgeError
 from recordforge.schemas.export import tfmd_text
 from recordforge.schemas.loader import dump_schema
 from recordforge.schemas.plan import Plan
 from recordforge.tfrecord import Compression, ShardInfo
+from recordforge.transforms.rejects import REJECTED_DIR
 
 __all__ = ["BundleSpec", "WriteBundle", "SUCCESS", "METADATA", "FEATURE_SPEC", "SCHEMA_PBTXT"]
 
@@ -40,6 +42,8 @@ class BundleSpec:
     sources: tuple[tuple[str, int], ...]  # (path, size in bytes)
     compression: str
     command: tuple[str, ...] = ()
+    max_rejected: int = 0
+    max_rejected_fraction: float = 0.0
 
 
 def write_atomically(path: str, data: bytes) -> None:
@@ -52,7 +56,20 @@ def write_atomically(path: str, data: bytes) -> None:
     FileSystems.rename([tmp], [path])
 
 
-def metadata_dict(spec: BundleSpec, shards: list[ShardInfo], rows_read: int) -> dict[str, Any]:
+@dataclass(frozen=True)
+class RunCounts:
+    """What the pipeline counted on its way, as opposed to what is on disk."""
+
+    rows_read: int
+    rejected_by_rule: dict[str, int]
+    unreadable: tuple[dict[str, Any], ...] = ()
+
+    @property
+    def rows_rejected(self) -> int:
+        return sum(self.rejected_by_rule.values())
+
+
+def metadata_dict(spec: BundleSpec, shards: list[ShardInfo], counts: RunCounts) -> dict[str, Any]:
     shards = sorted(shards, key=lambda s: s.path)
     written = sum(s.records for s in shards)
     schema = spec.plan.schema
@@ -69,9 +86,14 @@ def metadata_dict(spec: BundleSpec, shards: list[ShardInfo], rows_read: int) -> 
         "null_policies": {f.name: f.nulls.value for f in schema.features},
         "compression": spec.compression,
         "tf_compression_type": Compression.tf(spec.compression),
-        "rows_read": rows_read,
+        "rows_read": counts.rows_read,
         "rows_written": written,
-        "rows_rejected": rows_read - written,
+        "rows_rejected": counts.rows_rejected,
+        "rejected_by_rule": dict(sorted(counts.rejected_by_rule.items())),
+        "rejected_bounds": {"max_rejected": spec.max_rejected,
+                            "max_rejected_fraction": spec.max_rejected_fraction},
+        "invariant": "rows_read == rows_written + rows_rejected",
+        "unreadable_files": list(counts.unreadable),
         "num_records": written,
         "shards": [
             {"file": posixpath.basename(s.path), "records": s.records, "bytes": s.bytes,
@@ -81,14 +103,43 @@ def metadata_dict(spec: BundleSpec, shards: list[ShardInfo], rows_read: int) -> 
     }
 
 
-def _write_bundle(shards: list[ShardInfo], rows_read: int, spec: BundleSpec) -> str:
-    meta = metadata_dict(spec, shards, rows_read)
-    if meta["rows_written"] != rows_read:
+def _check_counts(spec: BundleSpec, meta: dict[str, Any], counts: RunCounts) -> None:
+    if meta["rows_written"] + counts.rows_rejected != counts.rows_read:
         raise RuntimeError(
-            f"{spec.output}: read {rows_read} rows but the shards hold {meta['rows_written']} "
-            "records; refusing to publish an incomplete dataset"
+            f"{spec.output}: read {counts.rows_read} rows but the shards hold "
+            f"{meta['rows_written']} records and {counts.rows_rejected} were rejected; refusing "
+            "to publish a dataset that lost rows"
         )
+    allowed = max(spec.max_rejected, int(spec.max_rejected_fraction * counts.rows_read))
+    if counts.rows_rejected > allowed:
+        top = sorted(counts.rejected_by_rule.items(), key=lambda kv: -kv[1])[:5]
+        raise RecordForgeError(
+            f"{counts.rows_rejected} of {counts.rows_read} rows were rejected, more than the "
+            f"{allowed} allowed (--max_rejected {spec.max_rejected}, --max_rejected_fraction "
+            f"{spec.max_rejected_fraction}); top reasons: "
+            + ", ".join(f"{rule}: {n}" for rule, n in top)
+            + f"; the rows are in {spec.output.rstrip('/')}/{REJECTED_DIR}/"
+        )
+
+
+def _write_bundle(
+    shards: list[ShardInfo], rows_in_batches: int, rules: list[str], unreadable: list[str],
+    spec: BundleSpec,
+) -> str:
+    rejected: dict[str, int] = {}
+    for rule in rules:
+        rejected[rule] = rejected.get(rule, 0) + 1
+    # Rows the source itself rejected never became a batch; they were read all the same.
+    source_rejected = rejected.get("csv_columns", 0)
+    counts = RunCounts(
+        rows_read=rows_in_batches + source_rejected,
+        rejected_by_rule=rejected,
+        unreadable=tuple(json.loads(u) for u in sorted(unreadable)),
+    )
+    meta = metadata_dict(spec, shards, counts)
+    _check_counts(spec, meta, counts)
     out = spec.output.rstrip("/")
+    _drop_empty_rejected(out)
     files = {
         SCHEMA_PBTXT: tfmd_text(spec.plan).encode(),
         SCHEMA_YAML: dump_schema(
@@ -104,23 +155,48 @@ def _write_bundle(shards: list[ShardInfo], rows_read: int, spec: BundleSpec) -> 
     return out
 
 
+def _drop_empty_rejected(out: str) -> None:
+    """WriteToText leaves an empty file when nothing was rejected: remove it and the folder."""
+    matches = FileSystems.match([f"{out}/{REJECTED_DIR}/*"])[0].metadata_list
+    empty = [m.path for m in matches if m.size_in_bytes == 0]
+    if empty:
+        FileSystems.delete(empty)
+    if len(empty) == len(matches) and FileSystems.exists(f"{out}/{REJECTED_DIR}"):
+        FileSystems.delete([f"{out}/{REJECTED_DIR}"])
+
+
+def rule_of(line: str) -> str:
+    return json.loads(line)["rule"]
+
+
 class WriteBundle(beam.PTransform):
     """Writes schema.pbtxt, schema.yaml, feature_spec.json, metadata.json, then `_SUCCESS`.
 
-    In: the `ShardInfo`s of the written shards; `rows_read` is a PCollection holding one int.
-    Out: the output path, once. Fails if the shards do not hold every row that was read.
+    In: the `ShardInfo`s of the written shards. Side inputs: `rows_in_batches` (one int), the
+    rule of every rejected row, the JSON line of every unreadable file. Out: the output path,
+    once. Fails, publishing nothing, when rows_read != rows_written + rows_rejected or when more
+    rows were rejected than the bounds allow (with the top reasons).
     """
 
-    def __init__(self, spec: BundleSpec, rows_read: beam.PCollection[int]) -> None:
+    def __init__(
+        self, spec: BundleSpec, *, rows_in_batches: beam.PCollection[int],
+        rejected_rules: beam.PCollection[str], unreadable: beam.PCollection[str],
+    ) -> None:
         super().__init__()
         self._spec = spec
-        self._rows_read = rows_read
+        self._rows = rows_in_batches
+        self._rules = rejected_rules
+        self._unreadable = unreadable
 
     def expand(self, shards: beam.PCollection[ShardInfo]) -> beam.PCollection[str]:
         return (
             shards
             | "CollectShards" >> beam.combiners.ToList()
             | "Write" >> beam.Map(
-                _write_bundle, beam.pvalue.AsSingleton(self._rows_read), spec=self._spec
+                _write_bundle,
+                beam.pvalue.AsSingleton(self._rows),
+                beam.pvalue.AsList(self._rules),
+                beam.pvalue.AsList(self._unreadable),
+                spec=self._spec,
             )
         )

@@ -1,272 +1,327 @@
-"""Conforming source record batches to a plan: casts, shape checks and null policy, per batch."""
+"""Conforming source record batches to a plan: casts, shapes, null policy and checks, per batch.
+
+Every bad row of a batch is found with vectorised masks; conforming returns the good rows in the
+plan's Arrow schema and the bad ones with the first rule each broke, so that the caller can fail
+or route them to the dead-letter output.
+"""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from recordforge.encoding import binary_array
 from recordforge.errors import DataError, SourceError
 from recordforge.schemas.model import DType, Feature, NullPolicy
-from recordforge.schemas.plan import Plan, value_type
+from recordforge.schemas.plan import Plan
+from recordforge.transforms.casts import Failure, apply_ops, cast_values, check_values
 
-__all__ = ["conform_batch"]
+__all__ = ["BadRow", "Conformed", "conform_batch"]
 
 
 @dataclass(frozen=True)
-class _Where:
-    """Where a batch came from, to name the row of a bad value."""
+class BadRow:
+    """A row that broke a rule: where it is, which column, which rule, the offending value."""
 
     file: str
-    first_row: int  # 0-based index of the batch's first row within the file
+    row: int  # 1-based data row within the file
+    column: str
+    rule: str
+    reason: str
+    value: Any
 
-    def error(self, row_in_batch: int, column: str, reason: str, value: object = None) -> DataError:
-        return DataError(
-            file=self.file, row=self.first_row + int(row_in_batch) + 1, column=column,
-            reason=reason, value=value,
-        )
-
-
-def conform_batch(batch: pa.RecordBatch, plan: Plan, *, file: str, first_row: int) -> pa.RecordBatch:
-    """Returns a batch with the plan's Arrow schema: one column per feature, values cast to the
-    encoder's types, nulls handled per policy. Raises DataError at the first bad value and
-    SourceError when a column is missing or has a type that cannot hold the feature."""
-    where = _Where(file, first_row)
-    arrays = [_conform_feature(batch, f, where) for f in plan.features]
-    return pa.RecordBatch.from_arrays(arrays, schema=plan.arrow_schema)
+    def error(self) -> DataError:
+        return DataError(file=self.file, row=self.row, column=self.column,
+                         reason=f"{self.reason} [rule: {self.rule}]", value=self.value)
 
 
-def _conform_feature(batch: pa.RecordBatch, f: Feature, where: _Where) -> pa.Array:
-    col_name = f.source_column
-    idx = batch.schema.get_field_index(col_name)
-    if idx < 0:
-        raise SourceError(
-            f"{where.file}: no column {col_name!r} (needed by feature {f.name!r}); "
-            f"columns are {', '.join(batch.schema.names)}"
-        )
-    col = batch.column(idx)
+@dataclass(frozen=True)
+class Conformed:
+    batch: pa.RecordBatch  # the good rows, in the plan's Arrow schema
+    rejected: list[BadRow]
+    rejected_rows: np.ndarray  # indices of the rejected rows in the source batch
+
+
+class _Failures:
+    """The first failure of each bad row of one batch."""
+
+    def __init__(self, file: str, first_row: int) -> None:
+        self.file = file
+        self.first_row = first_row
+        self.rows: dict[int, BadRow] = {}
+
+    def add(self, rows: np.ndarray, column: str, rule: str, reason: str,
+            values: pa.Array, value_index: np.ndarray) -> None:
+        for r, i in zip(rows.tolist(), value_index.tolist(), strict=True):
+            if r not in self.rows:
+                self.rows[r] = BadRow(self.file, self.first_row + r + 1, column, rule, reason,
+                                      values[i].as_py())
+
+    def add_failures(self, failures: list[Failure], column: str, values: pa.Array,
+                     offsets: np.ndarray | None) -> None:
+        for f in failures:
+            self.add(_rows_of(f.indices, offsets), column, f.rule, f.reason, values, f.indices)
+
+
+def _rows_of(value_indices: np.ndarray, offsets: np.ndarray | None) -> np.ndarray:
+    if offsets is None:
+        return value_indices
+    return np.searchsorted(offsets, value_indices, side="right") - 1
+
+
+def conform_batch(batch: pa.RecordBatch, plan: Plan, *, file: str, first_row: int) -> Conformed:
+    """Returns the batch's good rows with the plan's Arrow schema (one column per written feature,
+    values cast to the encoder's types, nulls handled per policy) and its bad rows. Raises
+    SourceError when a column is missing or has a type that can never hold its feature."""
+    fails = _Failures(file, first_row)
+    arrays = [a for f in plan.features for a in _conform_feature(batch, f, fails)]
+    if not fails.rows:
+        return Conformed(pa.RecordBatch.from_arrays(arrays, schema=plan.arrow_schema), [],
+                         np.zeros(0, np.int64))
+    bad = np.array(sorted(fails.rows), dtype=np.int64)
+    keep = np.ones(batch.num_rows, dtype=bool)
+    keep[bad] = False
+    mask = pa.array(keep)
+    good = pa.RecordBatch.from_arrays([a.filter(mask) for a in arrays], schema=plan.arrow_schema)
+    return Conformed(good, [fails.rows[r] for r in bad.tolist()], bad)
+
+
+def _source_column(batch: pa.RecordBatch, f: Feature, file: str) -> pa.Array:
+    """The feature's column; `a.b` names field b of struct column a when no column is `a.b`."""
+    name = f.source_column
+    idx = batch.schema.get_field_index(name)
+    if idx >= 0:
+        col = batch.column(idx)
+    else:
+        head, *path = name.split(".")
+        top = batch.schema.get_field_index(head)
+        if not path or top < 0:
+            raise SourceError(
+                f"{file}: no column {name!r} (needed by feature {f.name!r}); columns are "
+                f"{', '.join(batch.schema.names)}"
+            )
+        col = batch.column(top)
+        for part in path:
+            if not pa.types.is_struct(col.type) or col.type.get_field_index(part) < 0:
+                raise SourceError(f"{file}: column {name!r}: no struct field {part!r} in {col.type}")
+            col = pc.struct_field(col, part)
     if pa.types.is_dictionary(col.type):
         col = col.dictionary_decode()
-    if f.is_scalar:
-        if _is_list(col.type):
-            raise SourceError(
-                f"{where.file}: column {col_name!r} holds lists ({col.type}) but feature {f.name!r} "
-                "is declared scalar (shape: [])"
-            )
-        values = _cast_values(col, f, where, rows=None)
-        return _apply_nulls(values, f, where)
-    if pa.types.is_string(col.type) or pa.types.is_large_string(col.type):
-        col = _parse_json_lists(col, f, where)
-    if not _is_list(col.type):
-        raise SourceError(
-            f"{where.file}: column {col_name!r} is {col.type}, but feature {f.name!r} has shape "
-            f"{list(f.shape)} and needs a list column"
-        )
-    lists = _flatten_inner(col, f, where)
-    offsets = np.asarray(lists.offsets.to_numpy(zero_copy_only=False), dtype=np.int64)
-    start = int(offsets[0])
-    flat = lists.values.slice(start, int(offsets[-1]) - start)
-    rows = offsets - start
-    values = _cast_values(flat, f, where, rows=rows)
-    if values.null_count:
-        i = int(np.flatnonzero(~_valid(values))[0])
-        raise where.error(_row_of(i, rows), col_name, "a list holds a null value, which a "
-                          "tf.train.Example cannot represent")
-    out = pa.LargeListArray.from_arrays(
-        pa.array(rows, pa.int64()), values, mask=pc.is_null(lists)
-    )
-    out = _apply_nulls(out, f, where)
-    if f.num_values is not None:
-        _check_lengths(out, f.num_values, col_name, where, what=f"shape {list(f.shape)} needs")
-    return out
+    return col
 
 
 def _is_list(t: pa.DataType) -> bool:
     return pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t)
 
 
-def _flatten_inner(col: pa.Array, f: Feature, where: _Where) -> pa.LargeListArray:
-    """Returns a large_list of scalar values; a nested [N, M] column is checked and flattened."""
-    if pa.types.is_fixed_size_list(col.type):
-        col = col.cast(pa.large_list(col.type.value_type))
-    elif pa.types.is_list(col.type):
-        col = col.cast(pa.large_list(col.type.value_type))
-    if not _is_list(col.type.value_type):
+def _as_large_list(col: pa.Array) -> pa.Array:
+    if pa.types.is_large_list(col.type):
         return col
-    if len(f.shape) != 2:
+    return col.cast(pa.large_list(col.type.value_type))
+
+
+def _offsets(lists: pa.Array) -> np.ndarray:
+    off = np.asarray(lists.offsets.to_numpy(zero_copy_only=False), dtype=np.int64)
+    return off - off[0]
+
+
+def _flat_values(lists: pa.Array) -> pa.Array:
+    start = int(lists.offsets[0].as_py())
+    return lists.values.slice(start, int(lists.offsets[-1].as_py()) - start)
+
+
+def _conform_feature(batch: pa.RecordBatch, f: Feature, fails: _Failures) -> list[pa.Array]:
+    col = _source_column(batch, f, fails.file)
+    column = f.source_column
+    if f.is_scalar:
+        if _is_list(col.type):
+            raise SourceError(
+                f"{fails.file}: column {column!r} holds lists ({col.type}) but feature {f.name!r} "
+                "is declared scalar (shape: [])"
+            )
+        values, failures = cast_values(col, f, fails.file)
+        fails.add_failures(failures, column, col, None)
+        values = apply_ops(values, f)
+        fails.add_failures(check_values(values, f), column, col, None)
+        values = _apply_nulls(values, f, fails, col)
+        return [_pack_scalar(values, f)]
+
+    if pa.types.is_string(col.type) or pa.types.is_large_string(col.type):
+        col = _parse_json_lists(col, f, fails)
+    if not _is_list(col.type):
         raise SourceError(
-            f"{where.file}: column {f.source_column!r} holds nested lists ({col.type}) but "
-            f"feature {f.name!r} has shape {list(f.shape)}; nested lists need a shape [N, M]"
+            f"{fails.file}: column {column!r} is {col.type}, but feature {f.name!r} has shape "
+            f"{list(f.shape)} and needs a list column"
         )
-    outer = np.asarray(col.offsets.to_numpy(zero_copy_only=False), dtype=np.int64)
-    outer = outer - outer[0]
-    start = int(col.offsets[0].as_py())
-    inner = col.values.slice(start, int(outer[-1])).cast(
-        pa.large_list(col.type.value_type.value_type)
-    )
+    lists = _as_large_list(col)
+    row_lengths = None
+    if len(f.shape) == 2:
+        if not _is_list(lists.type.value_type):
+            raise SourceError(
+                f"{fails.file}: column {column!r} is {col.type}, but feature {f.name!r} has shape "
+                f"{list(f.shape)} and needs a list of lists"
+            )
+        lists, row_lengths = _flatten_nested(lists, f, fails, col)
+    elif _is_list(lists.type.value_type):
+        raise SourceError(
+            f"{fails.file}: column {column!r} holds nested lists ({col.type}) but feature "
+            f"{f.name!r} has shape {list(f.shape)}; use [N, M] or [-1, -1] (ragged)"
+        )
+    offsets = _offsets(lists)
+    flat = _flat_values(lists)
+    source_nulls = np.flatnonzero(~pc.is_valid(flat).to_numpy(zero_copy_only=False))
+    values, failures = cast_values(flat, f, fails.file)
+    fails.add_failures(failures, column, flat, offsets)
+    if source_nulls.size:
+        fails.add(_rows_of(source_nulls, offsets), column, "list_null",
+                  "a list holds a null value, which a tf.train.Example cannot represent",
+                  col, _rows_of(source_nulls, offsets))
+    values = apply_ops(values, f)
+    fails.add_failures(check_values(values, f), column, flat, offsets)
+    valid = pc.is_valid(lists)
+    out = pa.LargeListArray.from_arrays(pa.array(offsets, pa.int64()), values,
+                                        mask=pc.invert(valid))
+    out = _apply_nulls(out, f, fails, col)
+    lengths = pc.list_value_length(out).to_numpy(zero_copy_only=False)
+    present = pc.is_valid(out).to_numpy(zero_copy_only=False)
+    if f.num_values is not None:
+        bad = np.flatnonzero(present & (lengths != f.num_values))
+        fails.add(bad, column, "shape", f"shape {list(f.shape)} needs {f.num_values} values",
+                  col, bad)
+    if f.max_length is not None:
+        bad = np.flatnonzero(present & (lengths > f.max_length))
+        fails.add(bad, column, "max_length", f"more than max_length {f.max_length} values",
+                  col, bad)
+    if f.encode == "bytes":
+        return [_float64_bytes(out)]
+    if f.is_ragged:
+        assert row_lengths is not None
+        return [out, row_lengths]
+    return [out]
+
+
+def _flatten_nested(
+    lists: pa.Array, f: Feature, fails: _Failures, col: pa.Array
+) -> tuple[pa.Array, pa.Array]:
+    """A list of lists flattened per row; for [N, M] every inner list must have M values, for
+    ragged [-1, -1] the inner lengths are kept as the row_lengths feature."""
+    outer = _offsets(lists)
+    inner = _as_large_list(_flat_values(lists))
+    inner_off = _offsets(inner)
     lengths = pc.list_value_length(inner).to_numpy(zero_copy_only=False)
-    bad = np.flatnonzero(pc.is_null(inner).to_numpy(zero_copy_only=False) | (lengths != f.shape[1]))
-    if bad.size:
-        raise where.error(_row_of(int(bad[0]), outer), f.source_column,
-                          f"shape {list(f.shape)} needs inner lists of length {f.shape[1]}",
-                          inner[int(bad[0])].as_py())
-    _check_lengths(col, f.shape[0], f.source_column, where, what="shape needs outer length")
-    inner_off = np.asarray(inner.offsets.to_numpy(zero_copy_only=False), dtype=np.int64)
+    null_inner = np.flatnonzero(~pc.is_valid(inner).to_numpy(zero_copy_only=False))
+    if null_inner.size:
+        rows = _rows_of(null_inner, outer)
+        fails.add(rows, f.source_column, "list_null", "a nested list is null", col, rows)
+    if not f.is_ragged:
+        bad = np.flatnonzero((lengths != f.shape[1]) & pc.is_valid(inner).to_numpy(
+            zero_copy_only=False))
+        rows = _rows_of(bad, outer)
+        fails.add(rows, f.source_column, "shape",
+                  f"shape {list(f.shape)} needs inner lists of length {f.shape[1]}", col, rows)
+        outer_len = np.diff(outer)
+        valid = pc.is_valid(lists).to_numpy(zero_copy_only=False)
+        bad_rows = np.flatnonzero(valid & (outer_len != f.shape[0]))
+        fails.add(bad_rows, f.source_column, "shape",
+                  f"shape {list(f.shape)} needs {f.shape[0]} inner lists", col, bad_rows)
     flat_offsets = inner_off[outer]
-    return pa.LargeListArray.from_arrays(
-        pa.array(flat_offsets - flat_offsets[0], pa.int64()),
-        inner.values.slice(int(flat_offsets[0]), int(flat_offsets[-1] - flat_offsets[0])),
-        mask=pc.is_null(col),
+    mask = pc.invert(pc.is_valid(lists))
+    flat = pa.LargeListArray.from_arrays(
+        pa.array(flat_offsets, pa.int64()), _flat_values(inner), mask=mask
     )
+    row_lengths = pa.LargeListArray.from_arrays(
+        pa.array(outer, pa.int64()), pa.array(np.nan_to_num(lengths).astype(np.int64)), mask=mask
+    )
+    return flat, row_lengths
 
 
+def _parse_json_lists(col: pa.Array, f: Feature, fails: _Failures) -> pa.Array:
+    """CSV cells of list features hold JSON arrays (`[1, 2]`); an empty cell is a null. Values are
+    converted straight to the declared type, as a typed CSV column would be."""
+    parsed: list[Any] = []
+    bad: list[tuple[int, str]] = []
+    for i, cell in enumerate(col.to_pylist()):
+        value = None
+        if cell not in (None, ""):
+            try:
+                value = json.loads(cell)
+                if not isinstance(value, list):
+                    raise ValueError("not a JSON array")
+            except ValueError as exn:
+                bad.append((i, f"not a JSON array: {exn}"))
+                value = None
+        if isinstance(value, list) and f.dtype is DType.BYTES:
+            value = [v.encode() if isinstance(v, str) else v for v in value]
+        parsed.append(value)
+    for i, reason in bad:
+        fails.add(np.array([i]), f.source_column, "type", reason, col, np.array([i]))
+    value_t = _JSON_VALUE_TYPES.get(f.dtype)
+    list_t = None
+    if value_t is not None:
+        list_t = pa.list_(pa.list_(value_t) if len(f.shape) == 2 else value_t)
+    try:
+        return pa.array(parsed, list_t)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
+        for i, value in enumerate(parsed):
+            try:
+                pa.array([value], list_t)
+            except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError) as exn:
+                fails.add(np.array([i]), f.source_column, "type",
+                          f"list values are not {f.dtype.value}: {exn}", col, np.array([i]))
+                parsed[i] = None
+        return pa.array(parsed, list_t)
+
+
+# JSON numbers and strings go straight to the declared type, as a typed CSV column would;
+# timestamps, dates and decimals are inferred from the JSON and cast like any source column.
 _JSON_VALUE_TYPES = {
     DType.INT64: pa.int64(), DType.BOOL: pa.bool_(), DType.FLOAT32: pa.float32(),
     DType.FLOAT64: pa.float64(), DType.BYTES: pa.binary(), DType.STRING: pa.string(),
 }
 
 
-def _parse_json_lists(col: pa.Array, f: Feature, where: _Where) -> pa.Array:
-    """CSV cells of list features hold JSON arrays (`[1, 2]`); an empty cell is a null. Values are
-    converted straight to the declared type, as a typed CSV column would be."""
-    column = f.source_column
-    value_t = _JSON_VALUE_TYPES[f.dtype]
-    list_t = pa.list_(pa.list_(value_t) if len(f.shape) == 2 else value_t)
-    parsed = []
-    for i, cell in enumerate(col.to_pylist()):
-        if cell is None or cell == "":
-            parsed.append(None)
-            continue
-        try:
-            value = json.loads(cell)
-        except ValueError as exn:
-            raise where.error(i, column, f"not a JSON array: {exn}", cell) from exn
-        if not isinstance(value, list):
-            raise where.error(i, column, "not a JSON array", cell)
-        if f.dtype is DType.BYTES:
-            value = [v.encode() if isinstance(v, str) else v for v in value]
-        parsed.append(value)
-    try:
-        return pa.array(parsed, list_t)
-    except (pa.ArrowInvalid, pa.ArrowTypeError):
-        for i, value in enumerate(parsed):
-            try:
-                pa.array([value], list_t)
-            except (pa.ArrowInvalid, pa.ArrowTypeError) as exn:
-                raise where.error(i, column, f"list values are not {f.dtype.value}: {exn}",
-                                  col[i].as_py()) from exn
-        raise
-
-
-def _valid(arr: pa.Array) -> np.ndarray:
-    return pc.is_valid(arr).to_numpy(zero_copy_only=False)
-
-
-def _row_of(value_index: int, rows: np.ndarray | None) -> int:
-    if rows is None:
-        return value_index
-    return int(np.searchsorted(rows, value_index, side="right") - 1)
-
-
-def _cast_values(
-    arr: pa.Array, f: Feature, where: _Where, *, rows: np.ndarray | None
-) -> pa.Array:
-    """Casts values to the encoder's type; a value that does not fit fails naming its row."""
-    src = arr.type
-    column = f.source_column
-
-    def fail(index: int, reason: str) -> DataError:
-        return where.error(_row_of(index, rows), column, reason, arr[index].as_py())
-
-    def checked(fn: Callable[[pa.Array], pa.Array], what: str) -> pa.Array:
-        try:
-            return fn(arr)
-        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exn:
-            if isinstance(exn, pa.ArrowNotImplementedError) or len(arr) == 0:
-                raise SourceError(
-                    f"{where.file}: column {column!r} of type {src} cannot hold feature "
-                    f"{f.name!r} ({f.dtype.value}): {exn}"
-                ) from exn
-            i, reason = _first_failure(arr, fn)
-            raise fail(i, f"{what}: {reason}") from exn
-
-    target = value_type(f)
-    if f.dtype is DType.FLOAT32 and pa.types.is_float64(src):
-        raise SourceError(
-            f"{where.file}: column {column!r} is float64 but feature {f.name!r} is float32; "
-            "declare `type: float64` with `narrow: true` to accept the precision loss"
-        )
-    if f.dtype is DType.FLOAT64:
-        wide = checked(lambda a: pc.cast(a, pa.float64()), "not a float64")
-        narrow = pc.cast(wide, pa.float32(), safe=False)
-        w = wide.to_numpy(zero_copy_only=False)
-        n = narrow.to_numpy(zero_copy_only=False)
-        overflow = np.isfinite(w) & ~np.isfinite(n)
-        if overflow.any():
-            raise fail(int(np.flatnonzero(overflow)[0]), "float64 value is outside float32 range")
-        return narrow
-    if f.dtype is DType.BOOL:
-        if pa.types.is_integer(src):
-            ok = pc.is_in(arr, pa.array([0, 1], src)).to_numpy(zero_copy_only=False)
-            bad = np.flatnonzero(~ok & _valid(arr))
-            if bad.size:
-                raise fail(int(bad[0]), "a bool must be 0 or 1")
-        elif not pa.types.is_boolean(src):
-            arr = checked(lambda a: pc.cast(a, pa.bool_()), "not a bool")
-        return pc.cast(arr, pa.int64())
-    if f.dtype is DType.STRING and not (pa.types.is_string(src) or pa.types.is_large_string(src)):
-        checked(lambda a: pc.cast(a, pa.large_string()), "not valid UTF-8")
-    if f.dtype in (DType.STRING, DType.BYTES) and pa.types.is_fixed_size_binary(src):
-        arr = pc.cast(arr, pa.binary())
-    if f.dtype in (DType.INT64,) and pa.types.is_floating(src):
-        # Safe casts refuse fractions; also refuse NaN/inf rather than invent an integer.
-        arr = checked(lambda a: pc.cast(a, target), "not an integer")
-        return arr
-    return checked(lambda a: pc.cast(a, target), f"not a {f.dtype.value}")
-
-
-def _first_failure(arr: pa.Array, fn: Callable[[pa.Array], pa.Array]) -> tuple[int, str]:
-    """Bisects to the first element `fn` fails on: log2(n) calls of a vectorised cast."""
-    lo, hi = 0, len(arr)
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        try:
-            fn(arr.slice(lo, mid - lo))
-        except pa.ArrowInvalid:
-            hi = mid
-        else:
-            lo = mid
-    try:
-        fn(arr.slice(lo, 1))
-    except pa.ArrowInvalid as exn:
-        return lo, str(exn)
-    return lo, "conversion failed"
-
-
-def _apply_nulls(arr: pa.Array, f: Feature, where: _Where) -> pa.Array:
+def _apply_nulls(arr: pa.Array, f: Feature, fails: _Failures, col: pa.Array) -> pa.Array:
     if not arr.null_count or f.nulls is NullPolicy.ABSENT:
         return arr
     if f.nulls is NullPolicy.REQUIRED:
-        i = int(np.flatnonzero(~_valid(arr))[0])
-        raise where.error(i, f.source_column, "null in a feature with `nulls: required`")
+        rows = np.flatnonzero(~pc.is_valid(arr).to_numpy(zero_copy_only=False))
+        fails.add(rows, f.source_column, "null", "null in a feature with `nulls: required`",
+                  col, rows)
+        return arr
+    return pc.fill_null(arr, _default_scalar(f, arr.type))
+
+
+def _default_scalar(f: Feature, arrow_type: pa.DataType) -> pa.Scalar:
     default = f.default
     values = default if isinstance(default, list) else [default]
-    if f.dtype in (DType.BYTES, DType.STRING):
+    if pa.types.is_large_binary(arrow_type) or (
+        pa.types.is_large_list(arrow_type) and pa.types.is_large_binary(arrow_type.value_type)
+    ):
         values = [v.encode() if isinstance(v, str) else v for v in values]
     elif f.dtype is DType.BOOL:
         values = [int(v) for v in values]
-    fill = pa.scalar(values if isinstance(default, list) else values[0], arr.type)
-    return pc.fill_null(arr, fill)
+    return pa.scalar(values if isinstance(default, list) else values[0], arrow_type)
 
 
-def _check_lengths(arr: pa.Array, n: int, column: str, where: _Where, *, what: str) -> None:
-    lengths = pc.list_value_length(arr).to_numpy(zero_copy_only=False)
-    valid = _valid(arr)
-    bad = np.flatnonzero(valid & (lengths != n))
-    if bad.size:
-        i = int(bad[0])
-        raise where.error(i, column, f"{what} {n} values, found {int(lengths[i])}")
+def _pack_scalar(values: pa.Array, f: Feature) -> pa.Array:
+    if f.encode != "bytes":
+        return values
+    lists = pa.LargeListArray.from_arrays(
+        pa.array(np.arange(len(values) + 1), pa.int64()), values.fill_null(0.0),
+        mask=pc.is_null(values),
+    )
+    return _float64_bytes(lists)
+
+
+def _float64_bytes(lists: pa.Array) -> pa.Array:
+    """Each row's float64 values as one little-endian bytes value: exact, all 64 bits."""
+    offsets = _offsets(lists)
+    flat = _flat_values(lists)
+    data = flat.fill_null(0.0).to_numpy(zero_copy_only=False).astype("<f8").view(np.uint8)
+    valid = pc.is_valid(lists).to_numpy(zero_copy_only=False)
+    return binary_array(data, np.diff(offsets) * 8, valid=valid)

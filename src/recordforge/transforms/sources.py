@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -14,7 +15,10 @@ from apache_beam.io.filesystems import FileSystems
 
 from recordforge.errors import SourceError
 
-__all__ = ["ReadCsv", "ReadParquet", "SourceBatch", "expand_patterns"]
+__all__ = ["ReadCsv", "ReadParquet", "SourceBatch", "expand_patterns", "UNREADABLE", "REJECTED"]
+
+UNREADABLE = "unreadable"  # tagged output: JSON {"file", "error"} per file that could not be read
+REJECTED = "rejected"  # tagged output: JSON lines of rows the source itself could not parse
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -50,120 +54,180 @@ def expand_patterns(patterns: Iterable[str]) -> list[_FileInfo]:
     return list(out.values())
 
 
+def _unreadable(path: str, error: str, **extra: object) -> beam.pvalue.TaggedOutput:
+    _LOGGER.warning("skipping unreadable input %s: %s", path, error)
+    return beam.pvalue.TaggedOutput(UNREADABLE, json.dumps({"file": path, "error": error, **extra}))
+
+
 class _ParquetRowGroupsFn(beam.DoFn):
     """Splits each Parquet file into its row groups, so that a big file spreads over workers."""
 
-    def process(self, path: str) -> Iterator[tuple[str, int, int]]:
+    def __init__(self, skip_unreadable: bool = False) -> None:
+        self._skip = skip_unreadable
+
+    def process(self, path: str) -> Iterator[object]:
         # (path, row group index, first row of the group)
-        with FileSystems.open(path) as f:
-            try:
+        try:
+            with FileSystems.open(path) as f:
                 meta = pq.ParquetFile(f).metadata
-            except Exception as exn:
-                raise SourceError(f"{path}: not a readable Parquet file: {exn}") from exn
+        except Exception as exn:
+            if self._skip:
+                yield _unreadable(path, f"not a readable Parquet file: {exn}")
+                return
+            raise SourceError(f"{path}: not a readable Parquet file: {exn}") from exn
         first = 0
         for i in range(meta.num_row_groups):
             yield path, i, first
             first += meta.row_group(i).num_rows
 
 
+def _resolve_columns(columns: list[str], names: list[str], path: str) -> list[str]:
+    """Top-level columns to read: `a.b` reads struct column `a` when no column is named `a.b`."""
+    out: list[str] = []
+    missing = []
+    for c in columns:
+        top = c if c in names else c.split(".", 1)[0]
+        if top not in names:
+            missing.append(c)
+        elif top not in out:
+            out.append(top)
+    if missing:
+        raise SourceError(
+            f"{path}: no column(s) {', '.join(map(repr, missing))}; columns are {', '.join(names)}"
+        )
+    return out
+
+
 class _ReadParquetFn(beam.DoFn):
-    def __init__(self, columns: list[str] | None, batch_size: int) -> None:
+    def __init__(
+        self, columns: list[str] | None, batch_size: int, skip_unreadable: bool = False
+    ) -> None:
         self._columns = columns
         self._batch_size = batch_size
+        self._skip = skip_unreadable
 
-    def process(self, element: tuple[str, int, int]) -> Iterator[SourceBatch]:
+    def process(self, element: tuple[str, int, int]) -> Iterator[object]:
         path, group, first_row = element
-        with FileSystems.open(path) as f:
-            try:
+        start = first_row
+        try:
+            with FileSystems.open(path) as f:
                 pf = pq.ParquetFile(f)
                 columns = self._columns
                 if columns is not None:
-                    missing = [c for c in columns if c not in pf.schema_arrow.names]
-                    if missing:
-                        raise SourceError(
-                            f"{path}: no column(s) {', '.join(map(repr, missing))}; columns are "
-                            f"{', '.join(pf.schema_arrow.names)}"
-                        )
+                    columns = _resolve_columns(columns, pf.schema_arrow.names, path)
                 for batch in pf.iter_batches(
                     batch_size=self._batch_size, row_groups=[group], columns=columns
                 ):
                     yield SourceBatch(path, first_row, batch)
                     first_row += batch.num_rows
-            except SourceError:
-                raise
-            except Exception as exn:
-                raise SourceError(f"{path}: cannot read row group {group}: {exn}") from exn
+        except SourceError:
+            raise
+        except Exception as exn:
+            if self._skip:
+                yield _unreadable(path, f"row group {group}: {exn}", row_group=group,
+                                  rows_read_before=first_row - start)
+                return
+            raise SourceError(f"{path}: cannot read row group {group}: {exn}") from exn
 
 
 class ReadParquet(beam.PTransform):
     """Reads Parquet files as record batches.
 
-    In: a PBegin. Out: `SourceBatch`es, one Parquet row group split into batches of at most
-    `batch_size` rows. Patterns are expanded at construction: one matching nothing raises
-    SourceError. A file that cannot be read fails the pipeline naming it.
+    In: a PBegin. Out: {"batches": `SourceBatch`es (a row group split into batches of at most
+    `batch_size` rows), "unreadable": JSON lines}. Patterns are expanded at
+    construction: one matching nothing raises SourceError. A file that cannot be read fails the
+    pipeline naming it, or with `skip_unreadable` is listed in "unreadable".
     """
 
     def __init__(
         self, patterns: list[str], *, columns: list[str] | None = None, batch_size: int = 65536,
-        expanded: list[_FileInfo] | None = None,
+        expanded: list[_FileInfo] | None = None, skip_unreadable: bool = False,
     ) -> None:
         super().__init__()
         # `expanded`: the patterns' matches when the caller already listed them.
         self._files = expanded if expanded is not None else expand_patterns(patterns)
         self._columns = columns
         self._batch_size = batch_size
+        self._skip = skip_unreadable
 
     @property
     def files(self) -> list[_FileInfo]:
         return self._files
 
-    def expand(self, pbegin: beam.pvalue.PBegin) -> beam.PCollection[SourceBatch]:
-        return (
+    def expand(self, pbegin: beam.pvalue.PBegin) -> dict[str, beam.PCollection]:
+        groups = (
             pbegin
             | "Files" >> beam.Create([f.path for f in self._files])
-            | "RowGroups" >> beam.ParDo(_ParquetRowGroupsFn())
+            | "RowGroups" >> beam.ParDo(_ParquetRowGroupsFn(self._skip)).with_outputs(
+                UNREADABLE, main="groups")
+        )
+        read = (
+            groups.groups
             # (path, row_group, first_row): spread row groups over workers before reading.
             | "Spread" >> beam.Reshuffle()
-            | "Read" >> beam.ParDo(_ReadParquetFn(self._columns, self._batch_size))
+            | "Read" >> beam.ParDo(
+                _ReadParquetFn(self._columns, self._batch_size, self._skip)
+            ).with_outputs(UNREADABLE, main="batches")
         )
+        unreadable = (groups[UNREADABLE], read[UNREADABLE]) | "Unreadable" >> beam.Flatten()
+        return {"batches": read.batches, UNREADABLE: unreadable}
 
 
 class _ReadCsvFn(beam.DoFn):
-    def __init__(self, column_types: dict[str, pa.DataType], block_size: int) -> None:
+    def __init__(
+        self, column_types: dict[str, pa.DataType], block_size: int, *, strict: bool = True,
+        skip_unreadable: bool = False,
+    ) -> None:
         self._column_types = column_types
         self._block_size = block_size
+        self._strict = strict
+        self._skip = skip_unreadable
 
-    def process(self, path: str) -> Iterator[SourceBatch]:
+    def process(self, path: str) -> Iterator[object]:
         emitted = 0
         try:
-            for item in self._read(path, self._column_types, skip=0):
-                yield item
-                emitted += item.batch.num_rows
-        except pa.ArrowInvalid as exn:
-            if "Empty CSV file" in str(exn):
-                return
-            # A typed parse failed in some block; pyarrow does not say which row. Read the rest
-            # of the file again as text so that conforming names the row, column and value.
-            _LOGGER.info("%s: typed CSV parse failed (%s); re-reading as text", path, exn)
-            text_types = {
-                c: (pa.binary() if pa.types.is_binary(t) else pa.string())
-                for c, t in self._column_types.items()
-            }
             try:
+                for item in self._read(path, self._column_types, skip=0):
+                    if isinstance(item, SourceBatch):
+                        emitted += item.batch.num_rows
+                    yield item
+            except pa.ArrowInvalid as exn:
+                if "Empty CSV file" in str(exn):
+                    return
+                # A typed parse failed in some block; pyarrow does not say which row. Read the
+                # rest of the file as text (string columns as raw bytes) so that conforming names
+                # the row, column and value of every bad cell.
+                _LOGGER.info("%s: typed CSV parse failed (%s); re-reading as text", path, exn)
+                text_types = {
+                    c: pa.binary() if pa.types.is_binary(t) or pa.types.is_string(t) else pa.string()
+                    for c, t in self._column_types.items()
+                }
                 yield from self._read(path, text_types, skip=emitted)
-            except pa.ArrowInvalid as exn2:
-                raise SourceError(f"{path}: not a readable CSV file: {exn2}") from exn2
+        except (pa.ArrowInvalid, OSError) as exn:
+            if self._skip:
+                yield _unreadable(path, f"not a readable CSV file: {exn}", rows_read_before=emitted)
+                return
+            raise SourceError(f"{path}: not a readable CSV file: {exn}") from exn
 
     def _read(
         self, path: str, types: dict[str, pa.DataType], *, skip: int
-    ) -> Iterator[SourceBatch]:
-        """Yields the file's batches, leaving out its first `skip` rows."""
+    ) -> Iterator[object]:
+        """Yields the file's batches, leaving out its first `skip` rows, and rows with the wrong
+        number of columns as rejected lines (or a DataError when strict)."""
+        invalid: list[object] = []
+
+        def on_invalid(row: pacsv.InvalidRow) -> str:
+            invalid.append(row)
+            return "skip"
+
         first_row = 0
         with FileSystems.open(path) as f:
             reader = pacsv.open_csv(
                 f,
                 read_options=pacsv.ReadOptions(block_size=self._block_size),
-                parse_options=pacsv.ParseOptions(newlines_in_values=True),
+                parse_options=pacsv.ParseOptions(
+                    newlines_in_values=True, invalid_row_handler=on_invalid
+                ),
                 convert_options=pacsv.ConvertOptions(
                     column_types=types,
                     include_columns=list(types),
@@ -174,26 +238,48 @@ class _ReadCsvFn(beam.DoFn):
                 ),
             )
             for batch in reader:
+                yield from self._invalid_rows(path, invalid, skip_all=first_row < skip)
                 end = first_row + batch.num_rows
                 if end > skip:
                     cut = max(skip - first_row, 0)
                     yield SourceBatch(path, first_row + cut, batch.slice(cut))
                 first_row = end
+            yield from self._invalid_rows(path, invalid, skip_all=False)
+
+    def _invalid_rows(self, path: str, invalid: list, *, skip_all: bool) -> Iterator[object]:
+        from recordforge.transforms.conform import BadRow
+        from recordforge.transforms.rejects import rejected_line
+
+        rows, invalid[:] = list(invalid), []
+        if skip_all:  # already reported by the first, typed pass
+            return
+        for row in rows:
+            bad = BadRow(path, row.number or 0, "*", "csv_columns",
+                         f"line {row.number}: expected {row.expected_columns} columns, "
+                         f"found {row.actual_columns}", row.text)
+            if self._strict:
+                raise bad.error()
+            yield beam.pvalue.TaggedOutput(REJECTED, rejected_line(bad, None))
 
 
 class ReadCsv(beam.PTransform):
     """Reads CSV files (header row, quoted fields, embedded newlines) as record batches.
 
-    In: a PBegin. Out: `SourceBatch`es with the given column types. Patterns are expanded at
-    construction. A file is read by one worker (quoted newlines make splitting unsafe).
+    In: a PBegin. Out: {"batches": `SourceBatch`es with the given column types, "unreadable" and
+    "rejected": JSON lines}. Patterns are expanded at construction. A file is read by one worker
+    (quoted newlines make splitting unsafe). Rows with the wrong number of columns are rejected
+    (or fail the pipeline when `strict`).
     """
 
     def __init__(
         self, patterns: list[str], *, column_types: dict[str, pa.DataType],
         block_size: int = 8 << 20, expanded: list[_FileInfo] | None = None,
+        strict: bool = True, skip_unreadable: bool = False,
     ) -> None:
         super().__init__()
         self._files = expanded if expanded is not None else expand_patterns(patterns)
+        self._strict = strict
+        self._skip = skip_unreadable
         self._column_types = column_types
         self._block_size = block_size
 
@@ -201,10 +287,14 @@ class ReadCsv(beam.PTransform):
     def files(self) -> list[_FileInfo]:
         return self._files
 
-    def expand(self, pbegin: beam.pvalue.PBegin) -> beam.PCollection[SourceBatch]:
-        return (
+    def expand(self, pbegin: beam.pvalue.PBegin) -> dict[str, beam.PCollection]:
+        read = (
             pbegin
             | "Files" >> beam.Create([f.path for f in self._files])
             | "Spread" >> beam.Reshuffle()
-            | "Read" >> beam.ParDo(_ReadCsvFn(self._column_types, self._block_size))
+            | "Read" >> beam.ParDo(_ReadCsvFn(
+                self._column_types, self._block_size, strict=self._strict,
+                skip_unreadable=self._skip,
+            )).with_outputs(UNREADABLE, REJECTED, main="batches")
         )
+        return {"batches": read.batches, UNREADABLE: read[UNREADABLE], REJECTED: read[REJECTED]}

@@ -1,0 +1,57 @@
+"""Reading a TFMD Schema (schema.pbtxt from TFDV or SchemaGen) as a RecordForge schema."""
+
+from __future__ import annotations
+
+from google.protobuf import text_format
+from tensorflow_metadata.proto.v0 import schema_pb2
+
+from recordforge.errors import SchemaError
+from recordforge.schemas.model import VARIABLE, DType, Feature, NullPolicy, Schema
+
+__all__ = ["schema_from_tfmd", "schema_from_tfmd_text"]
+
+
+def schema_from_tfmd_text(text: str, *, origin: str = "schema.pbtxt") -> Schema:
+    try:
+        proto = text_format.Parse(text, schema_pb2.Schema())
+    except text_format.ParseError as exn:
+        raise SchemaError(f"{origin}: not a TFMD Schema text proto: {exn}") from exn
+    return schema_from_tfmd(proto, origin=origin)
+
+
+def schema_from_tfmd(proto: schema_pb2.Schema, *, origin: str = "schema.pbtxt") -> Schema:
+    """INT -> int64 (bool with a bool_domain), FLOAT -> float32, BYTES -> string with a
+    string_domain or a `utf8` tag, else bytes. A FixedShape gives the shape; a value_count with
+    min == max a fixed list; anything else a variable-length list. min_fraction 1 -> required."""
+    problems = []
+    features = []
+    for feat in proto.feature:
+        if feat.type == schema_pb2.INT:
+            dtype = DType.BOOL if feat.HasField("bool_domain") else DType.INT64
+        elif feat.type == schema_pb2.FLOAT:
+            dtype = DType.FLOAT32
+        elif feat.type == schema_pb2.BYTES:
+            utf8 = feat.HasField("string_domain") or "utf8" in feat.annotation.tag
+            dtype = DType.STRING if utf8 else DType.BYTES
+        else:
+            problems.append(f"{origin}: feature {feat.name!r} has no usable type")
+            continue
+        if feat.HasField("shape"):
+            shape = tuple(d.size for d in feat.shape.dim)
+        elif feat.HasField("value_count") and feat.value_count.min == feat.value_count.max == 1:
+            shape = ()
+        elif feat.HasField("value_count") and feat.value_count.min == feat.value_count.max > 1:
+            shape = (feat.value_count.max,)
+        else:
+            shape = (VARIABLE,)
+        required = feat.presence.min_fraction >= 1.0 and shape != (VARIABLE,)
+        try:
+            features.append(Feature(
+                name=feat.name, dtype=dtype, shape=shape,
+                nulls=NullPolicy.REQUIRED if required else NullPolicy.ABSENT,
+            ))
+        except ValueError as exn:
+            problems.append(f"{origin}: {exn}")
+    if problems:
+        raise SchemaError("invalid schema:\n  " + "\n  ".join(problems))
+    return Schema(tuple(features), origin=origin)

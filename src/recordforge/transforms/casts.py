@@ -1,0 +1,282 @@
+"""Value-level conforming: casts to the declared type, derivation ops and checks, all vectorised.
+
+Each function takes a flat array of source values and returns the converted values plus the
+failures as (value indices, rule, reason): a value that fails is nulled in the output so that
+the rest of the batch converts, and the caller rejects its row.
+"""
+
+from __future__ import annotations
+
+import decimal
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from recordforge.errors import SourceError
+from recordforge.schemas.model import DType, ExampleKind, Feature, Op
+
+__all__ = ["Failure", "cast_values", "apply_ops", "check_values"]
+
+_INT64_MAX = 2**63 - 1
+_CONVERSION_ERRORS = (pa.ArrowInvalid, pa.ArrowTypeError)
+
+
+@dataclass(frozen=True)
+class Failure:
+    """Values (by index into the flat value array) that broke one rule."""
+
+    indices: np.ndarray
+    rule: str
+    reason: str
+
+
+def _valid(arr: pa.Array) -> np.ndarray:
+    if arr.null_count == 0:
+        return np.ones(len(arr), dtype=bool)
+    return pc.is_valid(arr).to_numpy(zero_copy_only=False)
+
+
+def _null_out(arr: pa.Array, indices: np.ndarray) -> pa.Array:
+    if not len(indices):
+        return arr
+    mask = np.zeros(len(arr), dtype=bool)
+    mask[indices] = True
+    return pc.if_else(pa.array(mask), pa.scalar(None, arr.type), arr)
+
+
+def _failing_indices(arr: pa.Array, fn: Callable[[pa.Array], pa.Array]) -> list[tuple[int, str]]:
+    """Every element `fn` fails on, by bisection: a few vectorised calls per bad value."""
+    out: list[tuple[int, str]] = []
+
+    def visit(part: pa.Array, base: int) -> None:
+        try:
+            fn(part)
+        except _CONVERSION_ERRORS as exn:
+            if len(part) == 1:
+                out.append((base, str(exn)))
+                return
+            mid = len(part) // 2
+            visit(part.slice(0, mid), base)
+            visit(part.slice(mid), base + mid)
+
+    visit(arr, 0)
+    return out
+
+
+def _checked_cast(
+    arr: pa.Array, fn: Callable[[pa.Array], pa.Array], rule: str, what: str, failures: list
+) -> pa.Array:
+    """Applies a vectorised conversion; values it refuses are recorded and nulled."""
+    try:
+        return fn(arr)
+    except _CONVERSION_ERRORS:
+        pass
+    bad = _failing_indices(arr, fn)
+    if not bad:  # the whole array failed but no single element does: not a value problem
+        return fn(arr)
+    idx = np.array([i for i, _ in bad], dtype=np.int64)
+    failures.append(Failure(idx, rule, f"{what}: {bad[0][1]}"))
+    return fn(_null_out(arr, idx))
+
+
+def _per_value(
+    arr: pa.Array, convert: Callable[[object], object], out_type: pa.DataType, rule: str,
+    failures: list,
+) -> pa.Array:
+    """A Python conversion per value, for the rare types Arrow cannot convert exactly (decimal)."""
+    values, bad, reasons = [], [], []
+    for i, v in enumerate(arr.to_pylist()):
+        if v is None:
+            values.append(None)
+            continue
+        try:
+            values.append(convert(v))
+        except (ValueError, ArithmeticError, TypeError) as exn:
+            values.append(None)
+            bad.append(i)
+            reasons.append(str(exn))
+    if bad:
+        failures.append(Failure(np.array(bad, dtype=np.int64), rule, reasons[0]))
+    return pa.array(values, out_type)
+
+
+def _scaled_int(scale: int) -> Callable[[object], int]:
+    def convert(v: object) -> int:
+        d = v if isinstance(v, decimal.Decimal) else decimal.Decimal(str(v).strip())
+        if not d.is_finite():
+            raise ValueError(f"{v!r} is not a finite decimal")
+        scaled = d.scaleb(scale)
+        if scaled != scaled.to_integral_value():
+            raise ValueError(f"{v} has more than {scale} digits after the point")
+        n = int(scaled)
+        if not -_INT64_MAX - 1 <= n <= _INT64_MAX:
+            raise ValueError(f"{v} scaled by 10^{scale} does not fit int64")
+        return n
+    return convert
+
+
+def _decimal_text(v: object) -> bytes:
+    d = v if isinstance(v, decimal.Decimal) else decimal.Decimal(str(v).strip())
+    if not d.is_finite():
+        raise ValueError(f"{v!r} is not a finite decimal")
+    return str(d).encode()
+
+
+def cast_values(arr: pa.Array, f: Feature, file: str) -> tuple[pa.Array, list[Failure]]:
+    """Casts source values to the feature's value type (float64 stays float64 for `encode:
+    bytes`). A column whose type can never hold the feature raises SourceError."""
+    failures: list[Failure] = []
+    src = arr.type
+    column = f.source_column
+
+    def cast(target: pa.DataType, what: str, rule: str = "type") -> Callable[[pa.Array], pa.Array]:
+        def fn(a: pa.Array) -> pa.Array:
+            try:
+                return pc.cast(a, target)
+            except pa.ArrowNotImplementedError as exn:
+                raise SourceError(
+                    f"{file}: column {column!r} of type {src} cannot hold feature {f.name!r} "
+                    f"({f.dtype.value}): {exn}"
+                ) from exn
+        return fn
+
+    def conv(a: pa.Array, target: pa.DataType, what: str, rule: str = "type") -> pa.Array:
+        return _checked_cast(a, cast(target, what), rule, what, failures)
+
+    dt = f.dtype
+    if dt is DType.FLOAT32 and pa.types.is_float64(src):
+        raise SourceError(
+            f"{file}: column {column!r} is float64 but feature {f.name!r} is float32; declare "
+            "`type: float64` with `narrow: true` (float32) or `encode: bytes` (exact)"
+        )
+    if dt is DType.FLOAT64:
+        wide = conv(arr, pa.float64(), "not a float64")
+        if f.encode == "bytes":
+            return wide, failures
+        narrow = pc.cast(wide, pa.float32(), safe=False)
+        overflow = np.isfinite(wide.to_numpy(zero_copy_only=False)) & ~np.isfinite(
+            narrow.to_numpy(zero_copy_only=False))
+        if overflow.any():
+            idx = np.flatnonzero(overflow)
+            failures.append(Failure(idx, "range", "float64 value is outside float32 range"))
+            narrow = _null_out(narrow, idx)
+        return narrow, failures
+    if dt is DType.BOOL:
+        if pa.types.is_integer(src):
+            ok = pc.is_in(arr, pa.array([0, 1], src)).to_numpy(zero_copy_only=False)
+            bad = np.flatnonzero(~ok & _valid(arr))
+            if bad.size:
+                failures.append(Failure(bad, "type", "a bool must be 0 or 1"))
+                arr = _null_out(arr, bad)
+        elif not pa.types.is_boolean(src):
+            arr = conv(arr, pa.bool_(), "not a bool")
+        return pc.cast(arr, pa.int64()), failures
+    if dt is DType.STRING:
+        if not (pa.types.is_string(src) or pa.types.is_large_string(src)):
+            if pa.types.is_fixed_size_binary(src):
+                arr = pc.cast(arr, pa.binary())
+            arr = conv(arr, pa.large_string(), "not valid UTF-8", rule="utf8")
+        return pc.cast(arr, pa.large_binary()), failures
+    if dt is DType.BYTES:
+        if pa.types.is_fixed_size_binary(src):
+            arr = pc.cast(arr, pa.binary())
+        return conv(arr, pa.large_binary(), "not bytes"), failures
+    if dt is DType.TIMESTAMP:
+        if pa.types.is_integer(src):
+            return conv(arr, pa.int64(), "not an int64 epoch"), failures
+        if pa.types.is_date(src):
+            arr = pc.cast(arr, pa.timestamp("s"))
+        ts = conv(arr, pa.timestamp(f.unit), f"not a timestamp in unit {f.unit}")
+        return pc.cast(ts, pa.int64()), failures
+    if dt is DType.DATE:
+        if pa.types.is_integer(src):
+            return conv(arr, pa.int64(), "not an int64 day count"), failures
+        if pa.types.is_timestamp(src):
+            day = pc.cast(pc.cast(pc.floor_temporal(arr, unit="day"), pa.timestamp("s")), pa.int64())
+            secs = pc.cast(pc.cast(arr, pa.timestamp("s"), safe=False), pa.int64())
+            partial = np.flatnonzero(_valid(arr) & (day.to_numpy(zero_copy_only=False)
+                                                    != secs.to_numpy(zero_copy_only=False)))
+            if partial.size:
+                failures.append(Failure(partial, "type", "a timestamp with a time of day is not "
+                                        "a date"))
+                arr = _null_out(arr, partial)
+        days = conv(arr, pa.date32(), "not a date")
+        return pc.cast(pc.cast(days, pa.int32()), pa.int64()), failures
+    if dt is DType.DECIMAL:
+        if f.decimal_as == "scaled_int":
+            return _per_value(arr, _scaled_int(f.scale or 0), pa.int64(), "type", failures), failures
+        return _per_value(arr, _decimal_text, pa.large_binary(), "type", failures), failures
+    # INT64 (and FLOAT32 from non-float64 sources): safe casts refuse fractions and overflow.
+    target = pa.int64() if dt is DType.INT64 else pa.float32()
+    return conv(arr, target, f"not a {dt.value}"), failures
+
+
+def apply_ops(values: pa.Array, f: Feature) -> pa.Array:
+    """The feature's derivation ops, in order, on already-cast values."""
+    for op, arg in f.ops:
+        if op in (Op.LOWER, Op.UPPER, Op.STRIP):
+            text = pc.cast(values, pa.large_string())
+            fn = {Op.LOWER: pc.utf8_lower, Op.UPPER: pc.utf8_upper, Op.STRIP: pc.utf8_trim_whitespace}
+            values = pc.cast(fn[op](text), pa.large_binary())
+        elif op is Op.CLIP:
+            lo, hi = (pa.scalar(v, values.type) if v is not None else None for v in arg)
+            if lo is not None:
+                values = pc.max_element_wise(values, lo)
+            if hi is not None:
+                values = pc.min_element_wise(values, hi)
+        elif op is Op.ABS:
+            values = pc.abs(values)
+        elif op is Op.HASH_BUCKET:
+            values = _hash_bucket(values, int(arg))
+    return values
+
+
+def _hash_bucket(values: pa.Array, buckets: int) -> pa.Array:
+    """tf.strings.to_hash_bucket_fast (FarmHash Fingerprint64 mod n) of each distinct value, so
+    that serving code computes the same bucket. TensorFlow is imported only when this op is used."""
+    import tensorflow as tf
+
+    encoded = pc.dictionary_encode(values)
+    uniques = encoded.dictionary.to_pylist()
+    if not uniques:
+        return pa.nulls(len(values), pa.int64())
+    ids = tf.strings.to_hash_bucket_fast(tf.constant(uniques, dtype=tf.string), buckets).numpy()
+    return pc.take(pa.array(ids, pa.int64()), encoded.indices)
+
+
+def check_values(values: pa.Array, f: Feature) -> list[Failure]:
+    """min/max, allowed values, regex and string length, each as one vectorised mask."""
+    out: list[Failure] = []
+    valid = _valid(values)
+
+    def add(mask: np.ndarray, rule: str, reason: str) -> None:
+        idx = np.flatnonzero(mask & valid)
+        if idx.size:
+            out.append(Failure(idx, rule, reason))
+
+    numeric = f.value_kind in (ExampleKind.INT64, ExampleKind.FLOAT) and not pa.types.is_binary(
+        values.type) and not pa.types.is_large_binary(values.type)
+    if numeric and f.min is not None:
+        add(pc.fill_null(pc.less(values, f.min), False).to_numpy(zero_copy_only=False),
+            "min", f"below min {f.min}")
+    if numeric and f.max is not None:
+        add(pc.fill_null(pc.greater(values, f.max), False).to_numpy(zero_copy_only=False),
+            "max", f"above max {f.max}")
+    if f.allowed is not None:
+        allowed = [a.encode() if isinstance(a, str) else a for a in f.allowed]
+        value_set = pa.array(allowed, values.type) if allowed else pa.array([], values.type)
+        add(~pc.is_in(values, value_set=value_set).to_numpy(zero_copy_only=False),
+            "allowed", f"not one of the allowed values {list(f.allowed)}")
+    if f.regex is not None:
+        text = pc.cast(values, pa.large_string())
+        matched = pc.fill_null(pc.match_substring_regex(text, f.regex), True)
+        add(~matched.to_numpy(zero_copy_only=False), "regex", f"does not match /{f.regex}/")
+    if f.max_length is not None and f.is_scalar and pa.types.is_large_binary(values.type):
+        lengths = (pc.utf8_length(pc.cast(values, pa.large_string())) if f.dtype is DType.STRING
+                   else pc.binary_length(values))
+        add(pc.fill_null(pc.greater(lengths, f.max_length), False).to_numpy(zero_copy_only=False),
+            "max_length", f"longer than max_length {f.max_length}")
+    return out

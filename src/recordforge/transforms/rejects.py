@@ -1,0 +1,79 @@
+"""The dead-letter output: rejected rows as JSON lines, original values preserved losslessly."""
+
+from __future__ import annotations
+
+import base64
+import datetime
+import decimal
+import json
+import math
+from typing import Any
+
+import apache_beam as beam
+
+from recordforge.transforms.conform import BadRow
+
+__all__ = ["WriteRejected", "decode_value", "encode_value", "rejected_line", "REJECTED_DIR"]
+
+REJECTED_DIR = "_rejected"
+
+
+def encode_value(value: Any) -> Any:
+    """JSON for any Arrow Python value, reversible: bytes as {"base64": ...}, non-finite floats as
+    {"float": "nan"}, decimals as {"decimal": "1.50"}, dates and times as ISO 8601 strings."""
+    if isinstance(value, bytes):
+        return {"base64": base64.b64encode(value).decode("ascii")}
+    if isinstance(value, float) and not math.isfinite(value):
+        return {"float": repr(value)}
+    if isinstance(value, decimal.Decimal):
+        return {"decimal": str(value)}
+    if isinstance(value, datetime.datetime | datetime.date | datetime.time):
+        return {"iso": value.isoformat()}
+    if isinstance(value, datetime.timedelta):
+        return {"seconds": value.total_seconds()}
+    if isinstance(value, list | tuple):
+        return [encode_value(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): encode_value(v) for k, v in value.items()}
+    return value
+
+
+def decode_value(value: Any) -> Any:
+    """The inverse of `encode_value` for bytes, floats and decimals (dates stay ISO strings)."""
+    if isinstance(value, dict) and len(value) == 1:
+        (tag, raw), = value.items()
+        if tag == "base64":
+            return base64.b64decode(raw)
+        if tag == "float":
+            return float(raw)
+        if tag == "decimal":
+            return decimal.Decimal(raw)
+    if isinstance(value, list):
+        return [decode_value(v) for v in value]
+    if isinstance(value, dict):
+        return {k: decode_value(v) for k, v in value.items()}
+    return value
+
+
+def rejected_line(bad: BadRow, record: dict[str, Any] | None) -> str:
+    return json.dumps({
+        "file": bad.file, "row": bad.row, "column": bad.column, "rule": bad.rule,
+        "reason": bad.reason, "value": encode_value(bad.value),
+        "record": encode_value(record) if record is not None else None,
+    }, ensure_ascii=False, sort_keys=True)
+
+
+class WriteRejected(beam.PTransform):
+    """Writes rejected rows to `{output}/_rejected/rejected-SSSSS-of-NNNNN.jsonl`.
+
+    In: JSON lines from `rejected_line`. Out: the written file names (empty files are removed by
+    the bundle step when nothing was rejected)."""
+
+    def __init__(self, output: str) -> None:
+        super().__init__()
+        self._prefix = f"{output.rstrip('/')}/{REJECTED_DIR}/rejected"
+
+    def expand(self, lines: beam.PCollection[str]) -> beam.PCollection[str]:
+        return lines | "Write" >> beam.io.WriteToText(
+            self._prefix, file_name_suffix=".jsonl", shard_name_template="-SSSSS-of-NNNNN"
+        )
