@@ -74,23 +74,26 @@ def read_with_tf(output: str) -> list[dict[str, Any]]:
     without RecordForge's reader; returns one dict of numpy values per record."""
     import tensorflow as tf
 
-    from recordforge.schemas.export import to_tf_feature_spec
+    from recordforge.schemas.export import decode_parsed, to_tf_feature_spec
 
     with open(os.path.join(output, "metadata.json")) as f:
         meta = json.load(f)
     with open(os.path.join(output, "feature_spec.json")) as f:
-        spec = to_tf_feature_spec(json.load(f))
+        json_spec = json.load(f)
+    spec = to_tf_feature_spec(json_spec)
     files = [os.path.join(output, s["file"]) for s in meta["shards"]]
     rows: list[dict[str, Any]] = []
     if not files:
         return rows
     ds = tf.data.TFRecordDataset(files, compression_type=meta["tf_compression_type"]).batch(64)
     for batch in ds:
-        parsed = tf.io.parse_example(batch, spec)
+        parsed = decode_parsed(tf.io.parse_example(batch, spec), json_spec)
         n = int(batch.shape[0])
         cols = {}
         for name, t in parsed.items():
-            if isinstance(t, tf.SparseTensor):
+            if isinstance(t, tf.RaggedTensor):
+                cols[name] = t.to_list()
+            elif isinstance(t, tf.SparseTensor):
                 vals = t.values.numpy()
                 idx = t.indices.numpy()[:, 0]
                 cols[name] = [vals[idx == i] for i in range(n)]

@@ -42,22 +42,33 @@ def _convert(argv: list[str]) -> int:
 
 
 def _infer_schema(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="recordforge infer-schema")
+    parser = argparse.ArgumentParser(
+        prog="recordforge infer-schema",
+        description="Print a complete, commented schema YAML for the source's columns. float64 is "
+        "kept bit-exact (encode: bytes) unless --narrow_float64.",
+    )
     parser.add_argument("source", help="a Parquet or CSV file (or pattern; the first match is used)")
     parser.add_argument("--format", choices=("parquet", "csv"), default=None)
+    parser.add_argument("--sample_rows", type=int, default=100_000,
+                        help="rows scanned for the comments (nulls, min/max, list lengths)")
+    parser.add_argument("--narrow_float64", action="store_true",
+                        help="write float64 columns as float32 features (narrow: true)")
     args = parser.parse_args(argv)
     from recordforge.pipelines.config import format_from_path
-    from recordforge.pipelines.convert import read_arrow_schema
+    from recordforge.pipelines.convert import read_sample
     from recordforge.schemas import dump_schema, infer_schema
+    from recordforge.schemas.infer import sample_notes
     from recordforge.transforms.sources import expand_patterns
 
     first = expand_patterns([args.source])[0].path
     fmt = args.format or format_from_path(first)
     if fmt is None:
         raise RecordForgeError(f"cannot tell the format of {first} from its name; pass --format")
-    schema = infer_schema(read_arrow_schema(first, fmt), origin=first)
+    sample = read_sample(first, fmt, args.sample_rows)
+    schema = infer_schema(sample.schema, origin=first, lossless=not args.narrow_float64)
     notes = "".join(f"# note: {n}\n" for n in schema.notes)
-    sys.stdout.write(dump_schema(schema, header=f"# inferred from {first}\n{notes}"))
+    header = f"# inferred from {first}; edit it and pass it with --schema\n{notes}"
+    sys.stdout.write(dump_schema(schema, header=header, comments=sample_notes(schema, sample)))
     return 0
 
 

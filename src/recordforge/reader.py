@@ -8,7 +8,7 @@ from typing import Any
 from apache_beam.io.filesystems import FileSystems
 
 from recordforge.errors import RecordForgeError
-from recordforge.schemas.export import to_tf_feature_spec
+from recordforge.schemas.export import decode_parsed, to_tf_feature_spec
 from recordforge.transforms.bundle import FEATURE_SPEC, METADATA, SUCCESS
 
 __all__ = ["load_bundle", "read"]
@@ -37,7 +37,8 @@ def read(path: str, *, batch_size: int | None = None) -> Any:
     import tensorflow as tf
 
     bundle = load_bundle(path)
-    spec = to_tf_feature_spec(bundle["feature_spec"])
+    json_spec = bundle["feature_spec"]
+    spec = to_tf_feature_spec(json_spec)
     compression = bundle["metadata"]["tf_compression_type"]
     files = tf.constant(bundle["files"], dtype=tf.string)
     ds = tf.data.Dataset.from_tensor_slices(files).interleave(
@@ -47,6 +48,7 @@ def read(path: str, *, batch_size: int | None = None) -> Any:
         deterministic=True,
     )
     ds = ds.batch(batch_size or 1024).map(
-        lambda x: tf.io.parse_example(x, spec), num_parallel_calls=tf.data.AUTOTUNE
+        lambda x: decode_parsed(tf.io.parse_example(x, spec), json_spec),
+        num_parallel_calls=tf.data.AUTOTUNE,
     )
     return ds if batch_size else ds.unbatch()

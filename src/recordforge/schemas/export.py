@@ -10,7 +10,7 @@ from tensorflow_metadata.proto.v0 import schema_pb2
 from recordforge.schemas.model import DType, ExampleKind, NullPolicy
 from recordforge.schemas.plan import Plan
 
-__all__ = ["to_tfmd_schema", "tfmd_text", "to_tf_feature_spec"]
+__all__ = ["decode_parsed", "to_tfmd_schema", "tfmd_text", "to_tf_feature_spec"]
 
 _TFMD_TYPES = {
     ExampleKind.INT64: schema_pb2.INT,
@@ -24,23 +24,33 @@ def to_tfmd_schema(plan: Plan) -> schema_pb2.Schema:
     out = schema_pb2.Schema()
     for f in plan.features:
         feat = out.feature.add(name=f.name, type=_TFMD_TYPES[f.kind])
-        if f.nulls is NullPolicy.ABSENT:
-            feat.presence.min_fraction = 0.0
-        else:
-            feat.presence.min_fraction = 1.0
-        if f.is_variable or f.nulls is NullPolicy.ABSENT:
-            if not f.is_variable:
-                feat.value_count.min = feat.value_count.max = f.num_values or 1
-        else:
+        feat.presence.min_fraction = 0.0 if f.nulls is NullPolicy.ABSENT else 1.0
+        fixed = f.num_values is not None and f.nulls is not NullPolicy.ABSENT
+        if f.encode == "bytes":
+            feat.value_count.min = feat.value_count.max = 1
+            feat.annotation.comment.append(
+                f"float64 values, little-endian, shape {list(f.shape)}: tf.io.decode_raw(x, tf.float64)"
+            )
+        elif fixed:
             feat.shape.SetInParent()  # an empty FixedShape is a scalar
             for d in f.shape:
                 feat.shape.dim.add(size=d)
+        elif f.num_values is not None:
+            feat.value_count.min = feat.value_count.max = f.num_values
+        if f.is_ragged:
+            feat.annotation.comment.append(f"ragged: row lengths in {f.row_lengths_name}")
+            lengths = out.feature.add(name=f.row_lengths_name, type=schema_pb2.INT)
+            lengths.presence.min_fraction = feat.presence.min_fraction
         if f.dtype is DType.BOOL:
             feat.bool_domain.SetInParent()
-        elif f.dtype is DType.STRING:
+        elif f.dtype is DType.STRING and not f.hashed:
             feat.annotation.tag.append("utf8")
-        if f.dtype is DType.FLOAT64:
+        if f.dtype is DType.FLOAT64 and f.narrow:
             feat.annotation.comment.append("source float64 narrowed to float32 (narrow: true)")
+        if f.dtype is DType.TIMESTAMP:
+            feat.annotation.comment.append(f"timestamp: int64 since the epoch in {f.unit}")
+        if f.dtype is DType.DATE:
+            feat.annotation.comment.append("date: int64 days since 1970-01-01")
         if f.description:
             feat.annotation.comment.append(f.description)
     return out
@@ -61,6 +71,27 @@ def to_tf_feature_spec(spec: dict[str, dict[str, Any]]) -> dict[str, Any]:
             out[name] = tf.io.FixedLenFeature(entry["shape"], dtype)
         elif entry["kind"] == "VarLenFeature":
             out[name] = tf.io.VarLenFeature(dtype)
+        elif entry["kind"] == "RaggedFeature":
+            out[name] = tf.io.RaggedFeature(
+                dtype, value_key=entry["value_key"],
+                partitions=[tf.io.RaggedFeature.RowLengths(p["row_lengths"])
+                            for p in entry["partitions"]],
+            )
         else:
             raise ValueError(f"feature {name!r}: unknown spec kind {entry['kind']!r}")
+    return out
+
+
+def decode_parsed(parsed: dict[str, Any], spec: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Restores `encode: bytes` float64 features of a parse_example batch to float64 tensors of
+    their declared fixed shape. Features that may be absent or have variable length are left as
+    bytes, one value per record: decode each with tf.io.decode_raw(x, tf.float64)."""
+    import tensorflow as tf
+
+    out = dict(parsed)
+    for name, entry in spec.items():
+        decode = entry.get("decode")
+        if decode and entry["kind"] == "FixedLenFeature" and -1 not in decode["shape"]:
+            values = tf.io.decode_raw(parsed[name], tf.float64, little_endian=True)
+            out[name] = tf.reshape(values, [-1, *decode["shape"]])
     return out

@@ -1,69 +1,122 @@
-"""Inferring a schema from a source's Arrow schema."""
+"""Inferring a schema from a source's Arrow schema, and describing a sample of its values."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from recordforge.errors import SchemaError
-from recordforge.schemas.model import VARIABLE, DType, Feature, NullPolicy, Schema, normalize_name
+from recordforge.schemas.model import (
+    RAGGED,
+    VARIABLE,
+    DType,
+    Feature,
+    NullPolicy,
+    Schema,
+    normalize_name,
+)
 
-__all__ = ["infer_schema"]
+__all__ = ["infer_schema", "sample_notes"]
+
+_UNITS = {"s", "ms", "us", "ns"}
 
 
-def _dtype(t: pa.DataType) -> DType | None:
+@dataclass(frozen=True)
+class _Typed:
+    dtype: DType
+    unit: str | None = None
+    decimal_as: str | None = None
+
+
+def _scalar(t: pa.DataType) -> _Typed | None:
     if pa.types.is_dictionary(t):
-        return _dtype(t.value_type)
+        return _scalar(t.value_type)
     if pa.types.is_boolean(t):
-        return DType.BOOL
+        return _Typed(DType.BOOL)
     if pa.types.is_integer(t):
-        return DType.INT64  # uint64 values above 2**63-1 are rejected at run time, not wrapped
+        return _Typed(DType.INT64)  # uint64 values above 2**63-1 are rejected, never wrapped
     if pa.types.is_float16(t) or pa.types.is_float32(t):
-        return DType.FLOAT32
+        return _Typed(DType.FLOAT32)
     if pa.types.is_float64(t):
-        return DType.FLOAT64
+        return _Typed(DType.FLOAT64)
     if pa.types.is_string(t) or pa.types.is_large_string(t):
-        return DType.STRING
+        return _Typed(DType.STRING)
     if pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_fixed_size_binary(t):
-        return DType.BYTES
+        return _Typed(DType.BYTES)
+    if pa.types.is_timestamp(t) and t.unit in _UNITS:
+        return _Typed(DType.TIMESTAMP, unit=t.unit)
+    if pa.types.is_date(t):
+        return _Typed(DType.DATE)
+    if pa.types.is_decimal(t):
+        return _Typed(DType.DECIMAL, decimal_as="string")  # exact text, any precision
     return None
 
 
-def _shape(t: pa.DataType) -> tuple[tuple[int, ...], pa.DataType] | None:
+def _is_list(t: pa.DataType) -> bool:
+    return pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t)
+
+
+def _shape(t: pa.DataType) -> tuple[tuple[int, ...], pa.DataType]:
+    if not _is_list(t):
+        return (), t
+    inner = t.value_type
+    if _is_list(inner):
+        if pa.types.is_fixed_size_list(t) and pa.types.is_fixed_size_list(inner):
+            return (t.list_size, inner.list_size), inner.value_type
+        return RAGGED, inner.value_type
     if pa.types.is_fixed_size_list(t):
-        return (t.list_size,), t.value_type
-    if pa.types.is_list(t) or pa.types.is_large_list(t):
-        return (VARIABLE,), t.value_type
-    return (), t
+        return (t.list_size,), inner
+    return (VARIABLE,), inner
 
 
-def infer_schema(arrow_schema: pa.Schema, *, origin: str = "inferred") -> Schema:
-    """One feature per column. Names are normalised, float64 is narrowed (and says so), nullable
-    columns get `nulls: absent`; a column of a type with no faithful mapping is an error."""
+def _leaves(field: pa.Field, prefix: str = "") -> Iterable[tuple[str, pa.Field, bool]]:
+    """(column path, field, nullable along the path) for every non-struct leaf."""
+    path = prefix + field.name
+    if pa.types.is_struct(field.type):
+        for child in field.type:
+            for leaf_path, leaf, nullable in _leaves(child, path + "."):
+                yield leaf_path, leaf, nullable or field.nullable
+    else:
+        yield path, field, field.nullable
+
+
+def infer_schema(
+    arrow_schema: pa.Schema, *, origin: str = "inferred", lossless: bool = False
+) -> Schema:
+    """One feature per column (per leaf field of a struct, as `struct.field`). Names are
+    normalised, nullable columns get `nulls: absent`. float64 is narrowed to float32 (and says so)
+    unless `lossless`, which keeps it bit-exact with `encode: bytes`. A column of a type with no
+    faithful mapping is an error."""
     features = []
     notes = []
     unsupported = []
-    for field in arrow_schema:
-        shape, value_t = _shape(field.type)
-        dtype = _dtype(value_t)
-        if dtype is None:
-            unsupported.append(f"{field.name!r} ({field.type})")
-            continue
-        name = normalize_name(field.name)
-        if name != field.name:
-            notes.append(f"column {field.name!r} is written as feature {name!r}")
-        narrow = dtype is DType.FLOAT64
-        if narrow:
-            notes.append(f"column {field.name!r} is float64, written narrowed to float32")
-        features.append(
-            Feature(
+    for top in arrow_schema:
+        for path, leaf, nullable in _leaves(top):
+            shape, value_t = _shape(leaf.type)
+            typed = _scalar(value_t)
+            if typed is None:
+                unsupported.append(f"{path!r} ({leaf.type})")
+                continue
+            name = normalize_name(path)
+            if name != path:
+                notes.append(f"column {path!r} is written as feature {name!r}")
+            is_f64 = typed.dtype is DType.FLOAT64
+            if is_f64 and not lossless:
+                notes.append(f"column {path!r} is float64, written narrowed to float32")
+            features.append(Feature(
                 name=name,
-                dtype=dtype,
+                dtype=typed.dtype,
                 shape=shape,
-                column=field.name if name != field.name else None,
-                nulls=NullPolicy.ABSENT if field.nullable else NullPolicy.REQUIRED,
-                narrow=narrow,
-            )
-        )
+                column=path if name != path else None,
+                nulls=NullPolicy.ABSENT if nullable else NullPolicy.REQUIRED,
+                narrow=is_f64 and not lossless,
+                encode="bytes" if is_f64 and lossless else None,
+                unit=typed.unit,
+                decimal_as=typed.decimal_as,
+            ))
     if unsupported:
         raise SchemaError(
             f"{origin}: cannot infer a feature for column(s) {', '.join(unsupported)}; "
@@ -77,3 +130,59 @@ def infer_schema(arrow_schema: pa.Schema, *, origin: str = "inferred") -> Schema
             "write a schema file (--schema) that names them apart"
         )
     return Schema(tuple(features), origin="inferred", notes=tuple(notes))
+
+
+@dataclass
+class _Stats:
+    rows: int = 0
+    nulls: int = 0
+    minimum: object = None
+    maximum: object = None
+    min_len: int | None = None
+    max_len: int | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+def sample_notes(schema: Schema, table: pa.Table) -> dict[str, str]:
+    """One comment per feature from a sample of the source: nulls seen, min/max, list lengths."""
+    out = {}
+    for f in schema.features:
+        col = _column(table, f.source_column)
+        if col is None:
+            continue
+        st = _Stats(rows=len(col), nulls=col.null_count)
+        values = col
+        while _is_list(values.type):
+            lengths = pc.list_value_length(values)
+            if st.min_len is None:
+                st.min_len = pc.min(lengths).as_py()
+                st.max_len = pc.max(lengths).as_py()
+            values = pc.list_flatten(values)
+        if pa.types.is_dictionary(values.type):
+            values = values.dictionary_decode()
+        if len(values) and (pa.types.is_integer(values.type) or pa.types.is_floating(values.type)
+                            or pa.types.is_temporal(values.type)):
+            mm = pc.min_max(values)
+            st.minimum, st.maximum = mm["min"].as_py(), mm["max"].as_py()
+        text = f"sample of {st.rows} rows: {st.nulls} null"
+        if st.minimum is not None:
+            text += f", min {st.minimum}, max {st.maximum}"
+        if st.min_len is not None:
+            text += f", list lengths {st.min_len}..{st.max_len}"
+        if f.encode == "bytes":
+            text += "\nfloat64 kept exact as 8 bytes per value; `narrow: true` (without `encode`)" \
+                    " writes a float32 feature instead"
+        out[f.name] = text
+    return out
+
+
+def _column(table: pa.Table, path: str) -> pa.Array | None:
+    if path in table.column_names:
+        return table.column(path).combine_chunks()
+    head, *rest = path.split(".")
+    if head not in table.column_names:
+        return None
+    col = table.column(head).combine_chunks()
+    for part in rest:
+        col = pc.struct_field(col, part)
+    return col
