@@ -31,7 +31,9 @@ class DataError(RecordForgeError, ValueError):
         self.reason = reason
         self.value = value
         shown = "" if value is None else f" (value: {_short(value)})"
-        super().__init__(f"{file}, row {row}, column {column!r}: {reason}{shown}")
+        # row 0: the reader could not tell the position (pyarrow, for malformed CSV rows).
+        where = f"row {row}" if row > 0 else "row unknown"
+        super().__init__(f"{file}, {where}, column {column!r}: {reason}{shown}")
 
     def __reduce__(self) -> tuple[Any, ...]:
         # Keyword-only __init__: tell pickle how to rebuild it across Beam worker boundaries.

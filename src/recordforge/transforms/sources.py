@@ -254,8 +254,9 @@ class _ReadCsvFn(beam.DoFn):
         if skip_all:  # already reported by the first, typed pass
             return
         for row in rows:
-            bad = BadRow(path, row.number or 0, "*", "csv_columns",
-                         f"line {row.number}: expected {row.expected_columns} columns, "
+            where = f"line {row.number}: " if row.number else ""
+            bad = BadRow(path, 0, "*", "csv_columns",
+                         f"{where}expected {row.expected_columns} columns, "
                          f"found {row.actual_columns}", row.text)
             if self._strict:
                 raise bad.error()
