@@ -162,8 +162,11 @@ def sample_notes(schema: Schema, table: pa.Table) -> dict[str, str]:
             values = values.dictionary_decode()
         if len(values) and (pa.types.is_integer(values.type) or pa.types.is_floating(values.type)
                             or pa.types.is_temporal(values.type)):
-            mm = pc.min_max(values)
-            st.minimum, st.maximum = mm["min"].as_py(), mm["max"].as_py()
+            try:
+                mm = pc.min_max(values)
+                st.minimum, st.maximum = mm["min"].as_py(), mm["max"].as_py()
+            except pa.ArrowNotImplementedError:  # float16, for one
+                pass
         text = f"sample of {st.rows} rows: {st.nulls} null"
         if st.minimum is not None:
             text += f", min {st.minimum}, max {st.maximum}"

@@ -74,12 +74,16 @@ def _rows_of(value_indices: np.ndarray, offsets: np.ndarray | None) -> np.ndarra
     return np.searchsorted(offsets, value_indices, side="right") - 1
 
 
-def conform_batch(batch: pa.RecordBatch, plan: Plan, *, file: str, first_row: int) -> Conformed:
+def conform_batch(
+    batch: pa.RecordBatch, plan: Plan, *, file: str, first_row: int, text_lists: bool = False
+) -> Conformed:
     """Returns the batch's good rows with the plan's Arrow schema (one column per written feature,
     values cast to the encoder's types, nulls handled per policy) and its bad rows. Raises
-    SourceError when a column is missing or has a type that can never hold its feature."""
+    SourceError when a column is missing or has a type that can never hold its feature.
+    `text_lists`: list features arrive as JSON text (CSV); otherwise a scalar column feeding a
+    list feature is read as lists of one value."""
     fails = _Failures(file, first_row)
-    arrays = [a for f in plan.features for a in _conform_feature(batch, f, fails)]
+    arrays = [a for f in plan.features for a in _conform_feature(batch, f, fails, text_lists)]
     if not fails.rows:
         return Conformed(pa.RecordBatch.from_arrays(arrays, schema=plan.arrow_schema), [],
                          np.zeros(0, np.int64))
@@ -135,7 +139,9 @@ def _flat_values(lists: pa.Array) -> pa.Array:
     return lists.values.slice(start, int(lists.offsets[-1].as_py()) - start)
 
 
-def _conform_feature(batch: pa.RecordBatch, f: Feature, fails: _Failures) -> list[pa.Array]:
+def _conform_feature(
+    batch: pa.RecordBatch, f: Feature, fails: _Failures, text_lists: bool
+) -> list[pa.Array]:
     col = _source_column(batch, f, fails.file)
     column = f.source_column
     if f.is_scalar:
@@ -151,8 +157,10 @@ def _conform_feature(batch: pa.RecordBatch, f: Feature, fails: _Failures) -> lis
         values = _apply_nulls(values, f, fails, col)
         return [_pack_scalar(values, f)]
 
-    if pa.types.is_string(col.type) or pa.types.is_large_string(col.type):
+    if text_lists and (pa.types.is_string(col.type) or pa.types.is_large_string(col.type)):
         col = _parse_json_lists(col, f, fails)
+    elif not _is_list(col.type) and len(f.shape) == 1:
+        col = _one_value_lists(col)
     if not _is_list(col.type):
         raise SourceError(
             f"{fails.file}: column {column!r} is {col.type}, but feature {f.name!r} has shape "
@@ -203,6 +211,12 @@ def _conform_feature(batch: pa.RecordBatch, f: Feature, fails: _Failures) -> lis
         assert row_lengths is not None
         return [out, row_lengths]
     return [out]
+
+
+def _one_value_lists(col: pa.Array) -> pa.Array:
+    """A scalar column as lists of one value (a null stays a null list)."""
+    offsets = np.arange(len(col) + 1, dtype=np.int64)
+    return pa.LargeListArray.from_arrays(pa.array(offsets), col, mask=pc.is_null(col))
 
 
 def _flatten_nested(

@@ -36,7 +36,8 @@ class _ToExamplesFn(beam.DoFn):
         self._rows_read.inc(batch.num_rows)
         if batch.num_rows == 0:
             return
-        result = conform_batch(batch, self._plan, file=element.file, first_row=element.first_row)
+        result = conform_batch(batch, self._plan, file=element.file, first_row=element.first_row,
+                               text_lists=element.text_lists)
         if result.rejected:
             if self._strict:
                 raise result.rejected[0].error()

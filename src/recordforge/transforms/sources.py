@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import apache_beam as beam
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 from apache_beam.io.filesystems import FileSystems
@@ -30,6 +31,7 @@ class SourceBatch:
     file: str
     first_row: int  # 0-based index of batch's first row within the file
     batch: pa.RecordBatch
+    text_lists: bool = False  # list features arrive as JSON text (CSV cells)
 
 
 @dataclass(frozen=True)
@@ -173,6 +175,15 @@ class ReadParquet(beam.PTransform):
         return {"batches": read.batches, UNREADABLE: unreadable}
 
 
+def _empty_to_null(batch: pa.RecordBatch, columns: set[str]) -> pa.RecordBatch:
+    arrays = []
+    for name, col in zip(batch.schema.names, batch.columns, strict=True):
+        if name in columns:
+            col = pc.if_else(pc.equal(col, ""), pa.scalar(None, col.type), col)
+        arrays.append(col)
+    return pa.RecordBatch.from_arrays(arrays, names=batch.schema.names)
+
+
 class _ReadCsvFn(beam.DoFn):
     def __init__(
         self, column_types: dict[str, pa.DataType], block_size: int, *, strict: bool = True,
@@ -202,7 +213,10 @@ class _ReadCsvFn(beam.DoFn):
                     c: pa.binary() if pa.types.is_binary(t) or pa.types.is_string(t) else pa.string()
                     for c, t in self._column_types.items()
                 }
-                yield from self._read(path, text_types, skip=emitted)
+                # As in the typed pass, an empty cell of a non-string column is a null.
+                nullable = {c for c, t in self._column_types.items()
+                            if not (pa.types.is_binary(t) or pa.types.is_string(t))}
+                yield from self._read(path, text_types, skip=emitted, empty_is_null=nullable)
         except (pa.ArrowInvalid, OSError) as exn:
             if self._skip:
                 yield _unreadable(path, f"not a readable CSV file: {exn}", rows_read_before=emitted)
@@ -210,7 +224,8 @@ class _ReadCsvFn(beam.DoFn):
             raise SourceError(f"{path}: not a readable CSV file: {exn}") from exn
 
     def _read(
-        self, path: str, types: dict[str, pa.DataType], *, skip: int
+        self, path: str, types: dict[str, pa.DataType], *, skip: int,
+        empty_is_null: set[str] = frozenset(),  # type: ignore[assignment]
     ) -> Iterator[object]:
         """Yields the file's batches, leaving out its first `skip` rows, and rows with the wrong
         number of columns as rejected lines (or a DataError when strict)."""
@@ -238,11 +253,13 @@ class _ReadCsvFn(beam.DoFn):
                 ),
             )
             for batch in reader:
+                if empty_is_null:
+                    batch = _empty_to_null(batch, empty_is_null)
                 yield from self._invalid_rows(path, invalid, skip_all=first_row < skip)
                 end = first_row + batch.num_rows
                 if end > skip:
                     cut = max(skip - first_row, 0)
-                    yield SourceBatch(path, first_row + cut, batch.slice(cut))
+                    yield SourceBatch(path, first_row + cut, batch.slice(cut), text_lists=True)
                 first_row = end
             yield from self._invalid_rows(path, invalid, skip_all=False)
 
