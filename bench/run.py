@@ -14,7 +14,7 @@ import statistics
 import subprocess
 import sys
 
-from bench.table import ensure_table
+from bench.table import ensure_csv, ensure_table
 
 
 def _run_child(args: list[str]) -> dict:
@@ -31,41 +31,84 @@ def _run_child(args: list[str]) -> dict:
     return result
 
 
+def _summary(samples: list[dict]) -> dict:
+    rates = [s["rows"] / s["seconds"] for s in samples]
+    return {
+        "rows_per_s": statistics.median(rates),
+        "rows": samples[0]["rows"],
+        "bytes_per_row": statistics.median(s["bytes"] / s["rows"] for s in samples),
+        "peak_rss_mb": statistics.median(s["peak_rss_mb"] for s in samples),
+        "all": [round(r) for r in rates],
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--rows", type=int, default=1_000_000)
-    parser.add_argument("--tutorial_rows", type=int, default=100_000,
-                        help="rows the per-row tutorial converts per run (its rate is per row; "
+    parser.add_argument("--baseline_rows", type=int, default=100_000,
+                        help="rows the per-row baselines convert per run (their cost is per row; "
                         "a full 1M-row run takes minutes)")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--memory_rows", type=int, default=5_000_000,
+                        help="rows of the flat-memory check (0 to skip)")
+    parser.add_argument("--only", default=None, help="comma-separated approach keys to run")
     parser.add_argument("--workdir", default="bench/out")
     args = parser.parse_args()
 
-    source = ensure_table(os.path.join(args.workdir, f"table-{args.rows}.parquet"), args.rows)
+    w = args.workdir
+    source = ensure_table(os.path.join(w, f"table-{args.rows}.parquet"), args.rows)
+    csv = ensure_csv(source, os.path.join(w, f"table-{args.rows}.csv"))
+    # Both formats convert with the same schema, so that their outputs are the same records.
+    schema = os.path.join(w, "bench-schema.yaml")
+    if not os.path.exists(schema):
+        import pyarrow.parquet as pq
+
+        from recordforge.schemas import dump_schema, infer_schema
+
+        with open(schema, "w") as f:
+            f.write(dump_schema(infer_schema(pq.read_schema(source))))
+    n, b = str(args.rows), str(args.baseline_rows)
     runs = {
-        "tutorial (per-row tf.train.Example + TFRecordWriter, GZIP)":
-            ["tutorial", source, f"{args.workdir}/tutorial", str(args.tutorial_rows)],
-        "recordforge convert (GZIP, default runner, 1 worker)":
-            ["recordforge", source, f"{args.workdir}/rf", str(args.rows)],
+        "tutorial": ("tutorial: per-row tf.train.Example + TFRecordWriter, GZIP",
+                     ["tutorial", source, f"{w}/tutorial", b]),
+        "tfx": ("TFX-style: ReadFromParquet dicts, dict_to_example, WriteToTFRecord",
+                ["tfx", source, f"{w}/tfx", b]),
+        "rf": ("recordforge, Parquet, GZIP, 1 worker",
+               ["recordforge", source, f"{w}/rf", n, "--schema", schema]),
+        "rf_beam_sink": ("recordforge --sink beam (WriteToTFRecord), Parquet, GZIP",
+                         ["recordforge", source, f"{w}/rf_beam", n, "--schema", schema,
+                          "--sink", "beam"]),
+        "rf_csv": ("recordforge, CSV, GZIP, 1 worker",
+                   ["recordforge", csv, f"{w}/rf_csv", n, "--schema", schema]),
+        "rf_2w": ("recordforge, Parquet, GZIP, 2 workers (multi_processing)",
+                  ["recordforge", source, f"{w}/rf_2w", n, "--schema", schema,
+                   "--direct_running_mode", "multi_processing", "--direct_num_workers", "2"]),
     }
+    if args.only:
+        runs = {k: v for k, v in runs.items() if k in args.only.split(",") or k == "tutorial"}
     print(f"machine: {platform.machine()}, {os.cpu_count()} cores, Python "
-          f"{platform.python_version()}; table: {args.rows} rows; {args.repeats} runs each")
+          f"{platform.python_version()}; table: {args.rows} rows (baselines: {args.baseline_rows} "
+          f"per run); {args.repeats} runs each, medians")
     results = {}
-    for label, cmd in runs.items():
-        samples = [_run_child(cmd) for _ in range(args.repeats)]
-        rates = [s["rows"] / s["seconds"] for s in samples]
-        results[label] = {
-            "rows_per_s": statistics.median(rates),
-            "rows": samples[0]["rows"],
-            "bytes_per_row": statistics.median(s["bytes"] / s["rows"] for s in samples),
-            "peak_rss_mb": statistics.median(s["peak_rss_mb"] for s in samples),
-            "all": [round(r) for r in rates],
-        }
-    base = next(iter(results.values()))["rows_per_s"]
-    print(f"\n{'approach':58} {'rows':>9} {'rows/s':>9} {'ratio':>6} {'B/row':>6} {'RSS MB':>7}")
-    for label, r in results.items():
-        print(f"{label:58} {r['rows']:>9} {r['rows_per_s']:>9.0f} {r['rows_per_s'] / base:>5.1f}x "
+    for key, (label, cmd) in runs.items():
+        results[key] = (label, _summary([_run_child(cmd) for _ in range(args.repeats)]))
+    base = results["tutorial"][1]["rows_per_s"]
+    print(f"\n{'approach':64} {'rows':>9} {'rows/s':>9} {'vs tut.':>7} {'B/row':>6} {'RSS MB':>7}")
+    for label, r in results.values():
+        print(f"{label:64} {r['rows']:>9} {r['rows_per_s']:>9.0f} {r['rows_per_s'] / base:>6.1f}x "
               f"{r['bytes_per_row']:>6.1f} {r['peak_rss_mb']:>7.0f}   runs: {r['all']}")
+    rf = results.get("rf", (None, None))[1]
+    if rf and "rf_2w" in results:
+        print(f"\n2 workers vs 1: {results['rf_2w'][1]['rows_per_s'] / rf['rows_per_s']:.2f}x")
+    if rf and "rf_csv" in results:
+        print(f"Parquet vs CSV throughput: {rf['rows_per_s'] / results['rf_csv'][1]['rows_per_s']:.2f}x")
+    if rf and args.memory_rows:
+        big = ensure_table(os.path.join(w, f"table-{args.memory_rows}.parquet"), args.memory_rows)
+        mem = _run_child(["recordforge", big, f"{w}/rf_big", str(args.memory_rows),
+                          "--schema", schema])
+        print(f"Peak RSS, {args.memory_rows} rows vs {args.rows}: {mem['peak_rss_mb']:.0f} MB vs "
+              f"{rf['peak_rss_mb']:.0f} MB ({mem['peak_rss_mb'] / rf['peak_rss_mb']:.2f}x; "
+              f"{mem['rows'] / mem['seconds']:.0f} rows/s)")
 
 
 if __name__ == "__main__":

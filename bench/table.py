@@ -45,3 +45,27 @@ def ensure_table(path: str, num_rows: int) -> str:
         pq.write_table(make_table(num_rows), tmp, row_group_size=131072)
         os.replace(tmp, path)
     return path
+
+
+def ensure_csv(parquet_path: str, csv_path: str) -> str:
+    """The same table as CSV, list columns as JSON arrays in a cell (RecordForge's CSV form)."""
+    if os.path.exists(csv_path):
+        return csv_path
+    import json
+
+    import pyarrow.csv as pacsv
+
+    table = pq.read_table(parquet_path)
+    columns = {}
+    for name in table.column_names:
+        col = table.column(name)
+        if pa.types.is_list(col.type):
+            columns[name] = pa.array(
+                [None if v is None else json.dumps(v) for v in col.to_pylist()], pa.string()
+            )
+        else:
+            columns[name] = col
+    tmp = csv_path + ".tmp"
+    pacsv.write_csv(pa.table(columns), tmp)
+    os.replace(tmp, csv_path)
+    return csv_path

@@ -60,11 +60,17 @@ def _primitive(arr: pa.Array, dtype: type) -> np.ndarray:
     return np.frombuffer(buf, dtype=dtype)[arr.offset : arr.offset + len(arr)]
 
 
+def _varint_width(v: np.ndarray) -> int:
+    """Bytes of the longest unsigned varint in `v` (from one max, not a pass per byte)."""
+    top = int(v.max()) if len(v) else 0
+    return max(1, (top.bit_length() + 6) // 7)
+
+
 def _varint_len(v: np.ndarray) -> np.ndarray:
-    """Bytes of each unsigned varint (1 to 10)."""
+    """Bytes of each unsigned varint (1 to 10); only as many passes as the largest value needs."""
     v = v.astype(np.uint64, copy=False)
     n = np.ones(v.shape, dtype=np.int64)
-    for k in range(1, 10):
+    for k in range(1, _varint_width(v)):
         n += v >= np.uint64(1 << (7 * k))
     return n
 
@@ -76,23 +82,31 @@ class _Pieces:
         self.n = n
         self.mats: list[np.ndarray] = []
         self.masks: list[np.ndarray] = []
+        self.lengths = np.zeros(n, dtype=np.int64)
 
     def const(self, raw: bytes, present: np.ndarray) -> None:
         mat = np.broadcast_to(np.frombuffer(raw, np.uint8), (self.n, len(raw)))
         self.mats.append(mat)
         self.masks.append(np.broadcast_to(present[:, None], mat.shape))
+        self.lengths += present * len(raw)
 
     def varint(self, values: np.ndarray, present: np.ndarray) -> None:
         v = values.astype(np.uint64, copy=False)
+        width = _varint_width(v)
+        if width == 1:  # the common case: every value below 128 is its own single byte
+            self.mats.append(v.astype(np.uint8).reshape(-1, 1))
+            self.masks.append(present.reshape(-1, 1))
+            self.lengths += present
+            return
         lens = _varint_len(v)
-        width = int(lens.max()) if len(lens) else 1
         mat = np.empty((self.n, width), dtype=np.uint8)
         for k in range(width):
             byte = (v >> np.uint64(7 * k)) & np.uint64(0x7F)
-            byte |= np.where(k < lens - 1, np.uint64(0x80), np.uint64(0))
+            byte |= (k < lens - 1).astype(np.uint64) << np.uint64(7)
             mat[:, k] = byte
         self.mats.append(mat)
         self.masks.append((np.arange(width) < lens[:, None]) & present[:, None])
+        self.lengths += lens * present
 
     def compact(self) -> tuple[np.ndarray, np.ndarray]:
         """Returns (data, per-row lengths)."""
@@ -100,7 +114,7 @@ class _Pieces:
             return np.zeros(0, np.uint8), np.zeros(self.n, np.int64)
         wide = np.concatenate(self.mats, axis=1)
         mask = np.concatenate(self.masks, axis=1)
-        return wide[mask], mask.sum(axis=1, dtype=np.int64)
+        return wide[mask], self.lengths
 
 
 @dataclass(frozen=True)
