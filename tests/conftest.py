@@ -101,3 +101,19 @@ def read_with_tf(output: str) -> list[dict[str, Any]]:
                 cols[name] = list(t.numpy())
         rows.extend({k: v[i] for k, v in cols.items()} for i in range(n))
     return rows
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "corrupts: the test damages bundles on purpose")
+
+
+@pytest.fixture(autouse=True)
+def _verify_published_bundles(request: pytest.FixtureRequest, tmp_path: Any) -> Any:
+    """Every bundle a test publishes under its tmp_path must pass `recordforge verify`."""
+    yield
+    if request.node.get_closest_marker("corrupts"):
+        return
+    from recordforge.tools.verify import verify
+
+    for success in sorted(tmp_path.rglob("_SUCCESS")):
+        assert verify(str(success.parent)) == [], success.parent

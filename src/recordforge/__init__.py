@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
-__all__ = ["__version__", "read", "load_bundle"]
+__all__ = ["__version__", "head", "image_grid", "inspect", "load_bundle", "read", "stats",
+           "verify"]
 
 if TYPE_CHECKING:
     import tensorflow as tf
@@ -23,3 +24,38 @@ def load_bundle(path: str) -> dict[str, Any]:
     from recordforge.reader import load_bundle as _load
 
     return _load(path)
+
+
+def inspect(path: str, *, split: str | None = None, n: int = 5) -> dict[str, Any]:
+    """Schema, counts per shard and the first `n` records of an output, or `head` of a file."""
+    from recordforge.tools.inspect import inspect as _inspect
+
+    return _inspect(path, split=split, n=n)
+
+
+def head(path: str, n: int = 5) -> dict[str, Any]:
+    """First records of any TFRecord file, with a feature spec inferred from a sample."""
+    from recordforge.tools.inspect import head as _head
+
+    return _head(path, n)
+
+
+def verify(path: str) -> list[str]:
+    """Problems found in an output folder, one line each; empty when it is complete and intact."""
+    from recordforge.tools.verify import verify as _verify
+
+    return _verify(path)
+
+
+def stats(path: str) -> dict[str, Any]:
+    """Per-feature statistics of every record of an output or file."""
+    from recordforge.tools.stats import stats as _stats
+
+    return _stats(path)
+
+
+def image_grid(path: str, png_path: str, *, n: int = 16) -> dict[str, Any]:
+    """A labelled PNG grid of the first `n` images."""
+    from recordforge.tools.grid import image_grid as _grid
+
+    return _grid(path, png_path, n=n)

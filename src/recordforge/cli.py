@@ -16,6 +16,10 @@ _USAGE = """recordforge COMMAND [flags]
 commands:
   convert        convert Parquet/CSV files to TFRecords (recordforge convert --help)
   infer-schema   print the schema YAML inferred from a source file
+  inspect        schema, counts per shard and first records of an output (or any TFRecord file)
+  verify         check every shard, record CRC, parse and count against the manifest
+  stats          per-feature statistics (terminal table, --html page)
+  head           first records of any TFRecord file, with an inferred parse spec
   version        print the version
 """
 
@@ -72,14 +76,80 @@ def _infer_schema(argv: list[str]) -> int:
     return 0
 
 
+def _inspect(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="recordforge inspect")
+    parser.add_argument("path", help="an output folder, or any TFRecord file")
+    parser.add_argument("--split", default=None)
+    parser.add_argument("-n", type=int, default=5, help="records to show (or images in --grid)")
+    parser.add_argument("--grid", default=None, help="write a labelled PNG grid of the images")
+    args = parser.parse_args(argv)
+    if args.grid:
+        from recordforge.tools.grid import image_grid
+
+        path = f"{args.path.rstrip('/')}/{args.split}" if args.split else args.path
+        info = image_grid(path, args.grid, n=args.n if "-n" in argv else 16)
+        print(f"wrote {info['png']}: {info['images']} images of {info['image_feature']!r}"
+              + (f", labelled by {info['label_feature']!r}" if info["label_feature"] else ""))
+        return 0
+    from recordforge.tools.inspect import format_inspect, inspect
+
+    print(format_inspect(inspect(args.path, split=args.split, n=args.n)))
+    return 0
+
+
+def _head(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="recordforge head")
+    parser.add_argument("path", help="any TFRecord file of tf.train.Examples (compressed or not)")
+    parser.add_argument("-n", type=int, default=5)
+    args = parser.parse_args(argv)
+    from recordforge.tools.inspect import format_head, head
+
+    print(format_head(head(args.path, args.n)))
+    return 0
+
+
+def _verify(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="recordforge verify")
+    parser.add_argument("path", help="an output folder")
+    args = parser.parse_args(argv)
+    from recordforge.tools.verify import verify
+
+    problems = verify(args.path)
+    for line in problems:
+        print(line)
+    if problems:
+        print(f"{args.path}: {len(problems)} problem(s)", file=sys.stderr)
+        return 1
+    print(f"{args.path}: OK")
+    return 0
+
+
+def _stats(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="recordforge stats")
+    parser.add_argument("path", help="an output folder, or any TFRecord file")
+    parser.add_argument("--html", default=None, help="also write a self-contained HTML page")
+    args = parser.parse_args(argv)
+    from recordforge.tools.stats import format_stats, stats, stats_html
+
+    result = stats(args.path)
+    print(format_stats(result))
+    if args.html:
+        with open(args.html, "w", encoding="utf-8") as f:
+            f.write(stats_html(result))
+        print(f"\nwrote {args.html}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger("recordforge").setLevel(logging.INFO)
     if not argv or argv[0] in ("-h", "--help"):
         print(_USAGE)
         return 0 if argv else 2
     command, rest = argv[0], argv[1:]
-    commands = {"convert": _convert, "infer-schema": _infer_schema}
+    commands = {"convert": _convert, "infer-schema": _infer_schema, "inspect": _inspect,
+                "head": _head, "verify": _verify, "stats": _stats}
     if command == "version":
         print(__version__)
         return 0
@@ -88,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         return commands[command](rest)
-    except RecordForgeError as exn:
+    except (RecordForgeError, FileNotFoundError) as exn:
         print(f"recordforge {command}: error: {exn}", file=sys.stderr)
         return 1
 

@@ -1,0 +1,140 @@
+"""inspect and head: what a bundle or any TFRecord file holds, as text a person can read."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from typing import Any
+
+import yaml
+from apache_beam.io.filesystems import FileSystems
+
+from recordforge.tools.records import detect_compression, infer_feature_spec, parse_example, read_records
+
+__all__ = ["feature_description_code", "head", "inspect", "spec_to_schema_yaml"]
+
+_TF_DTYPE = {"int64": "tf.int64", "float32": "tf.float32", "string": "tf.string"}
+
+
+def feature_description_code(spec: dict[str, dict[str, Any]]) -> str:
+    """The spec as a `feature_description` dict to paste into tf.io.parse_example code."""
+    lines = ["feature_description = {"]
+    for name, e in spec.items():
+        if e["kind"] == "FixedLenFeature":
+            lines.append(f"    {name!r}: tf.io.FixedLenFeature({e['shape']}, {_TF_DTYPE[e['dtype']]}),")
+        elif e["kind"] == "RaggedFeature":
+            parts = ", ".join(f"tf.io.RaggedFeature.RowLengths({p['row_lengths']!r})"
+                              for p in e["partitions"])
+            lines.append(f"    {name!r}: tf.io.RaggedFeature({_TF_DTYPE[e['dtype']]}, value_key="
+                         f"{e['value_key']!r}, partitions=[{parts}]),")
+        else:
+            lines.append(f"    {name!r}: tf.io.VarLenFeature({_TF_DTYPE[e['dtype']]}),")
+    lines.append("}")
+    return "\n".join(lines)
+
+
+def spec_to_schema_yaml(spec: dict[str, dict[str, Any]]) -> str:
+    """A RecordForge schema matching an inferred spec (float lists read as float32)."""
+    types = {"int64": "int64", "float32": "float32", "string": "bytes"}
+    features = []
+    for name, e in spec.items():
+        if e["kind"] == "FixedLenFeature":
+            features.append({"name": name, "type": types[e["dtype"]], "shape": e["shape"],
+                             "nulls": "required"})
+        else:
+            features.append({"name": name, "type": types[e["dtype"]], "shape": [-1]})
+    return yaml.safe_dump({"features": features}, sort_keys=False, default_flow_style=None)
+
+
+def _show_value(kind: str, values: list[Any]) -> str:
+    def one(v: Any) -> str:
+        if isinstance(v, bytes):
+            text = v[:60]
+            try:
+                shown = repr(text.decode("utf-8"))
+            except UnicodeDecodeError:
+                shown = repr(text)
+            return shown + (f"... ({len(v)} bytes)" if len(v) > 60 else "")
+        return repr(v)
+
+    shown = ", ".join(one(v) for v in values[:8])
+    more = f", ... ({len(values)} values)" if len(values) > 8 else ""
+    return f"{kind}[{shown}{more}]"
+
+
+def format_record(record: dict[str, tuple[str, list[Any]]]) -> str:
+    return "\n".join(f"  {name}: {_show_value(*record[name])}" for name in sorted(record))
+
+
+def head(path: str, n: int = 5, *, sample: int = 1000) -> dict[str, Any]:
+    """Works on any TFRecord file of tf.train.Examples, no bundle needed."""
+    compression = detect_compression(path)
+    raws = [raw for _, raw in itertools.islice(read_records(path, compression), sample)]
+    summaries, spec = infer_feature_spec(raws)
+    return {
+        "path": path,
+        "compression": compression,
+        "sampled": len(raws),
+        "feature_spec": spec,
+        "presence": {k: s.present / max(len(raws), 1) for k, s in sorted(summaries.items())},
+        "records": [parse_example(r) for r in raws[:n]],
+    }
+
+
+def format_head(result: dict[str, Any]) -> str:
+    out = [f"{result['path']}: {result['compression']} compression, {result['sampled']} records "
+           "sampled", "", "Inferred tf.io parsing spec (paste into your code):", "",
+           feature_description_code(result["feature_spec"]), "",
+           "As a RecordForge schema (--schema):", "", spec_to_schema_yaml(result["feature_spec"])]
+    for i, rec in enumerate(result["records"]):
+        out.append(f"record {i}:")
+        out.append(format_record(rec))
+    return "\n".join(out)
+
+
+def inspect(path: str, *, split: str | None = None, n: int = 5) -> dict[str, Any]:
+    """A bundle's schema, counts per shard and first records; a plain file is `head`ed."""
+    out = path.rstrip("/")
+    if split:
+        out = f"{out}/{split}"
+    if not FileSystems.exists(f"{out}/metadata.json"):
+        if FileSystems.exists(out) and not out.endswith("/"):
+            return {"kind": "file", **head(out, n)}
+        raise FileNotFoundError(f"{out}: neither a RecordForge output folder nor a TFRecord file")
+    with FileSystems.open(f"{out}/metadata.json") as f:
+        meta = json.loads(f.read())
+    with FileSystems.open(f"{out}/feature_spec.json") as f:
+        spec = json.loads(f.read())
+    records = []
+    for shard in meta["shards"]:
+        for _, raw in read_records(f"{out}/{shard['file']}", meta["compression"]):
+            records.append(parse_example(raw))
+            if len(records) >= n:
+                break
+        if len(records) >= n:
+            break
+    return {"kind": "bundle", "path": out, "metadata": meta, "feature_spec": spec,
+            "published": FileSystems.exists(f"{out}/_SUCCESS"), "records": records}
+
+
+def format_inspect(result: dict[str, Any]) -> str:
+    if result["kind"] == "file":
+        return format_head(result)
+    meta = result["metadata"]
+    lines = [
+        f"{result['path']}: {meta['num_records']} records in {len(meta['shards'])} shards "
+        f"({meta['compression']}), {'published' if result['published'] else 'NOT published (no _SUCCESS)'}",
+        f"  rows read {meta['rows_read']}, written {meta['rows_written']}, rejected "
+        f"{meta['rows_rejected']}; schema {meta['schema_origin']} ({meta['schema_fingerprint'][:12]})",
+        "", "Features:",
+    ]
+    for name, e in result["feature_spec"].items():
+        shape = f" shape {e['shape']}" if "shape" in e else ""
+        extra = f" ({e['logical']})" if "logical" in e else ""
+        lines.append(f"  {name}: {e['kind']} {e['dtype']}{shape}{extra}")
+    lines += ["", "Shards:"]
+    for s in meta["shards"]:
+        lines.append(f"  {s['file']}: {s['records']} records, {s['bytes']} bytes")
+    for i, rec in enumerate(result["records"]):
+        lines += ["", f"record {i}:", format_record(rec)]
+    return "\n".join(lines)
