@@ -193,4 +193,6 @@ def test_image_grid_tile_matches_source(tmp_path: Path) -> None:
     cols = 3
     for i, im in enumerate(images):
         x, y = (i % cols) * TILE, (i // cols) * (TILE + _LABEL_H)
-        np.testing.assert_array_equal(grid[y : y + im.shape[0], x : x + im.shape[1]], im)
+        k = TILE // max(im.shape[:2])  # small images are enlarged by a whole factor
+        big = np.repeat(np.repeat(im, k, axis=0), k, axis=1)
+        np.testing.assert_array_equal(grid[y : y + big.shape[0], x : x + big.shape[1]], big)

@@ -8,6 +8,7 @@ from typing import Any
 from apache_beam.io.filesystems import FileSystems
 
 from recordforge.errors import RecordForgeError
+from recordforge.schemas.export import decode_images as _decode_images
 from recordforge.schemas.export import decode_parsed, to_tf_feature_spec
 from recordforge.transforms.bundle import FEATURE_SPEC, METADATA, SUCCESS
 
@@ -32,8 +33,13 @@ def load_bundle(path: str) -> dict[str, Any]:
     }
 
 
-def read(path: str, *, batch_size: int | None = None) -> Any:
-    """Parsed feature dicts; batched (tf.io.parse_example) when `batch_size` is given."""
+def read(path: str, *, batch_size: int | None = None, decode_images: bool = False) -> Any:
+    """Parsed feature dicts; batched (tf.io.parse_example) when `batch_size` is given.
+    `decode_images`: image features as uint8 [height, width, channels] tensors (per record, as
+    images differ in size; so not with `batch_size`)."""
+    if decode_images and batch_size:
+        raise ValueError("decode_images works per record: leave batch_size unset, then batch or "
+                         "resize the decoded images yourself")
     import tensorflow as tf
 
     bundle = load_bundle(path)
@@ -51,4 +57,9 @@ def read(path: str, *, batch_size: int | None = None) -> Any:
         lambda x: decode_parsed(tf.io.parse_example(x, spec), json_spec),
         num_parallel_calls=tf.data.AUTOTUNE,
     )
-    return ds if batch_size else ds.unbatch()
+    if batch_size:
+        return ds
+    ds = ds.unbatch()
+    if decode_images:
+        ds = ds.map(lambda r: _decode_images(r, json_spec), num_parallel_calls=tf.data.AUTOTUNE)
+    return ds

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-__all__ = ["taxi_table"]
+__all__ = ["mnist_folder", "taxi_table"]
 
 _VENDORS = ["CMT", "VTS", "DDS", ""]  # "" is a real value, not a missing one
 _ZONES = ["Midtown", "JFK Airport", "Upper East Side", "Astoria", "Brooklyn Heights"]
@@ -44,3 +44,24 @@ def taxi_table(num_rows: int, *, seed: int = 0, first_id: int = 0) -> pa.Table:
             pa.list_(pa.float32(), 2),
         ),
     })
+
+
+def mnist_folder(root: str, *, per_class: int = 20, seed: int = 0) -> list[tuple[str, np.ndarray]]:
+    """An MNIST-shaped folder: 28x28 grayscale PNGs under train/<digit>/ and test/<digit>/.
+    Returns (path, pixels) for every image written, for tests to compare against."""
+    import os
+
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    written = []
+    for split, count in (("train", per_class), ("test", max(1, per_class // 5))):
+        for digit in range(10):
+            folder = os.path.join(root, split, str(digit))
+            os.makedirs(folder, exist_ok=True)
+            for k in range(count):
+                pixels = (rng.random((28, 28)) * 255 * (rng.random((28, 28)) < 0.3)).astype(np.uint8)
+                path = os.path.join(folder, f"{k:05d}.png")
+                Image.fromarray(pixels, mode="L").save(path)
+                written.append((path, pixels))
+    return written

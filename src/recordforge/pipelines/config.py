@@ -29,7 +29,7 @@ class ConvertConfig:
     output: str
     schema_path: str | None = None
     source_format: str | None = None
-    compression: str = "gzip"
+    compression: str | None = None  # None: gzip, or none when the schema holds images
     num_shards: int = 0
     batch_size: int = 65536
     sink: str = "fast"
@@ -49,7 +49,7 @@ class ConvertConfig:
             problems.append("--output is required")
         if self.source_format is not None and self.source_format not in FORMATS:
             problems.append(f"--format must be one of {', '.join(FORMATS)}")
-        if self.compression not in Compression.CHOICES:
+        if self.compression is not None and self.compression not in Compression.CHOICES:
             problems.append(f"--compression must be one of {', '.join(Compression.CHOICES)}")
         if self.num_shards < 0:
             problems.append("--num_shards must be 0 (runner decides) or more")
@@ -63,6 +63,12 @@ class ConvertConfig:
             problems.append("--batch_size must be at least 1")
         if problems:
             raise RecordForgeError("; ".join(problems))
+
+    def resolved_compression(self, has_images: bool) -> str:
+        """An explicit --compression always wins."""
+        if self.compression is not None:
+            return self.compression
+        return "none" if has_images else "gzip"
 
     @property
     def strict(self) -> bool:

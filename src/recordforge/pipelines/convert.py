@@ -37,9 +37,16 @@ from recordforge.schemas import Plan, compile_schema, infer_schema, load_schema
 from recordforge.schemas.loader import dump_schema
 from recordforge.transforms.bundle import METADATA, SUCCESS, BundleSpec, WriteBundle, rule_of
 from recordforge.transforms.examples import REJECTED, ToExamples
+from recordforge.transforms.image_folder import ReadImageFolder, folder_schema, list_image_folder
 from recordforge.transforms.rejects import WriteRejected
 from recordforge.transforms.sinks import WriteTFRecords
-from recordforge.transforms.sources import UNREADABLE, ReadCsv, ReadParquet, expand_patterns
+from recordforge.transforms.sources import (
+    UNREADABLE,
+    FileInfo,
+    ReadCsv,
+    ReadParquet,
+    expand_patterns,
+)
 
 __all__ = ["build", "run", "DEFAULT_RUNNER"]
 
@@ -53,12 +60,27 @@ DEFAULT_RUNNER = "apache_beam.runners.portability.fn_api_runner.FnApiRunner"
 def build(pipeline: beam.Pipeline, config: ConvertConfig) -> beam.PCollection[str]:
     """Adds the conversion to `pipeline`; returns a PCollection holding the output path once the
     bundle is published. Input patterns and the schema are resolved now, not at run time."""
-    files = expand_patterns(config.sources)
+    folder = None
+    extra: dict[str, Any] = {}
+    if config.source_format == "images" and format_from_path(config.sources[0]) is None:
+        # A folder of images: labels from folder names.
+        folder = list_image_folder(config.sources[0])
+        files = [FileInfo(folder.root, sum(folder.sizes))]
+        fmt = "images"
+        plan = compile_schema(load_schema(config.schema_path) if config.schema_path
+                              else folder_schema(folder))
+        extra = {"labels": folder.labels, "splits": folder.splits, "images": len(folder.entries)}
+    else:
+        files = expand_patterns(config.sources)
+        fmt = _detect_format(files[0].path) if config.source_format in (None, "images") \
+            else config.source_format
+        plan = resolve_plan(config, fmt, files[0].path)
     dataflow_preflight(pipeline.options, config, files)
-    fmt = config.source_format or _detect_format(files[0].path)
-    plan = resolve_plan(config, fmt, files[0].path)
+    compression = config.resolved_compression(any(f.is_image for f in plan.features))
     columns = list(plan.schema.source_columns)
-    if fmt == "parquet":
+    if folder is not None:
+        read = ReadImageFolder(folder)
+    elif fmt == "parquet":
         read = ReadParquet(config.sources, columns=columns, batch_size=config.batch_size,
                            expanded=files, skip_unreadable=config.skip_unreadable_files)
     else:
@@ -82,7 +104,7 @@ def build(pipeline: beam.Pipeline, config: ConvertConfig) -> beam.PCollection[st
     rejected_lines = rejected | "AllRejected" >> beam.Flatten()
     _ = rejected_lines | "WriteRejected" >> WriteRejected(config.output)
     shards = encoded.examples | "WriteTFRecords" >> WriteTFRecords(
-        config.output, compression=config.compression,
+        config.output, compression=compression,
         num_shards=config.num_shards or (1 if config.deterministic else 0),
         sink=config.sink, compression_level=config.compression_level,
         deterministic=config.deterministic,
@@ -93,8 +115,9 @@ def build(pipeline: beam.Pipeline, config: ConvertConfig) -> beam.PCollection[st
         plan=plan,
         source_format=fmt,
         sources=tuple((f.path, f.size) for f in files),
-        compression=config.compression,
+        compression=compression,
         command=config.command,
+        extra=extra,
         max_rejected=config.max_rejected,
         max_rejected_fraction=config.max_rejected_fraction,
     )

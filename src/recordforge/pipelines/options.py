@@ -11,7 +11,7 @@ from recordforge.transforms.sinks import DEFAULT_LEVEL, SINKS
 
 __all__ = ["ConvertOptions", "FORMATS"]
 
-FORMATS = ("parquet", "csv")
+FORMATS = ("parquet", "csv", "images")
 
 
 def _bool(text: str) -> bool:
@@ -39,11 +39,14 @@ class ConvertOptions(PipelineOptions):
         )
         parser.add_argument(
             "--format", default=None, choices=FORMATS,
-            help="Source format; defaults from the file extension of the first match.",
+            help="Source format; defaults from the file extension of the first match. images: "
+            "--source is a folder (labels from folder names) or a CSV/Parquet manifest whose "
+            "schema marks `type: image` columns.",
         )
         parser.add_argument(
-            "--compression", default="gzip", choices=Compression.CHOICES,
-            help="Compression of the TFRecord shards (default gzip).",
+            "--compression", default=None, choices=Compression.CHOICES,
+            help="Compression of the TFRecord shards: gzip by default, none when the schema holds "
+            "images (encoded images gain ~3% from GZIP at 8-9x the CPU).",
         )
         parser.add_argument(
             "--num_shards", type=int, default=0,

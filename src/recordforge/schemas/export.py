@@ -10,7 +10,7 @@ from tensorflow_metadata.proto.v0 import schema_pb2
 from recordforge.schemas.model import DType, ExampleKind, NullPolicy
 from recordforge.schemas.plan import Plan
 
-__all__ = ["decode_parsed", "to_tfmd_schema", "tfmd_text", "to_tf_feature_spec"]
+__all__ = ["decode_images", "decode_parsed", "to_tfmd_schema", "tfmd_text", "to_tf_feature_spec"]
 
 _TFMD_TYPES = {
     ExampleKind.INT64: schema_pb2.INT,
@@ -26,7 +26,7 @@ def to_tfmd_schema(plan: Plan) -> schema_pb2.Schema:
         feat = out.feature.add(name=f.name, type=_TFMD_TYPES[f.kind])
         feat.presence.min_fraction = 0.0 if f.nulls is NullPolicy.ABSENT else 1.0
         fixed = f.num_values is not None and f.nulls is not NullPolicy.ABSENT
-        if f.encode == "bytes":
+        if f.float64_bytes:
             feat.value_count.min = feat.value_count.max = 1
             feat.annotation.comment.append(
                 f"float64 values, little-endian, shape {list(f.shape)}: tf.io.decode_raw(x, tf.float64)"
@@ -37,6 +37,12 @@ def to_tfmd_schema(plan: Plan) -> schema_pb2.Schema:
                 feat.shape.dim.add(size=d)
         elif f.num_values is not None:
             feat.value_count.min = feat.value_count.max = f.num_values
+        if f.is_image:
+            feat.image_domain.SetInParent()
+            for part, kind in (("height", schema_pb2.INT), ("width", schema_pb2.INT),
+                               ("channels", schema_pb2.INT), ("format", schema_pb2.BYTES)):
+                extra = out.feature.add(name=f.part_name(part), type=kind)
+                extra.presence.min_fraction = feat.presence.min_fraction
         if f.is_ragged:
             feat.annotation.comment.append(f"ragged: row lengths in {f.row_lengths_name}")
             lengths = out.feature.add(name=f.row_lengths_name, type=schema_pb2.INT)
@@ -83,15 +89,35 @@ def to_tf_feature_spec(spec: dict[str, dict[str, Any]]) -> dict[str, Any]:
 
 
 def decode_parsed(parsed: dict[str, Any], spec: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """Restores `encode: bytes` float64 features of a parse_example batch to float64 tensors of
-    their declared fixed shape. Features that may be absent or have variable length are left as
-    bytes, one value per record: decode each with tf.io.decode_raw(x, tf.float64)."""
+    """Restores `encode: bytes` float64 features (and raw images of a declared size) of a
+    parse_example batch to tensors of their declared shape. Features that may be absent or have
+    variable length are left as bytes, one value per record: decode each with
+    tf.io.decode_raw(x, tf.float64)."""
     import tensorflow as tf
 
     out = dict(parsed)
     for name, entry in spec.items():
         decode = entry.get("decode")
         if decode and entry["kind"] == "FixedLenFeature" and -1 not in decode["shape"]:
-            values = tf.io.decode_raw(parsed[name], tf.float64, little_endian=True)
+            dtype = tf.float64 if decode["raw"] == "float64" else tf.uint8
+            values = tf.io.decode_raw(parsed[name], dtype, little_endian=True)
             out[name] = tf.reshape(values, [-1, *decode["shape"]])
+    return out
+
+
+def decode_images(record: dict[str, Any], spec: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """One parsed record's encoded images as uint8 tensors [height, width, channels]."""
+    import tensorflow as tf
+
+    out = dict(record)
+    for name, entry in spec.items():
+        image = entry.get("image")
+        if not image or entry["kind"] != "FixedLenFeature" or "decode" in entry:
+            continue
+        if image["encoding"] == "raw":
+            shape = tf.stack([tf.cast(record[f"{name}/{p}"], tf.int32)
+                              for p in ("height", "width", "channels")])
+            out[name] = tf.reshape(tf.io.decode_raw(record[name], tf.uint8), shape)
+        else:
+            out[name] = tf.io.decode_image(record[name], expand_animations=False)
     return out

@@ -172,7 +172,7 @@ def sample_notes(schema: Schema, table: pa.Table) -> dict[str, str]:
             text += f", min {st.minimum}, max {st.maximum}"
         if st.min_len is not None:
             text += f", list lengths {st.min_len}..{st.max_len}"
-        if f.encode == "bytes":
+        if f.float64_bytes:
             text += "\nfloat64 kept exact as 8 bytes per value; `narrow: true` (without `encode`)" \
                     " writes a float32 feature instead"
         out[f.name] = text

@@ -14,7 +14,8 @@ __all__ = ["load_schema", "schema_from_dict", "dump_schema"]
 
 _LINE = "__line__"
 _KEYS = {"name", "type", "shape", "column", "nulls", "default", "narrow", "description", "encode",
-         "unit", "as", "scale", "min", "max", "allowed", "max_length", "regex", "ops"}
+         "unit", "as", "scale", "min", "max", "allowed", "max_length", "regex", "ops",
+         "resize", "method", "quality", "channels"}
 
 
 class _LineLoader(yaml.SafeLoader):
@@ -132,6 +133,11 @@ def _feature_from_dict(entry: dict[str, Any]) -> tuple[Feature | None, list[str]
             max_length=entry.get("max_length"),
             regex=entry.get("regex"),
             ops=ops,
+            resize=tuple(entry["resize"]) if isinstance(entry.get("resize"), list) else entry.get(
+                "resize"),
+            method=entry.get("method"),
+            quality=entry.get("quality"),
+            channels=entry.get("channels"),
             description=str(entry.get("description", "")),
         )
     except ValueError as exn:

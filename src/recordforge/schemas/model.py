@@ -25,6 +25,7 @@ class DType(enum.Enum):
     TIMESTAMP = "timestamp"  # int64 since the epoch, in `unit`
     DATE = "date"  # int64 days since 1970-01-01
     DECIMAL = "decimal"  # `as: string`, or `as: scaled_int` with `scale`
+    IMAGE = "image"  # a path/URI (or the encoded bytes) of an image file
 
 
 class ExampleKind(enum.Enum):
@@ -58,6 +59,9 @@ VARIABLE = -1
 RAGGED = (VARIABLE, VARIABLE)
 TIME_UNITS = ("s", "ms", "us", "ns")
 DECIMAL_AS = ("string", "scaled_int")
+IMAGE_ENCODINGS = ("jpeg", "png", "raw")
+RESIZE_METHODS = ("nearest", "bilinear", "bicubic", "lanczos", "box", "hamming")
+IMAGE_PARTS = ("height", "width", "channels", "format")
 _NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-/]*$")
 _NORMALIZE_RE = re.compile(r"[^a-z0-9_]+")
 _STRINGY = {"string", "bytes"}
@@ -99,6 +103,10 @@ class Feature:
     max_length: int | None = None
     regex: str | None = None
     ops: tuple[tuple[Op, Any], ...] = ()
+    resize: tuple[int, int] | None = None  # images: [height, width]
+    method: str | None = None  # images: resize filter
+    quality: int | None = None  # images: JPEG quality
+    channels: int | None = None  # images: convert to 1 (L), 3 (RGB) or 4 (RGBA)
     description: str = ""
 
     def __post_init__(self) -> None:
@@ -116,6 +124,7 @@ class Feature:
             )
         out.extend(self._shape_problems())
         out.extend(self._type_problems())
+        out.extend(self._image_problems())
         out.extend(self._check_problems())
         if self.nulls is NullPolicy.DEFAULT:
             if self.default is None:
@@ -140,7 +149,9 @@ class Feature:
 
     def _type_problems(self) -> list[str]:
         out = []
-        if self.dtype is DType.FLOAT64:
+        if self.dtype is DType.IMAGE:
+            pass
+        elif self.dtype is DType.FLOAT64:
             if self.encode not in (None, "bytes"):
                 out.append("`encode` must be `bytes` (float64 kept bit-exact)")
             if self.narrow == (self.encode == "bytes"):
@@ -148,7 +159,7 @@ class Feature:
                     "float64 does not fit a tf.train.Example float_list (32-bit): add `narrow: "
                     "true` to accept float32 precision, or `encode: bytes` to keep all 64 bits"
                 )
-            if self.encode == "bytes" and self.is_ragged:
+            if self.float64_bytes and self.is_ragged:
                 out.append("`encode: bytes` does not support ragged shapes")
         else:
             if self.narrow:
@@ -166,6 +177,36 @@ class Feature:
                 out.append("`as: scaled_int` needs `scale` (digits after the point), and only it")
         elif self.decimal_as is not None or self.scale is not None:
             out.append("`as` and `scale` apply only to decimal features")
+        return out
+
+    def _image_problems(self) -> list[str]:
+        out = []
+        image_keys = [self.resize, self.method, self.quality, self.channels]
+        if self.dtype is not DType.IMAGE:
+            if any(k is not None for k in image_keys):
+                out.append("`resize`, `method`, `quality` and `channels` apply to images")
+            return out
+        if self.shape != ():
+            out.append("an image feature is one image per row (shape [])")
+        if self.encode not in (None, *IMAGE_ENCODINGS):
+            out.append(f"images: `encode` is one of {', '.join(IMAGE_ENCODINGS)} (default: keep "
+                       "the original bytes)")
+        if self.resize is not None and (
+            len(self.resize) != 2 or any(not isinstance(d, int) or d < 1 for d in self.resize)
+        ):
+            out.append("`resize` is [height, width] in pixels")
+        if self.method is not None and self.method not in RESIZE_METHODS:
+            out.append(f"`method` is one of {', '.join(RESIZE_METHODS)}")
+        if self.method is not None and self.resize is None:
+            out.append("`method` needs `resize`")
+        if self.quality is not None and (self.encode != "jpeg" or not 1 <= self.quality <= 100):
+            out.append("`quality` (1-100) applies to `encode: jpeg`")
+        if self.channels not in (None, 1, 3, 4):
+            out.append("`channels` is 1, 3 or 4")
+        if self.resize is not None and self.encode is None:
+            out.append("a resized image must be encoded again: add `encode: jpeg|png|raw`")
+        if self.nulls is NullPolicy.DEFAULT:
+            out.append("an image cannot have a default")
         return out
 
     def _check_problems(self) -> list[str]:
@@ -223,7 +264,19 @@ class Feature:
     @property
     def kind(self) -> ExampleKind:
         """The list the written Example carries the values in."""
-        return ExampleKind.BYTES if self.encode == "bytes" else self.value_kind
+        return ExampleKind.BYTES if self.encode is not None else self.value_kind
+
+    @property
+    def is_image(self) -> bool:
+        return self.dtype is DType.IMAGE
+
+    @property
+    def float64_bytes(self) -> bool:
+        return self.dtype is DType.FLOAT64 and self.encode == "bytes"
+
+    def part_name(self, part: str) -> str:
+        """`{name}/height` etc.: the header values written beside an image."""
+        return f"{self.name}/{part}"
 
     @property
     def is_scalar(self) -> bool:
@@ -287,6 +340,7 @@ class Schema:
             raise ValueError("a schema needs at least one feature")
         names = [f.name for f in self.features]
         names += [f.row_lengths_name for f in self.features if f.is_ragged]
+        names += [f.part_name(p) for f in self.features if f.is_image for p in IMAGE_PARTS]
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
             raise ValueError(f"duplicate feature names: {', '.join(dupes)}")
@@ -307,6 +361,8 @@ def feature_to_dict(f: Feature) -> dict[str, Any]:
         d["column"] = f.column
     d["nulls"] = f.nulls.value
     optional = {
+        "resize": list(f.resize) if f.resize else None, "method": f.method,
+        "quality": f.quality, "channels": f.channels,
         "default": f.default, "unit": f.unit, "as": f.decimal_as, "scale": f.scale,
         "encode": f.encode, "min": f.min, "max": f.max, "max_length": f.max_length,
         "regex": f.regex, "description": f.description or None,

@@ -31,6 +31,7 @@ _CSV_TYPES: dict[DType, pa.DataType] = {
     DType.STRING: pa.string(),
     DType.DATE: pa.date32(),
     DType.DECIMAL: pa.string(),  # parsed exactly from the text later
+    DType.IMAGE: pa.string(),  # a path
 }
 
 _TF_DTYPES = {ExampleKind.INT64: "int64", ExampleKind.FLOAT: "float32", ExampleKind.BYTES: "string"}
@@ -51,7 +52,13 @@ class Column:
 
 
 def _columns(f: Feature) -> list[Column]:
-    if f.encode == "bytes":
+    if f.is_image:
+        return [Column(f.name, ExampleKind.BYTES, True),
+                Column(f.part_name("height"), ExampleKind.INT64, True),
+                Column(f.part_name("width"), ExampleKind.INT64, True),
+                Column(f.part_name("channels"), ExampleKind.INT64, True),
+                Column(f.part_name("format"), ExampleKind.BYTES, True)]
+    if f.float64_bytes:
         return [Column(f.name, ExampleKind.BYTES, True)]
     if f.is_ragged:
         return [Column(f.name, f.kind, False), Column(f.row_lengths_name, ExampleKind.INT64, False)]
@@ -68,10 +75,12 @@ def feature_spec_entries(f: Feature) -> dict[str, dict[str, Any]]:
     """
     dtype = _TF_DTYPES[f.kind]
     entry: dict[str, Any]
+    if f.is_image:
+        return _image_spec(f)
     if f.is_ragged:
         entry = {"kind": "RaggedFeature", "dtype": dtype, "value_key": f.name,
                  "partitions": [{"row_lengths": f.row_lengths_name}]}
-    elif f.encode == "bytes":
+    elif f.float64_bytes:
         entry = ({"kind": "VarLenFeature", "dtype": "string"} if f.nulls is NullPolicy.ABSENT
                  else {"kind": "FixedLenFeature", "dtype": "string", "shape": []})
         entry["decode"] = {"raw": "float64", "byte_order": "little",
@@ -88,6 +97,27 @@ def feature_spec_entries(f: Feature) -> dict[str, dict[str, Any]]:
         entry["logical"] = ("decimal as string" if f.decimal_as == "string"
                             else f"decimal scaled by 10^{f.scale}")
     return {f.name: entry}
+
+
+def _image_spec(f: Feature) -> dict[str, dict[str, Any]]:
+    """The image bytes plus its header values; all FixedLen unless an image may be absent."""
+    def entry(dtype: str) -> dict[str, Any]:
+        if f.nulls is NullPolicy.ABSENT:
+            return {"kind": "VarLenFeature", "dtype": dtype}
+        return {"kind": "FixedLenFeature", "dtype": dtype, "shape": []}
+
+    image = entry("string")
+    image["image"] = {"encoding": f.encode or "original",
+                      "decode": "tf.io.decode_image(x, expand_animations=False)"}
+    if f.encode == "raw":
+        image["image"]["decode"] = "tf.reshape(tf.io.decode_raw(x, tf.uint8), [height, width, channels])"
+        if f.resize and f.channels and f.nulls is not NullPolicy.ABSENT:
+            image["decode"] = {"raw": "uint8", "shape": [*f.resize, f.channels]}
+    out = {f.name: image}
+    for part in ("height", "width", "channels"):
+        out[f.part_name(part)] = entry("int64")
+    out[f.part_name("format")] = entry("string")
+    return out
 
 
 @dataclass(frozen=True)

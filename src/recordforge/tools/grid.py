@@ -47,8 +47,9 @@ def _records(path: str, n: int) -> list[dict[str, tuple[str, list[Any]]]]:
 
 def image_grid(path: str, png_path: str, *, n: int = 16, image_feature: str | None = None,
                label_feature: str | None = None) -> dict[str, Any]:
-    """Writes a PNG grid of the first `n` images; an image smaller than the tile is pasted at its
-    own size (top-left), a larger one is shrunk to fit. Returns what it used."""
+    """Writes a PNG grid of the first `n` images; a small image is enlarged by the largest whole
+    factor that fits the tile (nearest neighbour: every pixel stays exact), a larger one is
+    shrunk to fit. Returns what it used."""
     from PIL import Image, ImageDraw
 
     records = _records(path, n)
@@ -78,6 +79,9 @@ def image_grid(path: str, png_path: str, *, n: int = 16, image_feature: str | No
                 im = im.convert("RGB")
                 if im.width > TILE or im.height > TILE:
                     im.thumbnail((TILE, TILE))
+                else:
+                    k = TILE // max(im.width, im.height)
+                    im = im.resize((im.width * k, im.height * k), Image.Resampling.NEAREST)
                 grid.paste(im, (x, y))
         if label_feature and label_feature in rec:
             value = rec[label_feature][1]

@@ -44,6 +44,7 @@ class BundleSpec:
     command: tuple[str, ...] = ()
     max_rejected: int = 0
     max_rejected_fraction: float = 0.0
+    extra: dict[str, Any] | None = None  # source-specific facts (an image folder's labels)
 
 
 def write_atomically(path: str, data: bytes) -> None:
@@ -95,6 +96,7 @@ def metadata_dict(spec: BundleSpec, shards: list[ShardInfo], counts: RunCounts) 
         "invariant": "rows_read == rows_written + rows_rejected",
         "unreadable_files": list(counts.unreadable),
         "num_records": written,
+        **(spec.extra or {}),
         "shards": [
             {"file": posixpath.basename(s.path), "records": s.records, "bytes": s.bytes,
              "sha256": s.sha256}

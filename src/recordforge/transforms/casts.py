@@ -154,7 +154,7 @@ def cast_values(arr: pa.Array, f: Feature, file: str) -> tuple[pa.Array, list[Fa
         )
     if dt is DType.FLOAT64:
         wide = conv(arr, pa.float64(), "not a float64")
-        if f.encode == "bytes":
+        if f.float64_bytes:
             return wide, failures
         narrow = pc.cast(wide, pa.float32(), safe=False)
         overflow = np.isfinite(wide.to_numpy(zero_copy_only=False)) & ~np.isfinite(

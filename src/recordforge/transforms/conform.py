@@ -17,6 +17,7 @@ import pyarrow.compute as pc
 
 from recordforge.encoding import binary_array
 from recordforge.errors import DataError, SourceError
+from recordforge.images import ImageOptions, load_images, manifest_dir
 from recordforge.schemas.model import DType, Feature, NullPolicy
 from recordforge.schemas.plan import Plan
 from recordforge.transforms.casts import Failure, apply_ops, cast_values, check_values
@@ -144,6 +145,8 @@ def _conform_feature(
 ) -> list[pa.Array]:
     col = _source_column(batch, f, fails.file)
     column = f.source_column
+    if f.is_image:
+        return _conform_image(col, f, fails)
     if f.is_scalar:
         if _is_list(col.type):
             raise SourceError(
@@ -205,12 +208,41 @@ def _conform_feature(
         bad = np.flatnonzero(present & (lengths > f.max_length))
         fails.add(bad, column, "max_length", f"more than max_length {f.max_length} values",
                   col, bad)
-    if f.encode == "bytes":
+    if f.float64_bytes:
         return [_float64_bytes(out)]
     if f.is_ragged:
         assert row_lengths is not None
         return [out, row_lengths]
     return [out]
+
+
+def _conform_image(col: pa.Array, f: Feature, fails: _Failures) -> list[pa.Array]:
+    """Paths (relative ones against the manifest's folder) or encoded bytes, to the image bytes
+    and its header values; an unreadable or undecodable image rejects its row (rule `image`)."""
+    if not (pa.types.is_string(col.type) or pa.types.is_large_string(col.type)
+            or pa.types.is_binary(col.type) or pa.types.is_large_binary(col.type)):
+        raise SourceError(f"{fails.file}: column {f.source_column!r} is {col.type}; an image "
+                          "column holds paths (strings) or encoded bytes")
+    opts = ImageOptions(resize=f.resize, method=f.method, encode=f.encode, quality=f.quality,
+                        channels=f.channels)
+    results = load_images(col.to_pylist(), manifest_dir(fails.file), opts)
+    n = len(results)
+    data: list[bytes | None] = [None] * n
+    parts = {p: [None] * n for p in ("height", "width", "channels", "format")}
+    for i, r in enumerate(results):
+        if isinstance(r, str):
+            fails.add(np.array([i]), f.source_column, "image", r, col, np.array([i]))
+        elif r is not None:
+            data[i] = r.data
+            parts["height"][i], parts["width"][i], parts["channels"][i] = r.height, r.width, r.channels
+            parts["format"][i] = r.format.encode()
+    if f.nulls is NullPolicy.REQUIRED:
+        missing = np.array([i for i, r in enumerate(results) if r is None], dtype=np.int64)
+        fails.add(missing, f.source_column, "null", "null in a feature with `nulls: required`",
+                  col, missing)
+    return [pa.array(data, pa.large_binary()), pa.array(parts["height"], pa.int64()),
+            pa.array(parts["width"], pa.int64()), pa.array(parts["channels"], pa.int64()),
+            pa.array(parts["format"], pa.large_binary())]
 
 
 def _one_value_lists(col: pa.Array) -> pa.Array:

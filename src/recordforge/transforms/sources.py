@@ -35,9 +35,12 @@ class SourceBatch:
 
 
 @dataclass(frozen=True)
-class _FileInfo:
+class FileInfo:
     path: str
     size: int
+
+
+_FileInfo = FileInfo
 
 
 def expand_patterns(patterns: Iterable[str]) -> list[_FileInfo]:

@@ -1,0 +1,123 @@
+"""ReadImageFolder: every image under a root folder, labelled by its parent folder's name."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import apache_beam as beam
+import pyarrow as pa
+
+from recordforge.errors import SourceError
+from recordforge.images import IMAGE_EXTENSIONS
+from recordforge.schemas.model import DType, Feature, NullPolicy, Schema
+from recordforge.transforms.sources import UNREADABLE, SourceBatch
+
+__all__ = ["ImageFolder", "ReadImageFolder", "SPLIT_FOLDERS", "folder_schema", "list_image_folder"]
+
+SPLIT_FOLDERS = ("train", "eval", "validation", "test")
+
+
+class ImageFolder:
+    """The listing of a folder of images: (path, label, split) sorted by path, and the labels."""
+
+    def __init__(self, root: str, entries: list[tuple[str, str, str]], sizes: list[int]) -> None:
+        self.root = root
+        self.entries = entries
+        self.sizes = sizes
+        self.labels = sorted({label for _, label, _ in entries})
+        self.splits = sorted({split for _, _, split in entries if split})
+
+
+def list_image_folder(root: str) -> ImageFolder:
+    """Lists at construction (names only, never contents); no image found is an error."""
+    from apache_beam.io.filesystems import FileSystems
+
+    root = root.rstrip("/")
+    matches = FileSystems.match([f"{root}/**"])[0].metadata_list
+    found = sorted((m.path, m.size_in_bytes) for m in matches
+                   if m.path.lower().endswith(IMAGE_EXTENSIONS))
+    if not found:
+        raise SourceError(f"no images ({', '.join(IMAGE_EXTENSIONS)}) under {root}")
+    entries = []
+    for path, _ in found:
+        parts = path[len(root) + 1 :].split("/")
+        split = parts[0] if len(parts) > 2 and parts[0] in SPLIT_FOLDERS else ""
+        label = parts[-2] if len(parts) >= 2 and not (len(parts) == 2 and split) else ""
+        entries.append((path, label, split))
+    return ImageFolder(root, entries, [size for _, size in found])
+
+
+def folder_schema(folder: ImageFolder) -> Schema:
+    features = [
+        Feature("image", DType.IMAGE, column="path", nulls=NullPolicy.REQUIRED),
+        Feature("label", DType.STRING, nulls=NullPolicy.REQUIRED),
+        Feature("label_id", DType.INT64, nulls=NullPolicy.REQUIRED,
+                description="index of label in the sorted label vocabulary (metadata: labels)"),
+    ]
+    if folder.splits:
+        features.append(Feature("split", DType.STRING, nulls=NullPolicy.REQUIRED))
+    return Schema(tuple(features), origin="image folder",
+                  notes=(f"labels from parent folder names: {len(folder.labels)} labels",))
+
+
+class _FolderBatchFn(beam.DoFn):
+    def __init__(self, root: str, labels: list[str]) -> None:
+        self._root = root
+        self._labels = labels
+
+    def setup(self) -> None:
+        self._ids = {label: i for i, label in enumerate(self._labels)}
+
+    def process(self, chunk: tuple[int, list[tuple[str, str, str]]]) -> Iterator[SourceBatch]:
+        first, entries = chunk
+        batch = pa.RecordBatch.from_pydict({
+            "path": pa.array([e[0] for e in entries], pa.string()),
+            "label": pa.array([e[1] for e in entries], pa.string()),
+            "label_id": pa.array([self._ids[e[1]] for e in entries], pa.int64()),
+            "split": pa.array([e[2] for e in entries], pa.string()),
+        })
+        yield SourceBatch(self._root, first, batch)
+
+
+class ReadImageFolder(beam.PTransform):
+    """Images under a folder as record batches of (path, label, label_id, split).
+
+    In: a PBegin. Out: {"batches": `SourceBatch`es of images' paths and labels (bounded in count
+    and in file bytes),
+    "unreadable": empty}. Labels are parent folder names, ids index the sorted label list; a
+    top-level train/eval/validation/test folder gives the split. The image bytes are read by
+    ToExamples, on the workers, through Beam's filesystems.
+    """
+
+    def __init__(
+        self, folder: ImageFolder, *, batch_size: int = 256, batch_bytes: int = 64 << 20
+    ) -> None:
+        super().__init__()
+        self._folder = folder
+        self._batch_size = batch_size
+        self._batch_bytes = batch_bytes
+
+    def _chunks(self) -> list[tuple[int, list[tuple[str, str, str]]]]:
+        """At most `batch_size` images and about `batch_bytes` of files per batch."""
+        chunks: list[tuple[int, list[tuple[str, str, str]]]] = []
+        start, size = 0, 0
+        entries, sizes = self._folder.entries, self._folder.sizes
+        for i, file_size in enumerate(sizes):
+            if i > start and (i - start >= self._batch_size or size + file_size > self._batch_bytes):
+                chunks.append((start, entries[start:i]))
+                start, size = i, 0
+            size += file_size
+        chunks.append((start, entries[start:]))
+        return chunks
+
+    def expand(self, pbegin: beam.pvalue.PBegin) -> dict[str, beam.PCollection]:
+        chunks = self._chunks()
+        batches = (
+            pbegin
+            # (first row, [(path, label, split)]): file names only
+            | "Files" >> beam.Create(chunks)
+            | "Spread" >> beam.Reshuffle()
+            | "Read" >> beam.ParDo(_FolderBatchFn(self._folder.root, self._folder.labels))
+        )
+        unreadable = pbegin | "NoUnreadable" >> beam.Create([], reshuffle=False)
+        return {"batches": batches, UNREADABLE: unreadable}
