@@ -51,6 +51,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--memory_rows", type=int, default=5_000_000,
                         help="rows of the flat-memory check (0 to skip)")
+    parser.add_argument("--images", type=int, default=10_000,
+                        help="small PNGs in the image-folder comparison (0 to skip)")
     parser.add_argument("--only", default=None, help="comma-separated approach keys to run")
     parser.add_argument("--workdir", default="bench/out")
     args = parser.parse_args()
@@ -84,6 +86,18 @@ def main() -> None:
                   ["recordforge", source, f"{w}/rf_2w", n, "--schema", schema,
                    "--direct_running_mode", "multi_processing", "--direct_num_workers", "2"]),
     }
+    if args.images:
+        folder = os.path.join(w, f"mnist-{args.images}")
+        if not os.path.exists(folder):
+            from recordforge.sampledata import mnist_folder
+
+            mnist_folder(folder + ".tmp", per_class=max(1, args.images * 5 // 60))
+            os.replace(folder + ".tmp", folder)
+        runs["tutorial_images"] = (
+            "tutorial images: per file read + tf.io.decode_png + Example",
+            ["tutorial_images", folder, f"{w}/tutorial_images", str(10**9)])
+        runs["rf_images"] = ("recordforge --format images (folder of small PNGs)",
+                             ["recordforge", folder, f"{w}/rf_images", "0", "--format", "images"])
     if args.only:
         runs = {k: v for k, v in runs.items() if k in args.only.split(",") or k == "tutorial"}
     print(f"machine: {platform.machine()}, {os.cpu_count()} cores, Python "
@@ -100,6 +114,9 @@ def main() -> None:
     rf = results.get("rf", (None, None))[1]
     if rf and "rf_2w" in results:
         print(f"\n2 workers vs 1: {results['rf_2w'][1]['rows_per_s'] / rf['rows_per_s']:.2f}x")
+    if "rf_images" in results:
+        ratio = results["rf_images"][1]["rows_per_s"] / results["tutorial_images"][1]["rows_per_s"]
+        print(f"Images: recordforge vs the tutorial per-image approach: {ratio:.1f}x")
     if rf and "rf_csv" in results:
         print(f"Parquet vs CSV throughput: {rf['rows_per_s'] / results['rf_csv'][1]['rows_per_s']:.2f}x")
     if rf and args.memory_rows:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import posixpath
+import struct
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -18,7 +19,7 @@ from apache_beam.io.filesystems import FileSystems
 __all__ = ["ImageOptions", "ImageResult", "load_images", "process_image", "resolve"]
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".gif", ".bmp", ".webp")
-_THREADS = 16  # file reads are I/O: overlap them (GCS latency is tens of milliseconds)
+_THREADS = 16  # remote reads are I/O: overlap them (GCS latency is tens of milliseconds)
 
 
 @dataclass(frozen=True)
@@ -81,12 +82,70 @@ def _complete(data: bytes, fmt: str) -> bool:
     return True
 
 
+_PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+_PNG_CHANNELS = {0: 1, 2: 3, 4: 2, 6: 4}  # color type -> channels (3, palette, decided below)
+
+
+def _png_header(data: bytes) -> ImageResult | None:
+    """Width, height and channels from IHDR (and tRNS for palettes), without Pillow."""
+    if not data.startswith(_PNG_SIGNATURE) or data[12:16] != b"IHDR" or len(data) < 33:
+        return None
+    width, height = struct.unpack(">II", data[16:24])
+    color_type = data[25]
+    if color_type == 3:
+        pos, channels = 8, 3
+        while pos + 8 <= len(data):  # chunks before the image data: is there a tRNS?
+            length = struct.unpack(">I", data[pos : pos + 4])[0]
+            kind = data[pos + 4 : pos + 8]
+            if kind == b"tRNS":
+                channels = 4
+            if kind in (b"IDAT", b"IEND"):
+                break
+            pos += 12 + length
+    elif color_type in _PNG_CHANNELS:
+        channels = _PNG_CHANNELS[color_type]
+    else:
+        return None
+    return ImageResult(data, height, width, channels, "png")
+
+
+def _jpeg_header(data: bytes) -> ImageResult | None:
+    """Height, width and components from the first SOF marker, without Pillow."""
+    if not data.startswith(b"\xff\xd8"):
+        return None
+    pos = 2
+    while pos + 4 <= len(data):
+        if data[pos] != 0xFF:
+            return None
+        marker = data[pos + 1]
+        if marker in (0xD8, 0x01) or 0xD0 <= marker <= 0xD7:
+            pos += 2
+            continue
+        length = struct.unpack(">H", data[pos + 2 : pos + 4])[0]
+        if 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC):
+            if pos + 10 > len(data):
+                return None
+            height, width = struct.unpack(">HH", data[pos + 5 : pos + 9])
+            components = data[pos + 9]
+            return ImageResult(data, height, width, 1 if components == 1 else 3, "jpeg")
+        pos += 2 + length
+    return None
+
+
 def process_image(data: bytes, opts: ImageOptions) -> ImageResult:
     """Header values and the bytes to write; raises ValueError for anything not a whole image."""
     from PIL import Image
 
     if not data:
         raise ValueError("empty file")
+    if opts.encode is None:
+        # The common case, original bytes kept: PNG and JPEG headers are read directly (a few
+        # microseconds); the end-of-file check still catches truncation.
+        fast = _png_header(data) or _jpeg_header(data)
+        if fast is not None:
+            if not _complete(data, fast.format.upper()):
+                raise ValueError(f"truncated {fast.format.upper()} file")
+            return fast
     try:
         im = Image.open(io.BytesIO(data))
         fmt = im.format or "UNKNOWN"
@@ -141,6 +200,12 @@ def load_images(
     todo = [(i, v) for i, v in enumerate(items) if v is not None]
     out: list[ImageResult | str | None] = [None] * len(items)
     if not todo:
+        return out
+    remote = any(isinstance(v, str) and "://" in resolve(v, base_dir) for _, v in todo[:1])
+    if not remote:
+        # Local files: threads only add GIL contention (measured 3x slower); read in order.
+        for i, v in todo:
+            out[i] = _load_one(v, base_dir, opts)
         return out
     with ThreadPoolExecutor(max_workers=min(_THREADS, len(todo))) as pool:
         results = pool.map(lambda iv: _load_one(iv[1], base_dir, opts), todo)

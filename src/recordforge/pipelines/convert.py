@@ -102,7 +102,9 @@ def build(pipeline: beam.Pipeline, config: ConvertConfig) -> beam.PCollection[st
     if REJECTED in source:
         rejected.append(source[REJECTED])
     rejected_lines = rejected | "AllRejected" >> beam.Flatten()
-    _ = rejected_lines | "WriteRejected" >> WriteRejected(config.output)
+    if not config.strict:
+        # Strict runs fail at the first bad row, so there is never a rejected row to write.
+        _ = rejected_lines | "WriteRejected" >> WriteRejected(config.output)
     shards = encoded.examples | "WriteTFRecords" >> WriteTFRecords(
         config.output, compression=compression,
         num_shards=config.num_shards or (1 if config.deterministic else 0),

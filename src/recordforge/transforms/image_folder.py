@@ -29,10 +29,15 @@ class ImageFolder:
 
 
 def list_image_folder(root: str) -> ImageFolder:
-    """Lists at construction (names only, never contents); no image found is an error."""
+    """Lists names only, never contents; no image found is an error. Called at construction (for
+    the labels and to fail early) and again on a worker, so the listing is not in the job graph."""
     from apache_beam.io.filesystems import FileSystems
 
     root = root.rstrip("/")
+    if "://" not in root:
+        import os
+
+        root = os.path.abspath(root)  # listed paths are then absolute, never re-resolved
     matches = FileSystems.match([f"{root}/**"])[0].metadata_list
     found = sorted((m.path, m.size_in_bytes) for m in matches
                    if m.path.lower().endswith(IMAGE_EXTENSIONS))
@@ -47,6 +52,19 @@ def list_image_folder(root: str) -> ImageFolder:
     return ImageFolder(root, entries, [size for _, size in found])
 
 
+def chunk_entries(
+    folder: ImageFolder, batch_size: int, batch_bytes: int
+) -> Iterator[tuple[int, list[tuple[str, str, str]]]]:
+    """(first row, entries): at most `batch_size` images and about `batch_bytes` of files each."""
+    start, size = 0, 0
+    for i, file_size in enumerate(folder.sizes):
+        if i > start and (i - start >= batch_size or size + file_size > batch_bytes):
+            yield start, folder.entries[start:i]
+            start, size = i, 0
+        size += file_size
+    yield start, folder.entries[start:]
+
+
 def folder_schema(folder: ImageFolder) -> Schema:
     features = [
         Feature("image", DType.IMAGE, column="path", nulls=NullPolicy.REQUIRED),
@@ -58,6 +76,21 @@ def folder_schema(folder: ImageFolder) -> Schema:
         features.append(Feature("split", DType.STRING, nulls=NullPolicy.REQUIRED))
     return Schema(tuple(features), origin="image folder",
                   notes=(f"labels from parent folder names: {len(folder.labels)} labels",))
+
+
+class _ListFolderFn(beam.DoFn):
+    def __init__(self, expected: int, batch_size: int, batch_bytes: int) -> None:
+        self._expected = expected
+        self._batch_size = batch_size
+        self._batch_bytes = batch_bytes
+
+    def process(self, root: str) -> Iterator[tuple[int, list[tuple[str, str, str]]]]:
+        folder = list_image_folder(root)
+        if len(folder.entries) != self._expected:
+            # Rows would be numbered against a different listing than the one checked at launch.
+            raise SourceError(f"{root}: {len(folder.entries)} images now, {self._expected} when "
+                              "the pipeline was built; the folder changed during the run")
+        yield from chunk_entries(folder, self._batch_size, self._batch_bytes)
 
 
 class _FolderBatchFn(beam.DoFn):
@@ -97,25 +130,13 @@ class ReadImageFolder(beam.PTransform):
         self._batch_size = batch_size
         self._batch_bytes = batch_bytes
 
-    def _chunks(self) -> list[tuple[int, list[tuple[str, str, str]]]]:
-        """At most `batch_size` images and about `batch_bytes` of files per batch."""
-        chunks: list[tuple[int, list[tuple[str, str, str]]]] = []
-        start, size = 0, 0
-        entries, sizes = self._folder.entries, self._folder.sizes
-        for i, file_size in enumerate(sizes):
-            if i > start and (i - start >= self._batch_size or size + file_size > self._batch_bytes):
-                chunks.append((start, entries[start:i]))
-                start, size = i, 0
-            size += file_size
-        chunks.append((start, entries[start:]))
-        return chunks
-
     def expand(self, pbegin: beam.pvalue.PBegin) -> dict[str, beam.PCollection]:
-        chunks = self._chunks()
         batches = (
             pbegin
+            | "Root" >> beam.Create([self._folder.root])
+            | "List" >> beam.ParDo(_ListFolderFn(len(self._folder.entries), self._batch_size,
+                                                 self._batch_bytes))
             # (first row, [(path, label, split)]): file names only
-            | "Files" >> beam.Create(chunks)
             | "Spread" >> beam.Reshuffle()
             | "Read" >> beam.ParDo(_FolderBatchFn(self._folder.root, self._folder.labels))
         )
