@@ -18,7 +18,7 @@ _LABELS = {
     "source": ("Input file pattern", r"^\S+$"),
     "output": ("Output folder", r"^\S+$"),
     "schema": ("Schema file (YAML or TFMD schema.pbtxt)", r"^\S+$"),
-    "format": ("Source format", "^(parquet|csv)$"),
+    "format": ("Source format", "^(parquet|csv|images)$"),
     "compression": ("Shard compression", "^(gzip|zlib|none)$"),
     "num_shards": ("Number of shards", "^[0-9]+$"),
     "compression_level": ("Deflate level", "^[0-3]$"),
