@@ -14,7 +14,15 @@ import statistics
 import subprocess
 import sys
 
-from bench.table import ensure_csv, ensure_table
+
+def ensure_table(path: str, rows: int) -> str:
+    subprocess.run([sys.executable, "-m", "bench.table", "parquet", path, str(rows)], check=True)
+    return path
+
+
+def ensure_csv(parquet: str, csv: str) -> str:
+    subprocess.run([sys.executable, "-m", "bench.table", "csv", parquet, csv], check=True)
+    return csv
 
 
 def _run_child(args: list[str]) -> dict:
@@ -63,12 +71,8 @@ def main() -> None:
     # Both formats convert with the same schema, so that their outputs are the same records.
     schema = os.path.join(w, "bench-schema.yaml")
     if not os.path.exists(schema):
-        import pyarrow.parquet as pq
-
-        from recordforge.schemas import dump_schema, infer_schema
-
-        with open(schema, "w") as f:
-            f.write(dump_schema(infer_schema(pq.read_schema(source))))
+        subprocess.run([sys.executable, "-m", "recordforge", "infer-schema", "--narrow_float64",
+                        source], check=True, stdout=open(schema, "w"))
     n, b = str(args.rows), str(args.baseline_rows)
     runs = {
         "tutorial": ("tutorial: per-row tf.train.Example + TFRecordWriter, GZIP",
@@ -89,9 +93,9 @@ def main() -> None:
     if args.images:
         folder = os.path.join(w, f"mnist-{args.images}")
         if not os.path.exists(folder):
-            from recordforge.sampledata import mnist_folder
-
-            mnist_folder(folder + ".tmp", per_class=max(1, args.images * 5 // 60))
+            subprocess.run([sys.executable, "-c", "import sys; from recordforge.sampledata import "
+                            "mnist_folder; mnist_folder(sys.argv[1], per_class=int(sys.argv[2]))",
+                            folder + ".tmp", str(max(1, args.images * 5 // 60))], check=True)
             os.replace(folder + ".tmp", folder)
         runs["tutorial_images"] = (
             "tutorial images: per file read + tf.io.decode_png + Example",

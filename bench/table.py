@@ -69,3 +69,14 @@ def ensure_csv(parquet_path: str, csv_path: str) -> str:
     pacsv.write_csv(pa.table(columns), tmp)
     os.replace(tmp, csv_path)
     return csv_path
+
+
+if __name__ == "__main__":
+    # `python -m bench.table parquet PATH ROWS` or `... csv PARQUET CSV`: run as a subprocess so
+    # that the benchmark's parent process stays small (forked children inherit its peak RSS).
+    import sys
+
+    if sys.argv[1] == "parquet":
+        ensure_table(sys.argv[2], int(sys.argv[3]))
+    else:
+        ensure_csv(sys.argv[2], sys.argv[3])

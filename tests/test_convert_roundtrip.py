@@ -14,6 +14,7 @@ import pytest
 import yaml
 from conftest import assert_beam_reads, read_with_tf
 
+import recordforge
 from recordforge.pipelines.config import ConvertConfig
 from recordforge.pipelines.convert import build
 
@@ -156,6 +157,9 @@ def _check_output(output: str, expected: dict[int, dict[str, list]], compression
     for name, entry in spec.items():
         if entry["kind"] == "FixedLenFeature":
             assert np.shape(next(iter(read_with_tf(output)))[name]) == tuple(entry["shape"])
+
+    # Reader 3: recordforge verify (CRCs of every record, parse with the spec, counts, checksums).
+    assert recordforge.verify(output) == []
 
 
 @pytest.mark.parametrize(("compression", "sink"), [
