@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import struct
-from collections.abc import Iterator
+import zlib
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,6 +18,9 @@ from apache_beam.io.filesystems import FileSystems
 
 __all__ = [
     "Compression",
+    "CorruptRecord",
+    "detect_compression",
+    "read_records",
     "ShardInfo",
     "frame_records",
     "iter_records",
@@ -25,6 +29,7 @@ __all__ = [
 ]
 
 _MASK_DELTA = 0xA282EAD8
+_READ_CHUNK = 4 << 20
 
 
 class Compression:
@@ -108,26 +113,99 @@ def frame_records(records: pa.Array) -> pa.Array:
     )
 
 
+class CorruptRecord(ValueError):
+    """A record whose framing or CRC is wrong; `offset` is its byte offset in the decompressed
+    stream."""
+
+    def __init__(self, path: str, offset: int, what: str) -> None:
+        self.path = path
+        self.offset = offset
+        super().__init__(f"{path}: {what} at byte {offset}")
+
+def detect_compression(path: str) -> str:
+    """"gzip", "zlib" or "none", from the first bytes (the suffix is not trusted)."""
+    with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
+        head = f.read(16)
+    if head[:2] == b"\x1f\x8b":
+        return "gzip"
+    if len(head) >= 2 and head[0] & 0x0F == 8 and (head[0] << 8 | head[1]) % 31 == 0:
+        # A zlib header. An uncompressed TFRecord starts with a little-endian length instead;
+        # tell them apart by the length's CRC.
+        if len(head) >= 12 and struct.unpack("<I", head[8:12])[0] == masked_crc32c(head[:8]):
+            return "none"
+        return "zlib"
+    return "none"
+
+def _chunks(
+    path: str, compression: str, on_raw: Callable[[bytes], None] | None = None
+) -> Iterator[bytes]:
+    inflate = None
+    if compression != "none":
+        inflate = zlib.decompressobj(47 if compression == "gzip" else 15)
+    with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
+        while raw := f.read(_READ_CHUNK):
+            if on_raw is not None:
+                on_raw(raw)
+            yield inflate.decompress(raw) if inflate else raw
+            while inflate and inflate.unused_data:  # concatenated gzip members
+                rest = inflate.unused_data
+                inflate = zlib.decompressobj(47)
+                yield inflate.decompress(rest)
+    if inflate:
+        yield inflate.flush()
+
+class _Stream:
+    """Bytes from an iterator of chunks, read by length, with the offset of what comes next."""
+
+    def __init__(self, chunks: Iterator[bytes]) -> None:
+        self._chunks = chunks
+        self._buf = b""
+        self._pos = 0
+        self.offset = 0
+
+    def read(self, n: int) -> bytes:
+        while len(self._buf) - self._pos < n:
+            more = next(self._chunks, None)
+            if more is None:
+                break
+            self._buf = self._buf[self._pos :] + more
+            self._pos = 0
+        out = self._buf[self._pos : self._pos + n]
+        self._pos += len(out)
+        self.offset += len(out)
+        return out
+
+
+def read_records(
+    path: str, compression: str | None = None, *, check_crc: bool = True,
+    on_raw: Callable[[bytes], None] | None = None,
+) -> Iterator[tuple[int, bytes]]:
+    """(offset, record) for each record, streaming in bounded memory. Raises CorruptRecord at the
+    first bad frame or CRC, naming its offset. `on_raw` sees the file's bytes as read (to hash)."""
+    stream = _Stream(_chunks(path, compression or detect_compression(path), on_raw))
+    while True:
+        offset = stream.offset
+        head = stream.read(12)
+        if not head:
+            return
+        if len(head) < 12:
+            raise CorruptRecord(path, offset, "truncated record header")
+        (length,) = struct.unpack("<Q", head[:8])
+        if check_crc and struct.unpack("<I", head[8:])[0] != masked_crc32c(head[:8]):
+            raise CorruptRecord(path, offset, "corrupt length (CRC mismatch)")
+        body = stream.read(length + 4)
+        if len(body) < length + 4:
+            raise CorruptRecord(path, offset, "truncated record")
+        data = body[:length]
+        if check_crc and struct.unpack("<I", body[length:])[0] != masked_crc32c(data):
+            raise CorruptRecord(path, offset, "corrupt data (CRC mismatch)")
+        yield offset, data
+
+
 def iter_records(path: str, compression: str, *, check_crc: bool = False) -> Iterator[bytes]:
     """Yields the records of one TFRecord file (any Beam filesystem)."""
-    with FileSystems.open(path, compression_type=Compression.beam(compression)) as f:
-        offset = 0
-        while True:
-            head = f.read(12)
-            if not head:
-                return
-            if len(head) < 12:
-                raise ValueError(f"{path}: truncated record header at byte {offset}")
-            (length,) = struct.unpack("<Q", head[:8])
-            if check_crc and struct.unpack("<I", head[8:])[0] != masked_crc32c(head[:8]):
-                raise ValueError(f"{path}: corrupt length CRC at byte {offset}")
-            body = f.read(length + 4)
-            if len(body) < length + 4:
-                raise ValueError(f"{path}: truncated record at byte {offset}")
-            if check_crc and struct.unpack("<I", body[length:])[0] != masked_crc32c(body[:length]):
-                raise ValueError(f"{path}: corrupt data CRC at byte {offset}")
-            offset += 16 + length
-            yield body[:length]
+    for _, record in read_records(path, compression, check_crc=check_crc):
+        yield record
 
 
 @dataclass(frozen=True)

@@ -3,13 +3,10 @@
 from __future__ import annotations
 
 import io
-import json
 import math
 from typing import Any
 
-from apache_beam.io.filesystems import FileSystems
-
-from recordforge.tools.records import detect_compression, parse_example, read_records
+from recordforge.tools.records import parse_example, read_records, record_files
 
 __all__ = ["image_grid"]
 
@@ -29,15 +26,8 @@ def _is_image(value: bytes) -> bool:
 
 
 def _records(path: str, n: int) -> list[dict[str, tuple[str, list[Any]]]]:
-    out = path.rstrip("/")
-    if FileSystems.exists(f"{out}/metadata.json"):
-        with FileSystems.open(f"{out}/metadata.json") as f:
-            meta = json.loads(f.read())
-        files = [(f"{out}/{s['file']}", meta["compression"]) for s in meta["shards"]]
-    else:
-        files = [(out, detect_compression(out))]
     records = []
-    for file, compression in files:
+    for file, compression in record_files(path):
         for _, raw in read_records(file, compression):
             records.append(parse_example(raw))
             if len(records) >= n:

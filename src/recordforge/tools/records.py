@@ -3,110 +3,29 @@ their byte offsets and CRC checks, and a feature spec inferred from a sample."""
 
 from __future__ import annotations
 
-import struct
-import zlib
-from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
-from recordforge.tfrecord import masked_crc32c
+from recordforge.tfrecord import CorruptRecord, detect_compression, read_records
 
 __all__ = ["CorruptRecord", "FeatureSummary", "detect_compression", "infer_feature_spec",
-           "parse_example", "read_records"]
+           "parse_example", "read_records", "record_files"]
 
 _CHUNK = 4 << 20
 
-class CorruptRecord(ValueError):
-    """A record whose framing or CRC is wrong; `offset` is its byte offset in the decompressed
-    stream."""
+def record_files(path: str) -> list[tuple[str, str]]:
+    """(file, compression) of every shard of an output folder, or of one TFRecord file."""
+    out = path.rstrip("/")
+    if FileSystems.exists(f"{out}/metadata.json"):
+        import json
 
-    def __init__(self, path: str, offset: int, what: str) -> None:
-        self.path = path
-        self.offset = offset
-        super().__init__(f"{path}: {what} at byte {offset}")
+        with FileSystems.open(f"{out}/metadata.json") as f:
+            meta = json.loads(f.read())
+        return [(f"{out}/{s['file']}", meta["compression"]) for s in meta["shards"]]
+    return [(out, detect_compression(out))]
 
-def detect_compression(path: str) -> str:
-    """"gzip", "zlib" or "none", from the first bytes (the suffix is not trusted)."""
-    with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
-        head = f.read(16)
-    if head[:2] == b"\x1f\x8b":
-        return "gzip"
-    if len(head) >= 2 and head[0] & 0x0F == 8 and (head[0] << 8 | head[1]) % 31 == 0:
-        # A zlib header. An uncompressed TFRecord starts with a little-endian length instead;
-        # tell them apart by the length's CRC.
-        if len(head) >= 12 and struct.unpack("<I", head[8:12])[0] == masked_crc32c(head[:8]):
-            return "none"
-        return "zlib"
-    return "none"
-
-def _chunks(
-    path: str, compression: str, on_raw: Callable[[bytes], None] | None = None
-) -> Iterator[bytes]:
-    inflate = None
-    if compression != "none":
-        inflate = zlib.decompressobj(47 if compression == "gzip" else 15)
-    with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
-        while raw := f.read(_CHUNK):
-            if on_raw is not None:
-                on_raw(raw)
-            yield inflate.decompress(raw) if inflate else raw
-            while inflate and inflate.unused_data:  # concatenated gzip members
-                rest = inflate.unused_data
-                inflate = zlib.decompressobj(47)
-                yield inflate.decompress(rest)
-    if inflate:
-        yield inflate.flush()
-
-def read_records(
-    path: str, compression: str | None = None, *, check_crc: bool = True,
-    on_raw: Callable[[bytes], None] | None = None,
-) -> Iterator[tuple[int, bytes]]:
-    """(offset, record) for each record, streaming in bounded memory. Raises CorruptRecord at the
-    first bad frame or CRC, naming its offset. `on_raw` sees the file's bytes as read (to hash)."""
-    compression = compression or detect_compression(path)
-    buf = b""
-    pos = 0  # offset in `buf`
-    base = 0  # stream offset of buf[0]
-    chunks = _chunks(path, compression, on_raw)
-    done = False
-    while True:
-        if len(buf) - pos < 12 and not done:
-            more = next(chunks, None)
-            if more is None:
-                done = True
-            else:
-                buf = buf[pos:] + more
-                base += pos
-                pos = 0
-                continue
-        if len(buf) - pos == 0 and done:
-            return
-        if len(buf) - pos < 12:
-            raise CorruptRecord(path, base + pos, "truncated record header")
-        head = buf[pos : pos + 12]
-        (length,) = struct.unpack("<Q", head[:8])
-        if check_crc and struct.unpack("<I", head[8:])[0] != masked_crc32c(head[:8]):
-            raise CorruptRecord(path, base + pos, "corrupt length (CRC mismatch)")
-        end = pos + 16 + length
-        while len(buf) < end and not done:
-            more = next(chunks, None)
-            if more is None:
-                done = True
-            else:
-                buf = buf[pos:] + more
-                base += pos
-                end -= pos
-                pos = 0
-        if len(buf) < end:
-            raise CorruptRecord(path, base + pos, "truncated record")
-        data = buf[pos + 12 : end - 4]
-        if check_crc and struct.unpack("<I", buf[end - 4 : end])[0] != masked_crc32c(data):
-            raise CorruptRecord(path, base + pos, "corrupt data (CRC mismatch)")
-        yield base + pos, data
-        pos = end
 
 def parse_example(raw: bytes) -> dict[str, tuple[str, list[Any]]]:
     """{feature: (kind, values)} with kind "int64", "float" or "bytes", using protobuf only."""

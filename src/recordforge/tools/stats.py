@@ -3,17 +3,15 @@
 from __future__ import annotations
 
 import html
-import json
 import math
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from apache_beam.io.filesystems import FileSystems
 
 from recordforge.tools.progress import Progress
-from recordforge.tools.records import detect_compression, parse_example, read_records
+from recordforge.tools.records import parse_example, read_records, record_files
 
 __all__ = ["FeatureStats", "format_stats", "stats", "stats_html"]
 
@@ -79,13 +77,7 @@ class FeatureStats:
 
 def stats(path: str) -> dict[str, Any]:
     """Statistics of every record of a bundle (all shards) or of one TFRecord file."""
-    out = path.rstrip("/")
-    if FileSystems.exists(f"{out}/metadata.json"):
-        with FileSystems.open(f"{out}/metadata.json") as f:
-            meta = json.loads(f.read())
-        files = [(f"{out}/{s['file']}", meta["compression"]) for s in meta["shards"]]
-    else:
-        files = [(out, detect_compression(out))]
+    files = record_files(path)
     per: dict[str, FeatureStats] = {}
     records = 0
     progress = Progress("stats", len(files))
@@ -100,7 +92,7 @@ def stats(path: str) -> dict[str, Any]:
     progress.done()
     for s in per.values():
         s.finish()
-    return {"path": out, "records": records, "features": dict(sorted(per.items()))}
+    return {"path": path.rstrip("/"), "records": records, "features": dict(sorted(per.items()))}
 
 
 def format_stats(result: dict[str, Any]) -> str:
