@@ -39,6 +39,8 @@ class ConvertConfig:
     max_rejected_fraction: float = 0.0
     skip_unreadable_files: bool = False
     overwrite: bool = False
+    span: str | None = None
+    if_changed: bool = False
     command: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
@@ -70,6 +72,13 @@ class ConvertConfig:
             return self.compression
         return "none" if has_images else "gzip"
 
+    def settings(self) -> dict[str, object]:
+        """What, besides inputs and schema, decides the output's bytes (for --if_changed)."""
+        return {k: getattr(self, k) for k in (
+            "source_format", "compression", "num_shards", "batch_size", "sink",
+            "compression_level", "deterministic", "max_rejected", "max_rejected_fraction",
+            "skip_unreadable_files")}
+
     @property
     def strict(self) -> bool:
         """No bad row allowed: the first one fails the job where it is found."""
@@ -92,5 +101,7 @@ class ConvertConfig:
             max_rejected_fraction=opts.max_rejected_fraction,
             skip_unreadable_files=opts.skip_unreadable_files,
             overwrite=opts.overwrite,
+            span=opts.span,
+            if_changed=opts.if_changed,
             command=command,
         )

@@ -12,6 +12,7 @@ The data's path, in order:
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import sys
@@ -60,22 +61,15 @@ DEFAULT_RUNNER = "apache_beam.runners.portability.fn_api_runner.FnApiRunner"
 def build(pipeline: beam.Pipeline, config: ConvertConfig) -> beam.PCollection[str]:
     """Adds the conversion to `pipeline`; returns a PCollection holding the output path once the
     bundle is published. Input patterns and the schema are resolved now, not at run time."""
-    folder = None
+    inputs = resolve_inputs(config)
+    files, fmt, plan, folder = inputs.files, inputs.fmt, inputs.plan, inputs.folder
     extra: dict[str, Any] = {}
-    if config.source_format == "images" and format_from_path(config.sources[0]) is None:
-        # A folder of images: labels from folder names.
-        folder = list_image_folder(config.sources[0])
-        files = [FileInfo(folder.root, sum(folder.sizes))]
-        fmt = "images"
-        plan = compile_schema(load_schema(config.schema_path) if config.schema_path
-                              else folder_schema(folder))
+    if folder is not None:
         extra = {"labels": folder.labels, "splits": folder.splits, "images": len(folder.entries)}
-    else:
-        files = expand_patterns(config.sources)
-        fmt = _detect_format(files[0].path) if config.source_format in (None, "images") \
-            else config.source_format
-        plan = resolve_plan(config, fmt, files[0].path)
     dataflow_preflight(pipeline.options, config, files)
+    extra["input_fingerprint"] = input_fingerprint(files, plan, config)
+    if config.span:
+        extra["span"] = config.span
     compression = config.resolved_compression(any(f.is_image for f in plan.features))
     columns = list(plan.schema.source_columns)
     if folder is not None:
@@ -116,7 +110,7 @@ def build(pipeline: beam.Pipeline, config: ConvertConfig) -> beam.PCollection[st
         output=config.output,
         plan=plan,
         source_format=fmt,
-        sources=tuple((f.path, f.size) for f in files),
+        sources=tuple((f.path, f.size, f.modified) for f in files),
         compression=compression,
         command=config.command,
         extra=extra,
@@ -152,6 +146,76 @@ def dataflow_preflight(options: PipelineOptions, config: ConvertConfig, files: l
     _LOGGER.warning(
         "Dataflow job input: %d files, %.1f MB in all", len(files), total / 1e6
     )
+
+
+@dataclasses.dataclass(frozen=True)
+class Inputs:
+    """The inputs as resolved at construction: files, format, plan, and an image folder."""
+
+    files: list[FileInfo]
+    fmt: str
+    plan: Plan
+    folder: Any = None
+
+
+def resolve_inputs(config: ConvertConfig) -> Inputs:
+    """Expands the patterns (no match is an error) and compiles the declared or inferred schema."""
+    if config.source_format == "images" and format_from_path(config.sources[0]) is None:
+        # A folder of images: labels from folder names.
+        folder = list_image_folder(config.sources[0])
+        plan = compile_schema(load_schema(config.schema_path) if config.schema_path
+                              else folder_schema(folder))
+        return Inputs([FileInfo(folder.root, sum(folder.sizes))], "images", plan, folder)
+    files = expand_patterns(config.sources)
+    fmt = _detect_format(files[0].path) if config.source_format in (None, "images") \
+        else config.source_format
+    return Inputs(files, fmt, resolve_plan(config, fmt, files[0].path))
+
+
+def input_fingerprint(files: list[FileInfo], plan: Plan, config: ConvertConfig) -> str:
+    """Inputs (path, size, modification time), schema and settings: equal fingerprints mean the
+    same output, so --if_changed can skip the run."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for f in sorted(files, key=lambda f: f.path):
+        digest.update(f"{f.path}\0{f.size}\0{f.modified}\n".encode())
+    digest.update(plan.fingerprint.encode())
+    digest.update(json.dumps(config.settings(), sort_keys=True).encode())
+    return digest.hexdigest()
+
+
+def _with_span(config: ConvertConfig) -> ConvertConfig:
+    """Resolves {YYYY}/{MM}/{DD}/{SPAN} in --source and --output to one span."""
+    import dataclasses
+
+    from recordforge.pipelines.spans import has_tokens, resolve_span, substitute
+
+    if not any(has_tokens(p) for p in (*config.sources, config.output)):
+        if config.span:
+            raise RecordForgeError("--span given, but no pattern has {YYYY}, {MM}, {DD} or {SPAN}")
+        return config
+    span = resolve_span([p for p in config.sources if has_tokens(p)], config.span or "latest")
+    _LOGGER.warning("span %s: %s", span.label(), span.values)
+    return dataclasses.replace(
+        config,
+        sources=tuple(substitute(p, span) for p in config.sources),
+        output=substitute(config.output, span),
+        span=span.label(),
+    )
+
+
+def _unchanged(config: ConvertConfig) -> dict[str, Any] | None:
+    """The published metadata when --if_changed finds nothing to do."""
+    out = config.output.rstrip("/")
+    if not FileSystems.exists(f"{out}/{SUCCESS}"):
+        return None
+    with FileSystems.open(f"{out}/{METADATA}") as f:
+        meta = json.loads(f.read())
+    inputs = resolve_inputs(config)
+    if meta.get("input_fingerprint") == input_fingerprint(inputs.files, inputs.plan, config):
+        return meta
+    return None
 
 
 def _detect_format(path: str) -> str:
@@ -252,7 +316,14 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
     """Parses flags, runs the conversion, returns the published metadata."""
     argv = list(sys.argv[1:] if argv is None else argv)
     options = _pipeline_options(argv)
-    config = ConvertConfig.from_options(options.view_as(ConvertOptions), tuple(argv))
+    config = _with_span(ConvertConfig.from_options(options.view_as(ConvertOptions), tuple(argv)))
+    if config.if_changed:
+        published = _unchanged(config)
+        if published is not None:
+            _LOGGER.warning("%s is up to date (same inputs, schema and settings): nothing to do",
+                            config.output)
+            return {**published, "skipped": True}
+        config = dataclasses.replace(config, overwrite=True)  # rebuild what changed
     _prepare_output(config)
     with beam.Pipeline(options=options) as pipeline:
         build(pipeline, config)

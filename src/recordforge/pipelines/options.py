@@ -84,6 +84,16 @@ class ConvertOptions(PipelineOptions):
             help="List unreadable input files in metadata.json instead of failing the job.",
         )
         parser.add_argument(
+            "--span", default=None,
+            help="For patterns (and --output) with {YYYY}, {MM}, {DD} or {SPAN}: latest (default "
+            "when tokens are present), a date YYYY-MM-DD, or a span number.",
+        )
+        parser.add_argument(
+            "--if_changed", type=_bool, nargs="?", const=True, default=False,
+            help="Skip the run when the published output was built from the same inputs (paths, "
+            "sizes, modification times), schema and settings; rebuild it otherwise.",
+        )
+        parser.add_argument(
             "--overwrite", type=_bool, nargs="?", const=True, default=False,
             help="Replace a dataset already published at --output.",
         )

@@ -39,12 +39,25 @@ class BundleSpec:
     output: str
     plan: Plan
     source_format: str
-    sources: tuple[tuple[str, int], ...]  # (path, size in bytes)
+    sources: tuple[tuple[str, int, float], ...]  # (path, size in bytes, modified)
     compression: str
     command: tuple[str, ...] = ()
     max_rejected: int = 0
     max_rejected_fraction: float = 0.0
     extra: dict[str, Any] | None = None  # source-specific facts (an image folder's labels)
+
+
+def package_versions() -> dict[str, str]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {}
+    for name in ("recordforge", "apache-beam", "pyarrow", "numpy", "protobuf", "isal",
+                 "tensorflow-metadata", "pillow"):
+        try:
+            out[name] = version(name)
+        except PackageNotFoundError:
+            out[name] = "not installed"
+    return out
 
 
 def write_atomically(path: str, data: bytes) -> None:
@@ -79,7 +92,8 @@ def metadata_dict(spec: BundleSpec, shards: list[ShardInfo], counts: RunCounts) 
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "command": list(spec.command),
         "source_format": spec.source_format,
-        "sources": [{"path": p, "bytes": b} for p, b in spec.sources],
+        "sources": [{"path": p, "bytes": b, "modified": m} for p, b, m in spec.sources],
+        "versions": package_versions(),
         "schema_origin": schema.origin,
         "schema_fingerprint": spec.plan.fingerprint,
         "schema_notes": list(schema.notes),

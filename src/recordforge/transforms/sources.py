@@ -38,6 +38,7 @@ class SourceBatch:
 class FileInfo:
     path: str
     size: int
+    modified: float = 0.0  # seconds since the epoch, as the filesystem reports it
 
 
 _FileInfo = FileInfo
@@ -55,7 +56,8 @@ def expand_patterns(patterns: Iterable[str]) -> list[_FileInfo]:
         if not files:
             raise SourceError(f"input pattern {pattern!r} matched no files")
         for m in sorted(files, key=lambda m: m.path):
-            out.setdefault(m.path, _FileInfo(m.path, m.size_in_bytes))
+            out.setdefault(m.path, _FileInfo(m.path, m.size_in_bytes,
+                                             getattr(m, "last_updated_in_seconds", 0.0) or 0.0))
     return list(out.values())
 
 
