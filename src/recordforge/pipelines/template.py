@@ -28,6 +28,8 @@ _LABELS = {
     "max_rejected": ("Bad rows allowed", "^[0-9]+$"),
     "max_rejected_fraction": ("Bad rows allowed, as a fraction", r"^(0(\.[0-9]+)?|1(\.0+)?)$"),
     "skip_unreadable_files": ("Skip unreadable files", "^(true|false)$"),
+    "span": ("Span: latest, YYYY-MM-DD or a number", r"^(latest|\d{4}-\d{2}-\d{2}|\d+)$"),
+    "if_changed": ("Skip when unchanged", "^(true|false)$"),
     "overwrite": ("Replace existing output", "^(true|false)$"),
 }
 _REQUIRED = ("source", "output")
