@@ -40,7 +40,8 @@ IMAGE ?= $(REGION)-docker.pkg.dev/$(PROJECT)/recordforge/recordforge:$(shell $(P
 TEMPLATE ?= gs://$(PROJECT)-dataflow/templates/recordforge-convert.json
 .PHONY: image template template-check metadata
 metadata: $(STAMP)
-	$(BIN)/python -m recordforge.pipelines.template > deploy/metadata.json
+	$(BIN)/python -m recordforge.pipelines.template > deploy/metadata.json.tmp
+	mv deploy/metadata.json.tmp deploy/metadata.json
 
 image:
 	docker build -f deploy/Dockerfile -t $(IMAGE) .
