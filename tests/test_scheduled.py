@@ -71,3 +71,22 @@ def test_manifest_records_inputs_and_versions(tmp_path: Path) -> None:
     on_disk = sorted(p.name for p in (tmp_path / "out").glob("data-*"))
     assert on_disk == [s["file"] for s in meta["shards"]]
     assert json.loads((tmp_path / "out" / "metadata.json").read_text()) == meta
+
+
+def test_schedule_examples_use_real_flags() -> None:
+    import ast
+    import subprocess
+
+    from recordforge.pipelines.template import template_metadata
+
+    root = Path(__file__).resolve().parents[1] / "deploy" / "schedule"
+    names = {p["name"] for p in template_metadata()["parameters"]}
+    body = json.loads((root / "launch_body.json").read_text())
+    assert set(body["launchParameter"]["parameters"]) <= names
+    tree = ast.parse((root / "airflow_dag.py").read_text())
+    options = next(kw.value for node in ast.walk(tree) if isinstance(node, ast.Call)
+                   for kw in node.keywords if kw.arg == "pipeline_options")
+    keys = {k.value for k in options.keys}
+    beam_flags = {"temp_location", "sdk_container_image", "sdk_location"}
+    assert keys - beam_flags <= names and keys & names
+    assert subprocess.run(["bash", "-n", str(root / "cloud_scheduler.sh")]).returncode == 0
