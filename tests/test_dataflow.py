@@ -88,8 +88,9 @@ def test_dataflow_dry_run_builds_the_job_graph(parquet_source: str) -> None:
     names = {t.unique_name for t in proto.components.transforms.values()}
     # Stable labels: part of Dataflow's job-update compatibility.
     for label in ["Read", "Read/Files", "Read/RowGroups", "Read/Spread", "Read/Read",
-                  "ToExamples", "ToExamples/Encode", "WriteTFRecords", "WriteTFRecords/Write",
-                  "WriteTFRecords/Describe", "WriteBundle", "WriteBundle/Write", "RowsRead"]:
+                  "ToExamples", "ToExamples/Encode", "WriteTFRecords",
+                  "WriteTFRecords/WriteBySize/WriteParts", "WriteTFRecords/WriteBySize/Publish",
+                  "WriteBundle", "WriteBundle/Write", "RowsRead"]:
         assert label in names, label
     # The only Create holds file paths; every other impulse is Beam's own singleton machinery.
     impulses = {n for n in names if n.endswith("/Impulse")}

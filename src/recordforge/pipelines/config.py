@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from recordforge.errors import RecordForgeError
 from recordforge.pipelines.options import FORMATS, ConvertOptions
 from recordforge.tfrecord import Compression
+from recordforge.transforms.rolling import DEFAULT_SHARD_SIZE, parse_size
 
 __all__ = ["ConvertConfig", "format_from_path"]
 
@@ -33,6 +34,8 @@ class ConvertConfig:
     num_shards: int = 0
     batch_size: int = 65536
     sink: str = "fast"
+    shard_size: str | None = None
+    records_per_shard: int = 0
     compression_level: int = 1
     deterministic: bool = False
     max_rejected: int = 0
@@ -61,10 +64,26 @@ class ConvertConfig:
             problems.append("--max_rejected must be 0 or more")
         if not 0.0 <= self.max_rejected_fraction <= 1.0:
             problems.append("--max_rejected_fraction must be between 0 and 1")
+        if (self.shard_size or self.records_per_shard) and (
+            self.num_shards or self.deterministic or self.sink != "fast"
+        ):
+            problems.append("--shard_size and --records_per_shard size shards of the fast sink; "
+                            "they do not combine with --num_shards, --deterministic or --sink beam")
+        if self.records_per_shard < 0:
+            problems.append("--records_per_shard must be 0 (no limit) or more")
+        if self.shard_size is not None:
+            try:
+                parse_size(self.shard_size)
+            except ValueError as exn:
+                problems.append(f"--shard_size: {exn}")
         if self.batch_size < 1:
             problems.append("--batch_size must be at least 1")
         if problems:
             raise RecordForgeError("; ".join(problems))
+
+    @property
+    def shard_bytes(self) -> int:
+        return parse_size(self.shard_size) if self.shard_size else DEFAULT_SHARD_SIZE
 
     def resolved_compression(self, has_images: bool) -> str:
         """An explicit --compression always wins."""
@@ -75,7 +94,8 @@ class ConvertConfig:
     def settings(self) -> dict[str, object]:
         """What, besides inputs and schema, decides the output's bytes (for --if_changed)."""
         return {k: getattr(self, k) for k in (
-            "source_format", "compression", "num_shards", "batch_size", "sink",
+            "source_format", "compression", "num_shards", "batch_size", "sink", "shard_size",
+            "records_per_shard",
             "compression_level", "deterministic", "max_rejected", "max_rejected_fraction",
             "skip_unreadable_files")}
 
@@ -95,6 +115,8 @@ class ConvertConfig:
             num_shards=opts.num_shards,
             batch_size=opts.batch_size,
             sink=opts.sink,
+            shard_size=opts.shard_size,
+            records_per_shard=opts.records_per_shard,
             compression_level=opts.compression_level,
             deterministic=opts.deterministic,
             max_rejected=opts.max_rejected,

@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import re
 import sys
 from typing import Any
 
@@ -96,14 +97,17 @@ def build(pipeline: beam.Pipeline, config: ConvertConfig) -> beam.PCollection[st
     if REJECTED in source:
         rejected.append(source[REJECTED])
     rejected_lines = rejected | "AllRejected" >> beam.Flatten()
-    if not config.strict:
+    if config.strict:
         # Strict runs fail at the first bad row, so there is never a rejected row to write.
-        _ = rejected_lines | "WriteRejected" >> WriteRejected(config.output)
+        rejected_files = rejected_lines | "NoRejectedFiles" >> beam.FlatMap(_nothing)
+    else:
+        rejected_files = rejected_lines | "WriteRejected" >> WriteRejected(config.output)
     shards = encoded.examples | "WriteTFRecords" >> WriteTFRecords(
         config.output, compression=compression,
         num_shards=config.num_shards or (1 if config.deterministic else 0),
         sink=config.sink, compression_level=config.compression_level,
         deterministic=config.deterministic,
+        shard_size=config.shard_bytes, records_per_shard=config.records_per_shard,
     )
     # ShardInfo: path, records, bytes, sha256 of each shard as written
     spec = BundleSpec(
@@ -122,7 +126,12 @@ def build(pipeline: beam.Pipeline, config: ConvertConfig) -> beam.PCollection[st
         rows_in_batches=rows_in_batches,
         rejected_rules=rejected_lines | "RejectedRules" >> beam.Map(rule_of),
         unreadable=source[UNREADABLE],
+        rejected_files=rejected_files,
     )
+
+
+def _nothing(_: object) -> list[str]:
+    return []
 
 
 def dataflow_preflight(options: PipelineOptions, config: ConvertConfig, files: list[Any]) -> None:
@@ -285,18 +294,30 @@ def read_arrow_schema(path: str, fmt: str) -> pa.Schema:
         raise SourceError(f"{path}: cannot read its schema as {fmt}: {exn}") from exn
 
 
+_OURS = re.compile(r"^(data-\d{5}-of-\d{5}\.tfrecord(\.gz|\.zz)?|_tmp-[0-9a-f]+|_rejected|"
+                   r"metadata\.json|feature_spec\.json|schema\.pbtxt|schema\.yaml)$")
+
+
 def _prepare_output(config: ConvertConfig) -> None:
-    """Refuses to mix a new dataset into an existing one unless asked to replace it."""
+    """Refuses to mix a new dataset into an existing one unless asked to replace it. What a
+    crashed or cancelled run left (no _SUCCESS, only RecordForge's own files) is cleaned."""
     out = config.output.rstrip("/")
-    existing = [m.path for m in FileSystems.match([f"{out}/*"])[0].metadata_list]
+    # Files at any depth; what decides is the name of each one's top-level entry under `out`.
+    existing = [m.path for m in FileSystems.match([f"{out}/**"])[0].metadata_list]
     if not existing:
         return
-    if not config.overwrite:
+    tops = {p[len(out) + 1 :].split("/", 1)[0] for p in existing}
+    leftovers = not FileSystems.exists(f"{out}/{SUCCESS}") and all(_OURS.match(t) for t in tops)
+    if not (config.overwrite or leftovers):
         raise RecordForgeError(
             f"{out} is not empty ({len(existing)} files); pass --overwrite to replace it"
         )
-    _LOGGER.info("--overwrite: deleting %d files under %s", len(existing), out)
+    why = "--overwrite" if config.overwrite else "an unfinished earlier run"
+    _LOGGER.warning("%s: deleting %d files under %s", why, len(existing), out)
     FileSystems.delete(existing)
+    folders = [f"{out}/{t}" for t in tops if FileSystems.exists(f"{out}/{t}")]
+    if folders:  # on local disks, the folders that held them
+        FileSystems.delete(folders)
 
 
 def _pipeline_options(argv: list[str]) -> PipelineOptions:

@@ -53,6 +53,15 @@ class ConvertOptions(PipelineOptions):
             help="Number of output shards; 0 (default) lets the runner decide.",
         )
         parser.add_argument(
+            "--shard_size", default=None,
+            help="Target compressed bytes per shard, e.g. 128MB (the default when --num_shards "
+            "is 0): a shard is closed once it reaches the size.",
+        )
+        parser.add_argument(
+            "--records_per_shard", type=int, default=0,
+            help="At most this many records per shard (exact); 0: no limit.",
+        )
+        parser.add_argument(
             "--compression_level", type=int, default=DEFAULT_LEVEL, choices=range(4),
             help=f"ISA-L deflate level 0-3 for the fast sink (default {DEFAULT_LEVEL}).",
         )

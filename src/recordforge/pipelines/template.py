@@ -21,6 +21,8 @@ _LABELS = {
     "format": ("Source format", "^(parquet|csv|images)$"),
     "compression": ("Shard compression", "^(gzip|zlib|none)$"),
     "num_shards": ("Number of shards", "^[0-9]+$"),
+    "shard_size": ("Target shard size", r"^[0-9]+(\.[0-9]+)?\s*([KMG]i?B|B)?$"),
+    "records_per_shard": ("Records per shard", "^[0-9]+$"),
     "compression_level": ("Deflate level", "^[0-3]$"),
     "sink": ("Sink", "^(fast|beam)$"),
     "batch_size": ("Rows per batch", "^[1-9][0-9]*$"),

@@ -140,7 +140,7 @@ def _check_counts(spec: BundleSpec, meta: dict[str, Any], counts: RunCounts) -> 
 
 def _write_bundle(
     shards: list[ShardInfo], rows_in_batches: int, rules: list[str], unreadable: list[str],
-    spec: BundleSpec,
+    rejected_files: list[str], spec: BundleSpec,
 ) -> str:
     rejected: dict[str, int] = {}
     for rule in rules:
@@ -155,7 +155,7 @@ def _write_bundle(
     meta = metadata_dict(spec, shards, counts)
     _check_counts(spec, meta, counts)
     out = spec.output.rstrip("/")
-    _drop_empty_rejected(out)
+    _drop_empty_rejected(out, rejected_files)
     files = {
         SCHEMA_PBTXT: tfmd_text(spec.plan).encode(),
         SCHEMA_YAML: dump_schema(
@@ -171,13 +171,16 @@ def _write_bundle(
     return out
 
 
-def _drop_empty_rejected(out: str) -> None:
-    """WriteToText leaves an empty file when nothing was rejected: remove it and the folder."""
-    matches = FileSystems.match([f"{out}/{REJECTED_DIR}/*"])[0].metadata_list
-    empty = [m.path for m in matches if m.size_in_bytes == 0]
+def _drop_empty_rejected(out: str, files: list[str]) -> None:
+    """WriteToText leaves an empty file when nothing was rejected: remove it and the folder.
+    Only the writer's finished files are looked at (never its temporary folder)."""
+    if not files:
+        return
+    sizes = {m.path: m.size_in_bytes for f in files for m in FileSystems.match([f])[0].metadata_list}
+    empty = [f for f in files if sizes.get(f, 0) == 0]
     if empty:
         FileSystems.delete(empty)
-    if len(empty) == len(matches) and FileSystems.exists(f"{out}/{REJECTED_DIR}"):
+    if len(empty) == len(files) and FileSystems.exists(f"{out}/{REJECTED_DIR}"):
         FileSystems.delete([f"{out}/{REJECTED_DIR}"])
 
 
@@ -189,7 +192,8 @@ class WriteBundle(beam.PTransform):
     """Writes schema.pbtxt, schema.yaml, feature_spec.json, metadata.json, then `_SUCCESS`.
 
     In: the `ShardInfo`s of the written shards. Side inputs: `rows_in_batches` (one int), the
-    rule of every rejected row, the JSON line of every unreadable file. Out: the output path,
+    rule of every rejected row, the JSON line of every unreadable file, the rejected files
+    written (publishing waits for them). Out: the output path,
     once. Fails, publishing nothing, when rows_read != rows_written + rows_rejected or when more
     rows were rejected than the bounds allow (with the top reasons).
     """
@@ -197,12 +201,15 @@ class WriteBundle(beam.PTransform):
     def __init__(
         self, spec: BundleSpec, *, rows_in_batches: beam.PCollection[int],
         rejected_rules: beam.PCollection[str], unreadable: beam.PCollection[str],
+        rejected_files: beam.PCollection[str],
     ) -> None:
         super().__init__()
         self._spec = spec
         self._rows = rows_in_batches
         self._rules = rejected_rules
         self._unreadable = unreadable
+        # A side input, so that publishing waits for the rejected rows to be written.
+        self._rejected_files = rejected_files
 
     def expand(self, shards: beam.PCollection[ShardInfo]) -> beam.PCollection[str]:
         return (
@@ -213,6 +220,7 @@ class WriteBundle(beam.PTransform):
                 beam.pvalue.AsSingleton(self._rows),
                 beam.pvalue.AsList(self._rules),
                 beam.pvalue.AsList(self._unreadable),
+                beam.pvalue.AsList(self._rejected_files),
                 spec=self._spec,
             )
         )

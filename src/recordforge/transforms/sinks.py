@@ -16,6 +16,7 @@ from apache_beam.io.filesystems import FileSystems
 
 from recordforge.encoding import binary_parts
 from recordforge.tfrecord import Compression, ShardInfo, describe_shard, frame_records
+from recordforge.transforms.rolling import DEFAULT_SHARD_SIZE, WriteShardsBySize
 
 __all__ = ["SINKS", "WriteTFRecords", "shard_prefix"]
 
@@ -164,10 +165,12 @@ class WriteTFRecords(beam.PTransform):
     """Writes batches of serialized examples as `{output}/data-SSSSS-of-NNNNN.tfrecord[.gz]`.
 
     In: `(key, records)`: large_binary arrays of serialized records keyed by (file, first_row).
-    Out: a `ShardInfo` per written shard, measured
-    from the file on disk (records, bytes, sha256). `num_shards=0` lets the runner choose.
-    `sink="fast"` (default) writes whole batches through Beam's file-based sink with vectorised
-    framing and ISA-L deflate at `compression_level`; `sink="beam"` is `beam.io.WriteToTFRecord`,
+    Out: a `ShardInfo` per written shard (records, bytes, sha256). With `num_shards=0` (default)
+    and the fast sink, shards are cut at `shard_size` compressed bytes or `records_per_shard`
+    records and described from the bytes as written; otherwise whole batches go through Beam's
+    file-based sink into exactly `num_shards` shards, described by re-reading the files. The fast
+    sink frames batches vectorised and deflates with ISA-L at `compression_level`; `sink="beam"`
+    is `beam.io.WriteToTFRecord`,
     one element per record, zlib level 6. `deterministic=True` writes exactly `num_shards` shards,
     each holding a contiguous run of the input in key order: the same input and config give the
     same bytes on any runner (it groups each shard's batches in memory to sort them).
@@ -176,8 +179,11 @@ class WriteTFRecords(beam.PTransform):
     def __init__(
         self, output: str, *, compression: str = "gzip", num_shards: int = 0, sink: str = "fast",
         compression_level: int = DEFAULT_LEVEL, deterministic: bool = False,
+        shard_size: int = DEFAULT_SHARD_SIZE, records_per_shard: int = 0,
     ) -> None:
         super().__init__()
+        self._shard_size = shard_size
+        self._records_per_shard = records_per_shard
         if deterministic and sink != "fast":
             raise ValueError("deterministic output needs the fast sink")
         if deterministic and num_shards < 1:
@@ -236,6 +242,12 @@ class WriteTFRecords(beam.PTransform):
                     shard_name_template=SHARD_TEMPLATE,
                     compression_type=Compression.beam(self._compression),
                 )
+            )
+        elif self._num_shards == 0:
+            # The default: shards by size, described as they are written.
+            return batches | "WriteBySize" >> WriteShardsBySize(
+                prefix, suffix, compression=self._compression, level=self._level,
+                max_bytes=self._shard_size, max_records=self._records_per_shard,
             )
         else:
             sink = _TFRecordBatchSink(

@@ -1,0 +1,83 @@
+"""Shard sizing, and what a crashed run leaves behind."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from recordforge.errors import RecordForgeError
+from recordforge.pipelines.convert import run
+from recordforge.sampledata import taxi_table
+from recordforge.tfrecord import iter_records
+
+
+@pytest.fixture
+def source(tmp_path: Path) -> str:
+    pq.write_table(taxi_table(20_000, seed=5), tmp_path / "t.parquet", row_group_size=4000)
+    return str(tmp_path / "t.parquet")
+
+
+def _shards(out: Path) -> list[dict]:
+    meta = json.loads((out / "metadata.json").read_text())
+    assert sorted(p.name for p in out.glob("data-*")) == [s["file"] for s in meta["shards"]]
+    return meta["shards"]
+
+
+def test_records_per_shard_is_exact(tmp_path: Path, source: str) -> None:
+    run(["--source", source, "--output", str(tmp_path / "out"), "--records_per_shard", "3000",
+         "--batch_size", "1000"])
+    shards = _shards(tmp_path / "out")
+    assert [s["records"] for s in shards] == [3000] * 6 + [2000]
+    n = len(shards)
+    assert [s["file"] for s in shards] == [f"data-{i:05d}-of-{n:05d}.tfrecord.gz" for i in range(n)]
+    for s in shards:
+        assert sum(1 for _ in iter_records(str(tmp_path / "out" / s["file"]), "gzip")) == s["records"]
+
+
+def test_shard_size_is_a_target(tmp_path: Path, source: str) -> None:
+    run(["--source", source, "--output", str(tmp_path / "out"), "--shard_size", "150KB",
+         "--batch_size", "500", "--compression", "none"])
+    shards = _shards(tmp_path / "out")
+    assert len(shards) > 3
+    per_record = sum(s["bytes"] for s in shards) / sum(s["records"] for s in shards)
+    # Every shard but the last reaches the target and overshoots it by less than one batch.
+    for s in shards[:-1]:
+        assert 150_000 <= s["bytes"] < 150_000 + 500 * per_record * 1.5
+    assert shards[-1]["bytes"] <= 150_000 + 500 * per_record * 1.5
+    assert sum(s["records"] for s in shards) == 20_000
+
+
+def test_default_is_one_shard_per_128mb(tmp_path: Path, source: str) -> None:
+    meta = run(["--source", source, "--output", str(tmp_path / "out")])
+    assert [s["records"] for s in meta["shards"]] == [20_000]
+
+
+def test_a_crashed_run_leaves_no_success_and_a_rerun_publishes(tmp_path: Path, source: str) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    # What a run killed mid-way leaves: a temporary folder and a shard, but no bundle.
+    (out / "_tmp-0123456789ab").mkdir()
+    (out / "_tmp-0123456789ab" / "x.part").write_bytes(b"partial")
+    (out / "data-00000-of-00002.tfrecord.gz").write_bytes(b"partial")
+    assert not (out / "_SUCCESS").exists()
+    meta = run(["--source", source, "--output", str(out)])
+    assert meta["num_records"] == 20_000
+    assert sorted(p.name for p in out.iterdir()) == sorted(
+        ["_SUCCESS", "data-00000-of-00001.tfrecord.gz", "feature_spec.json", "metadata.json",
+         "schema.pbtxt", "schema.yaml"])
+    # Somebody else's files are never deleted without --overwrite.
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "notes.txt").write_text("mine")
+    with pytest.raises(RecordForgeError, match="--overwrite"):
+        run(["--source", source, "--output", str(tmp_path / "other")])
+
+
+def test_sizing_flags_are_checked(tmp_path: Path, source: str) -> None:
+    with pytest.raises(RecordForgeError, match="do not combine"):
+        run(["--source", source, "--output", str(tmp_path / "o"), "--num_shards", "2",
+             "--shard_size", "1MB"])
+    with pytest.raises(RecordForgeError, match="not a size"):
+        run(["--source", source, "--output", str(tmp_path / "o"), "--shard_size", "lots"])
