@@ -13,13 +13,14 @@ if TYPE_CHECKING:
 
 
 def read(
-    path: str, *, batch_size: int | None = None, decode_images: bool = False
+    path: str, *, batch_size: int | None = None, decode_images: bool = False,
+    split: str | None = None,
 ) -> tf.data.Dataset:
     """A tf.data.Dataset of parsed feature dicts from a RecordForge output folder (imports TF);
     `decode_images=True` gives image features as uint8 [height, width, channels] tensors."""
     from recordforge.reader import read as _read
 
-    return _read(path, batch_size=batch_size, decode_images=decode_images)
+    return _read(path, batch_size=batch_size, decode_images=decode_images, split=split)
 
 
 def load_bundle(path: str) -> dict[str, Any]:

@@ -86,8 +86,7 @@ def _inspect(argv: list[str]) -> int:
     if args.grid:
         from recordforge.tools.grid import image_grid
 
-        path = f"{args.path.rstrip('/')}/{args.split}" if args.split else args.path
-        info = image_grid(path, args.grid, n=args.n if "-n" in argv else 16)
+        info = image_grid(args.path, args.grid, n=args.n if "-n" in argv else 16)
         print(f"wrote {info['png']}: {info['images']} images of {info['image_feature']!r}"
               + (f", labelled by {info['label_feature']!r}" if info["label_feature"] else ""))
         return 0

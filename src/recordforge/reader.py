@@ -20,20 +20,30 @@ def _load_json(path: str) -> Any:
         return json.loads(f.read())
 
 
-def load_bundle(path: str) -> dict[str, Any]:
-    """{"metadata": ..., "feature_spec": ..., "files": [shard paths]}; refuses unpublished output."""
+def load_bundle(path: str, *, split: str | None = None) -> dict[str, Any]:
+    """{"metadata": ..., "feature_spec": ..., "files": [shard paths]}; refuses unpublished output.
+    `split` keeps that split's shards."""
     out = path.rstrip("/")
     if not FileSystems.exists(f"{out}/{SUCCESS}"):
         raise RecordForgeError(f"{out}: no {SUCCESS} marker; the dataset is missing or incomplete")
     meta = _load_json(f"{out}/{METADATA}")
+    shards = meta["shards"]
+    if split is not None:
+        if split not in meta.get("split_counts", {}):
+            raise RecordForgeError(f"{out}: no split {split!r} (splits: "
+                                   f"{', '.join(meta.get('split_counts', {})) or 'none'})")
+        shards = [s for s in shards if s["file"].startswith(f"{split}/")]
     return {
         "metadata": meta,
         "feature_spec": _load_json(f"{out}/{FEATURE_SPEC}"),
-        "files": [f"{out}/{s['file']}" for s in meta["shards"]],
+        "files": [f"{out}/{s['file']}" for s in shards],
     }
 
 
-def read(path: str, *, batch_size: int | None = None, decode_images: bool = False) -> Any:
+def read(
+    path: str, *, batch_size: int | None = None, decode_images: bool = False,
+    split: str | None = None,
+) -> Any:
     """Parsed feature dicts; batched (tf.io.parse_example) when `batch_size` is given.
     `decode_images`: image features as uint8 [height, width, channels] tensors (per record, as
     images differ in size; so not with `batch_size`)."""
@@ -42,7 +52,7 @@ def read(path: str, *, batch_size: int | None = None, decode_images: bool = Fals
                          "resize the decoded images yourself")
     import tensorflow as tf
 
-    bundle = load_bundle(path)
+    bundle = load_bundle(path, split=split)
     json_spec = bundle["feature_spec"]
     spec = to_tf_feature_spec(json_spec)
     compression = bundle["metadata"]["tf_compression_type"]

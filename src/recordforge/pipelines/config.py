@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import posixpath
+import re
 from dataclasses import dataclass
 
 from recordforge.errors import RecordForgeError
@@ -13,6 +14,19 @@ from recordforge.transforms.rolling import DEFAULT_SHARD_SIZE, parse_size
 __all__ = ["ConvertConfig", "format_from_path"]
 
 _EXTENSIONS = {".parquet": "parquet", ".pq": "parquet", ".csv": "csv", ".tsv": "csv"}
+
+
+def parse_splits(text: str) -> tuple[tuple[str, int], ...]:
+    """`train=8,eval=1,test=1` -> (("train", 8), ("eval", 1), ("test", 1))."""
+    out = []
+    for part in text.split(","):
+        name, _, weight = part.strip().partition("=")
+        if not re.fullmatch(r"[A-Za-z0-9_\-]+", name) or not weight.isdigit() or int(weight) < 1:
+            raise ValueError(f"{part!r} is not name=positive weight (example: train=8,eval=1)")
+        out.append((name, int(weight)))
+    if len({n for n, _ in out}) != len(out):
+        raise ValueError("split names repeat")
+    return tuple(out)
 
 
 def format_from_path(path: str) -> str | None:
@@ -44,6 +58,10 @@ class ConvertConfig:
     overwrite: bool = False
     span: str | None = None
     if_changed: bool = False
+    splits: str | None = None
+    split_key: str | None = None
+    split_column: str | None = None
+    split_salt: str = "recordforge"
     command: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
@@ -76,6 +94,17 @@ class ConvertConfig:
                 parse_size(self.shard_size)
             except ValueError as exn:
                 problems.append(f"--shard_size: {exn}")
+        if (self.split_key or self.split_column) and not self.splits:
+            problems.append("--split_key and --split_column need --splits")
+        if self.split_key and self.split_column:
+            problems.append("--split_key and --split_column are alternatives")
+        if self.splits:
+            try:
+                parse_splits(self.splits)
+            except ValueError as exn:
+                problems.append(f"--splits: {exn}")
+            if self.sink != "fast":
+                problems.append("--splits needs the fast sink")
         if self.batch_size < 1:
             problems.append("--batch_size must be at least 1")
         if problems:
@@ -95,7 +124,7 @@ class ConvertConfig:
         """What, besides inputs and schema, decides the output's bytes (for --if_changed)."""
         return {k: getattr(self, k) for k in (
             "source_format", "compression", "num_shards", "batch_size", "sink", "shard_size",
-            "records_per_shard",
+            "records_per_shard", "splits", "split_key", "split_column", "split_salt",
             "compression_level", "deterministic", "max_rejected", "max_rejected_fraction",
             "skip_unreadable_files")}
 
@@ -125,5 +154,9 @@ class ConvertConfig:
             overwrite=opts.overwrite,
             span=opts.span,
             if_changed=opts.if_changed,
+            splits=opts.splits,
+            split_key=opts.split_key,
+            split_column=opts.split_column,
+            split_salt=opts.split_salt,
             command=command,
         )

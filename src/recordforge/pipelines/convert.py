@@ -33,7 +33,7 @@ from apache_beam.options.pipeline_options import (
 )
 
 from recordforge.errors import RecordForgeError, SourceError
-from recordforge.pipelines.config import ConvertConfig, format_from_path
+from recordforge.pipelines.config import ConvertConfig, format_from_path, parse_splits
 from recordforge.pipelines.options import ConvertOptions
 from recordforge.schemas import Plan, compile_schema, infer_schema, load_schema
 from recordforge.schemas.loader import dump_schema
@@ -49,6 +49,7 @@ from recordforge.transforms.sources import (
     ReadParquet,
     expand_patterns,
 )
+from recordforge.transforms.splits import SplitSpec
 
 __all__ = ["build", "run", "DEFAULT_RUNNER"]
 
@@ -72,14 +73,23 @@ def build(pipeline: beam.Pipeline, config: ConvertConfig) -> beam.PCollection[st
     if config.span:
         extra["span"] = config.span
     compression = config.resolved_compression(any(f.is_image for f in plan.features))
+    splits = _split_spec(config, plan)
     columns = list(plan.schema.source_columns)
+    csv_types = dict(plan.csv_column_types)
+    if splits is not None and splits.column is not None:
+        columns = list(dict.fromkeys([*columns, splits.column]))
+        csv_types.setdefault(splits.column, pa.string())
+        extra["split_column"] = splits.column
+    if splits is not None:
+        extra.update(split_weights=dict(zip(splits.names, splits.weights, strict=True)),
+                     split_salt=splits.salt, split_key=splits.key_feature)
     if folder is not None:
         read = ReadImageFolder(folder)
     elif fmt == "parquet":
         read = ReadParquet(config.sources, columns=columns, batch_size=config.batch_size,
                            expanded=files, skip_unreadable=config.skip_unreadable_files)
     else:
-        read = ReadCsv(config.sources, column_types=plan.csv_column_types, expanded=files,
+        read = ReadCsv(config.sources, column_types=csv_types, expanded=files,
                        strict=config.strict, skip_unreadable=config.skip_unreadable_files)
 
     source = pipeline | "Read" >> read
@@ -90,7 +100,7 @@ def build(pipeline: beam.Pipeline, config: ConvertConfig) -> beam.PCollection[st
         | "RowsPerBatch" >> beam.Map(lambda b: b.batch.num_rows)
         | "RowsRead" >> beam.CombineGlobally(sum)
     )
-    encoded = batches | "ToExamples" >> ToExamples(plan, strict=config.strict)
+    encoded = batches | "ToExamples" >> ToExamples(plan, strict=config.strict, splits=splits)
     # examples: ((file, first_row), pa.LargeBinaryArray of serialized tf.train.Examples)
     # rejected: one JSON line per bad row, with its file, row, column, rule and original values
     rejected = [encoded[REJECTED]]
@@ -102,13 +112,26 @@ def build(pipeline: beam.Pipeline, config: ConvertConfig) -> beam.PCollection[st
         rejected_files = rejected_lines | "NoRejectedFiles" >> beam.FlatMap(_nothing)
     else:
         rejected_files = rejected_lines | "WriteRejected" >> WriteRejected(config.output)
-    shards = encoded.examples | "WriteTFRecords" >> WriteTFRecords(
-        config.output, compression=compression,
-        num_shards=config.num_shards or (1 if config.deterministic else 0),
-        sink=config.sink, compression_level=config.compression_level,
-        deterministic=config.deterministic,
-        shard_size=config.shard_bytes, records_per_shard=config.records_per_shard,
-    )
+    def write(examples: beam.PCollection, folder: str, name: str, label: str) -> beam.PCollection:
+        return examples | label >> WriteTFRecords(
+            folder, compression=compression,
+            num_shards=config.num_shards or (1 if config.deterministic else 0),
+            sink=config.sink, compression_level=config.compression_level,
+            deterministic=config.deterministic,
+            shard_size=config.shard_bytes, records_per_shard=config.records_per_shard, name=name,
+        )
+
+    if splits is None:
+        shards = write(encoded.examples, config.output, "data", "WriteTFRecords")
+    else:
+        # One writer per split: {output}/{split}/{split}-SSSSS-of-NNNNN
+        shards = [
+            write(
+                encoded.examples | f"Select[{name}]" >> beam.Filter(_in_split, name),
+                f"{config.output.rstrip('/')}/{name}", name, f"WriteTFRecords[{name}]",
+            )
+            for name in splits.names
+        ] | "AllSplits" >> beam.Flatten()
     # ShardInfo: path, records, bytes, sha256 of each shard as written
     spec = BundleSpec(
         output=config.output,
@@ -128,6 +151,21 @@ def build(pipeline: beam.Pipeline, config: ConvertConfig) -> beam.PCollection[st
         unreadable=source[UNREADABLE],
         rejected_files=rejected_files,
     )
+
+
+def _in_split(keyed: tuple[tuple[str, str, int], Any], name: str) -> bool:
+    return keyed[0][0] == name
+
+
+def _split_spec(config: ConvertConfig, plan: Plan) -> SplitSpec | None:
+    if not config.splits:
+        return None
+    pairs = parse_splits(config.splits)
+    if config.split_key and config.split_key not in {f.name for f in plan.features}:
+        raise RecordForgeError(f"--split_key {config.split_key!r} is not a feature of the schema")
+    return SplitSpec(names=tuple(n for n, _ in pairs), weights=tuple(w for _, w in pairs),
+                     key_feature=config.split_key, column=config.split_column,
+                     salt=config.split_salt)
 
 
 def _nothing(_: object) -> list[str]:
@@ -307,7 +345,9 @@ def _prepare_output(config: ConvertConfig) -> None:
     if not existing:
         return
     tops = {p[len(out) + 1 :].split("/", 1)[0] for p in existing}
-    leftovers = not FileSystems.exists(f"{out}/{SUCCESS}") and all(_OURS.match(t) for t in tops)
+    split_dirs = {n for n, _ in parse_splits(config.splits)} if config.splits else set()
+    leftovers = not FileSystems.exists(f"{out}/{SUCCESS}") and all(
+        _OURS.match(t) or t in split_dirs for t in tops)
     if not (config.overwrite or leftovers):
         raise RecordForgeError(
             f"{out} is not empty ({len(existing)} files); pass --overwrite to replace it"

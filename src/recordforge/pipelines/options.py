@@ -93,6 +93,24 @@ class ConvertOptions(PipelineOptions):
             help="List unreadable input files in metadata.json instead of failing the job.",
         )
         parser.add_argument(
+            "--splits", default=None,
+            help="Named splits with weights, e.g. train=8,eval=1,test=1: each split gets its own "
+            "folder {output}/{split}/ of {split}-SSSSS-of-NNNNN shards.",
+        )
+        parser.add_argument(
+            "--split_key", default=None,
+            help="Feature whose value decides a row's split (a salted stable hash); default: the "
+            "whole record.",
+        )
+        parser.add_argument(
+            "--split_column", default=None,
+            help="Source column whose values are the split names (instead of hashing).",
+        )
+        parser.add_argument(
+            "--split_salt", default="recordforge",
+            help="Salt of the split hash, recorded in metadata.json.",
+        )
+        parser.add_argument(
             "--span", default=None,
             help="For patterns (and --output) with {YYYY}, {MM}, {DD} or {SPAN}: latest (default "
             "when tokens are present), a date YYYY-MM-DD, or a span number.",

@@ -95,8 +95,6 @@ def format_head(result: dict[str, Any]) -> str:
 def inspect(path: str, *, split: str | None = None, n: int = 5) -> dict[str, Any]:
     """A bundle's schema, counts per shard and first records; a plain file is `head`ed."""
     out = path.rstrip("/")
-    if split:
-        out = f"{out}/{split}"
     if not FileSystems.exists(f"{out}/metadata.json"):
         if FileSystems.exists(out) and not out.endswith("/"):
             return {"kind": "file", **head(out, n)}
@@ -105,6 +103,8 @@ def inspect(path: str, *, split: str | None = None, n: int = 5) -> dict[str, Any
         meta = json.loads(f.read())
     with FileSystems.open(f"{out}/feature_spec.json") as f:
         spec = json.loads(f.read())
+    if split:
+        meta = {**meta, "shards": [s for s in meta["shards"] if s["file"].startswith(f"{split}/")]}
     records = []
     for shard in meta["shards"]:
         for _, raw in read_records(f"{out}/{shard['file']}", meta["compression"]):

@@ -83,6 +83,25 @@ class RunCounts:
         return sum(self.rejected_by_rule.values())
 
 
+def _relative(path: str, output: str) -> str:
+    out = output.rstrip("/") + "/"
+    return path[len(out) :] if path.startswith(out) else posixpath.basename(path)
+
+
+def _split_totals(spec: BundleSpec, shards: list[ShardInfo]) -> dict[str, Any]:
+    """Records and shards per split; an empty split is reported with 0, not written."""
+    weights = (spec.extra or {}).get("split_weights")
+    if not weights:
+        return {}
+    totals = {name: {"records": 0, "shards": 0} for name in weights}
+    for s in shards:
+        name = _relative(s.path, spec.output).split("/", 1)[0]
+        totals[name]["records"] += s.records
+        totals[name]["shards"] += 1
+    return {"split_counts": totals,
+            "empty_splits": [n for n, t in totals.items() if t["records"] == 0]}
+
+
 def metadata_dict(spec: BundleSpec, shards: list[ShardInfo], counts: RunCounts) -> dict[str, Any]:
     shards = sorted(shards, key=lambda s: s.path)
     written = sum(s.records for s in shards)
@@ -112,10 +131,11 @@ def metadata_dict(spec: BundleSpec, shards: list[ShardInfo], counts: RunCounts) 
         "num_records": written,
         **(spec.extra or {}),
         "shards": [
-            {"file": posixpath.basename(s.path), "records": s.records, "bytes": s.bytes,
+            {"file": _relative(s.path, spec.output), "records": s.records, "bytes": s.bytes,
              "sha256": s.sha256}
             for s in shards
         ],
+        **_split_totals(spec, shards),
     }
 
 

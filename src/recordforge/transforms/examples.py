@@ -6,13 +6,17 @@ from collections.abc import Iterator
 from typing import Any
 
 import apache_beam as beam
+import numpy as np
+import pyarrow as pa
 from apache_beam.metrics import Metrics
 
 from recordforge.encoding import ExampleEncoder
-from recordforge.schemas.plan import Plan
-from recordforge.transforms.conform import conform_batch
+from recordforge.schemas.model import Schema
+from recordforge.schemas.plan import Plan, compile_schema
+from recordforge.transforms.conform import BadRow, conform_batch
 from recordforge.transforms.rejects import rejected_line
 from recordforge.transforms.sources import SourceBatch
+from recordforge.transforms.splits import SplitSpec, assign_by_hash, assign_by_value
 
 __all__ = ["NAMESPACE", "REJECTED", "ToExamples"]
 
@@ -21,15 +25,22 @@ REJECTED = "rejected"
 
 
 class _ToExamplesFn(beam.DoFn):
-    def __init__(self, plan: Plan, strict: bool) -> None:
+    def __init__(self, plan: Plan, strict: bool, splits: SplitSpec | None) -> None:
         self._plan = plan
         self._strict = strict
+        self._splits = splits
         self._rows_read = Metrics.counter(NAMESPACE, "rows_read")
         self._rows_encoded = Metrics.counter(NAMESPACE, "rows_encoded")
         self._rows_rejected = Metrics.counter(NAMESPACE, "rows_rejected")
 
     def setup(self) -> None:
         self._encoder = ExampleEncoder(self._plan)
+        self._key_encoder = None
+        if self._splits is not None and self._splits.key_feature is not None:
+            (feature,) = [f for f in self._plan.features if f.name == self._splits.key_feature]
+            key_plan = compile_schema(Schema((feature,)))
+            self._key_encoder = ExampleEncoder(key_plan)
+            self._key_columns = [c.name for c in key_plan.columns]
 
     def process(self, element: SourceBatch) -> Iterator[Any]:
         batch = element.batch
@@ -46,16 +57,47 @@ class _ToExamplesFn(beam.DoFn):
                 Metrics.counter(NAMESPACE, f"rejected_{bad.rule}").inc()
                 record = batch.slice(index, 1).to_pylist()[0]
                 yield beam.pvalue.TaggedOutput(REJECTED, rejected_line(bad, record))
-        if result.batch.num_rows:
-            encoded = self._encoder.encode(result.batch)
+        if not result.batch.num_rows:
+            return
+        encoded = self._encoder.encode(result.batch)
+        if self._splits is None:
             self._rows_encoded.inc(len(encoded))
-            yield (element.file, element.first_row), encoded
+            yield ("", element.file, element.first_row), encoded
+            return
+        yield from self._split(element, result, encoded)
+
+    def _split(self, element: SourceBatch, result: Any, encoded: Any) -> Iterator[Any]:
+        spec = self._splits
+        assert spec is not None
+        good = np.setdiff1d(np.arange(element.batch.num_rows), result.rejected_rows)
+        if spec.column is not None:
+            values = element.batch.column(spec.column).take(pa.array(good)).to_pylist()
+            which = assign_by_value(values, spec)
+            for i in np.flatnonzero(which < 0).tolist():
+                bad = BadRow(element.file, element.first_row + int(good[i]) + 1, spec.column,
+                             "split", f"not one of the splits {list(spec.names)}", values[i])
+                if self._strict:
+                    raise bad.error()
+                self._rows_rejected.inc()
+                Metrics.counter(NAMESPACE, "rejected_split").inc()
+                record = element.batch.slice(int(good[i]), 1).to_pylist()[0]
+                yield beam.pvalue.TaggedOutput(REJECTED, rejected_line(bad, record))
+        else:
+            keys = encoded if self._key_encoder is None else self._key_encoder.encode(
+                result.batch.select(self._key_columns))
+            which = assign_by_hash(keys, spec)
+        for k, name in enumerate(spec.names):
+            rows = np.flatnonzero(which == k)
+            if rows.size:
+                self._rows_encoded.inc(int(rows.size))
+                yield (name, element.file, element.first_row), encoded.take(pa.array(rows))
 
 
 class ToExamples(beam.PTransform):
     """Conforms and encodes source batches.
 
-    In: `SourceBatch`es. Out: a tuple of PCollections: `examples`, `((file, first_row), records)`
+    In: `SourceBatch`es. Out: a tuple of PCollections: `examples`, `((split, file, first_row),
+    records)` (split "" without `splits`)
     where records is a large_binary array of serialized tf.train.Examples for the batch's good
     rows in row order (the key lets a deterministic sink restore the input order); and `rejected`,
     one JSON line per bad row (see `rejected_line`). With `strict=True` the first bad row fails the
@@ -63,12 +105,13 @@ class ToExamples(beam.PTransform):
     Metrics: `recordforge/rows_read`, `rows_encoded`, `rows_rejected`, `rejected_<rule>`.
     """
 
-    def __init__(self, plan: Plan, *, strict: bool = True) -> None:
+    def __init__(self, plan: Plan, *, strict: bool = True, splits: SplitSpec | None = None) -> None:
         super().__init__()
         self._plan = plan
         self._strict = strict
+        self._splits = splits
 
     def expand(self, batches: beam.PCollection[SourceBatch]) -> beam.pvalue.DoOutputsTuple:
         return batches | "Encode" >> beam.ParDo(
-            _ToExamplesFn(self._plan, self._strict)
+            _ToExamplesFn(self._plan, self._strict, self._splits)
         ).with_outputs(REJECTED, main="examples")

@@ -179,9 +179,10 @@ class WriteTFRecords(beam.PTransform):
     def __init__(
         self, output: str, *, compression: str = "gzip", num_shards: int = 0, sink: str = "fast",
         compression_level: int = DEFAULT_LEVEL, deterministic: bool = False,
-        shard_size: int = DEFAULT_SHARD_SIZE, records_per_shard: int = 0,
+        shard_size: int = DEFAULT_SHARD_SIZE, records_per_shard: int = 0, name: str = "data",
     ) -> None:
         super().__init__()
+        self._name = name
         self._shard_size = shard_size
         self._records_per_shard = records_per_shard
         if deterministic and sink != "fast":
@@ -206,7 +207,7 @@ class WriteTFRecords(beam.PTransform):
     def expand(
         self, batches: beam.PCollection[tuple[Any, pa.Array]]
     ) -> beam.PCollection[ShardInfo]:
-        prefix = shard_prefix(self._output)
+        prefix = shard_prefix(self._output, self._name)
         suffix = Compression.suffix(self._compression)
         if self._deterministic:
             writer = _ShardWriter(prefix, suffix, self._num_shards, self._compression, self._level)
