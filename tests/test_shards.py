@@ -81,3 +81,28 @@ def test_sizing_flags_are_checked(tmp_path: Path, source: str) -> None:
              "--shard_size", "1MB"])
     with pytest.raises(RecordForgeError, match="not a size"):
         run(["--source", source, "--output", str(tmp_path / "o"), "--shard_size", "lots"])
+
+
+def test_a_killed_run_leaves_no_success_and_the_rerun_publishes(tmp_path: Path) -> None:
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    pq.write_table(taxi_table(400_000, seed=9), tmp_path / "big.parquet", row_group_size=20_000)
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "recordforge", "convert", "--source", str(tmp_path / "big.parquet"),
+           "--output", str(out), "--schema", "examples/taxi.yaml", "--batch_size", "5000",
+           "--records_per_shard", "50000"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while not list(out.glob("_tmp-*/*.part")) and time.monotonic() < deadline:
+        assert proc.poll() is None, "the run ended before it could be killed"
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)  # mid-write: shards half written, no bundle
+    proc.wait()
+    assert list(out.glob("_tmp-*")) and not (out / "_SUCCESS").exists()
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "wrote 400000 records in 8 shards" in proc.stdout
+    assert (out / "_SUCCESS").exists() and not list(out.glob("_tmp-*"))

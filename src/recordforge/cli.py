@@ -41,6 +41,11 @@ def _convert(argv: list[str]) -> int:
     print(f"wrote {meta['num_records']} records in {len(meta['shards'])} shards to {out}")
     print(f"  rows read {meta['rows_read']}, written {meta['rows_written']}, "
           f"rejected {meta['rows_rejected']}")
+    for split, counts in meta.get("split_counts", {}).items():
+        print(f"  split {split}: {counts['records']} records in {counts['shards']} shards"
+              + ("  (empty: not written)" if not counts["records"] else ""))
+    if meta.get("skipped"):
+        print("  unchanged since the last build: nothing was run (--if_changed)")
     print(f"  read it back: recordforge.read({out!r})")
     return 0
 
