@@ -46,8 +46,9 @@ def tutorial(source: str, output: str, rows: int) -> dict:
                     elif isinstance(values[0], float):
                         feature[key] = tf.train.Feature(float_list=tf.train.FloatList(value=values))
                     else:
-                        feature[key] = tf.train.Feature(bytes_list=tf.train.BytesList(
-                            value=[v.encode() for v in values]))
+                        feature[key] = tf.train.Feature(
+                            bytes_list=tf.train.BytesList(value=[v.encode() for v in values])
+                        )
                 example = tf.train.Example(features=tf.train.Features(feature=feature))
                 writer.write(example.SerializeToString())
                 done += 1
@@ -84,8 +85,9 @@ def tfx_style(source: str, output: str, rows: int) -> dict:
             elif isinstance(values[0], float):
                 feature[key] = tf.train.Feature(float_list=tf.train.FloatList(value=values))
             else:
-                feature[key] = tf.train.Feature(bytes_list=tf.train.BytesList(
-                    value=[v.encode() for v in values]))
+                feature[key] = tf.train.Feature(
+                    bytes_list=tf.train.BytesList(value=[v.encode() for v in values])
+                )
         return tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString()
 
     start = time.perf_counter()
@@ -106,8 +108,7 @@ def tutorial_images(source: str, output: str, rows: int) -> dict:
     import tensorflow as tf
 
     files = sorted(glob.glob(os.path.join(source, "**", "*.png"), recursive=True))[:rows]
-    labels = {name: i for i, name in enumerate(sorted({os.path.basename(os.path.dirname(f))
-                                                       for f in files}))}
+    labels = {name: i for i, name in enumerate(sorted({os.path.basename(os.path.dirname(f)) for f in files}))}
     os.makedirs(output, exist_ok=True)
     path = os.path.join(output, "images.tfrecord")
     start = time.perf_counter()
@@ -123,8 +124,7 @@ def tutorial_images(source: str, output: str, rows: int) -> dict:
                 "label": tf.train.Feature(int64_list=tf.train.Int64List(value=[label])),
                 "image_raw": tf.train.Feature(bytes_list=tf.train.BytesList(value=[image_string])),
             }
-            writer.write(tf.train.Example(
-                features=tf.train.Features(feature=feature)).SerializeToString())
+            writer.write(tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString())
     seconds = time.perf_counter() - start
     return {"rows": len(files), "seconds": seconds, "bytes": os.path.getsize(path)}
 
@@ -136,12 +136,15 @@ def recordforge(source: str, output: str, rows: int, *extra: str) -> dict:
     start = time.perf_counter()
     meta = run(["--source", source, "--output", output, "--overwrite", *extra])
     seconds = time.perf_counter() - start
-    return {"rows": meta["num_records"], "seconds": seconds,
-            "bytes": sum(s["bytes"] for s in meta["shards"])}
+    return {"rows": meta["num_records"], "seconds": seconds, "bytes": sum(s["bytes"] for s in meta["shards"])}
 
 
-APPROACHES = {"tutorial": tutorial, "tfx": tfx_style, "recordforge": recordforge,
-              "tutorial_images": tutorial_images}
+APPROACHES = {
+    "tutorial": tutorial,
+    "tfx": tfx_style,
+    "recordforge": recordforge,
+    "tutorial_images": tutorial_images,
+}
 
 if __name__ == "__main__":
     name, source, output, rows, *extra = sys.argv[1:]

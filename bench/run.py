@@ -26,8 +26,12 @@ def ensure_csv(parquet: str, csv: str) -> str:
 
 
 def _run_child(args: list[str]) -> dict:
-    proc = subprocess.Popen([sys.executable, "-m", "bench.approaches", *args],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "bench.approaches", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     out_chunks = proc.stdout.read()
     err_chunks = proc.stderr.read()
     _, status, rusage = os.wait4(proc.pid, 0)
@@ -53,14 +57,20 @@ def _summary(samples: list[dict]) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--rows", type=int, default=1_000_000)
-    parser.add_argument("--baseline_rows", type=int, default=100_000,
-                        help="rows the per-row baselines convert per run (their cost is per row; "
-                        "a full 1M-row run takes minutes)")
+    parser.add_argument(
+        "--baseline_rows",
+        type=int,
+        default=100_000,
+        help="rows the per-row baselines convert per run (their cost is per row; "
+        "a full 1M-row run takes minutes)",
+    )
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--memory_rows", type=int, default=5_000_000,
-                        help="rows of the flat-memory check (0 to skip)")
-    parser.add_argument("--images", type=int, default=10_000,
-                        help="small PNGs in the image-folder comparison (0 to skip)")
+    parser.add_argument(
+        "--memory_rows", type=int, default=5_000_000, help="rows of the flat-memory check (0 to skip)"
+    )
+    parser.add_argument(
+        "--images", type=int, default=10_000, help="small PNGs in the image-folder comparison (0 to skip)"
+    )
     parser.add_argument("--only", default=None, help="comma-separated approach keys to run")
     parser.add_argument("--workdir", default="bench/out")
     args = parser.parse_args()
@@ -71,50 +81,89 @@ def main() -> None:
     # Both formats convert with the same schema, so that their outputs are the same records.
     schema = os.path.join(w, "bench-schema.yaml")
     if not os.path.exists(schema):
-        subprocess.run([sys.executable, "-m", "recordforge", "infer-schema", "--narrow_float64",
-                        source], check=True, stdout=open(schema, "w"))
+        subprocess.run(
+            [sys.executable, "-m", "recordforge", "infer-schema", "--narrow_float64", source],
+            check=True,
+            stdout=open(schema, "w"),
+        )
     n, b = str(args.rows), str(args.baseline_rows)
     runs = {
-        "tutorial": ("tutorial: per-row tf.train.Example + TFRecordWriter, GZIP",
-                     ["tutorial", source, f"{w}/tutorial", b]),
-        "tfx": ("TFX-style: ReadFromParquet dicts, dict_to_example, WriteToTFRecord",
-                ["tfx", source, f"{w}/tfx", b]),
-        "rf": ("recordforge, Parquet, GZIP, 1 worker",
-               ["recordforge", source, f"{w}/rf", n, "--schema", schema]),
-        "rf_beam_sink": ("recordforge --sink beam (WriteToTFRecord), Parquet, GZIP",
-                         ["recordforge", source, f"{w}/rf_beam", n, "--schema", schema,
-                          "--sink", "beam"]),
-        "rf_csv": ("recordforge, CSV, GZIP, 1 worker",
-                   ["recordforge", csv, f"{w}/rf_csv", n, "--schema", schema]),
-        "rf_2w": ("recordforge, Parquet, GZIP, 2 workers (multi_processing)",
-                  ["recordforge", source, f"{w}/rf_2w", n, "--schema", schema,
-                   "--direct_running_mode", "multi_processing", "--direct_num_workers", "2"]),
+        "tutorial": (
+            "tutorial: per-row tf.train.Example + TFRecordWriter, GZIP",
+            ["tutorial", source, f"{w}/tutorial", b],
+        ),
+        "tfx": (
+            "TFX-style: ReadFromParquet dicts, dict_to_example, WriteToTFRecord",
+            ["tfx", source, f"{w}/tfx", b],
+        ),
+        "rf": (
+            "recordforge, Parquet, GZIP, 1 worker",
+            ["recordforge", source, f"{w}/rf", n, "--schema", schema],
+        ),
+        "rf_beam_sink": (
+            "recordforge --sink beam (WriteToTFRecord), Parquet, GZIP",
+            ["recordforge", source, f"{w}/rf_beam", n, "--schema", schema, "--sink", "beam"],
+        ),
+        "rf_csv": (
+            "recordforge, CSV, GZIP, 1 worker",
+            ["recordforge", csv, f"{w}/rf_csv", n, "--schema", schema],
+        ),
+        "rf_2w": (
+            "recordforge, Parquet, GZIP, 2 workers (multi_processing)",
+            [
+                "recordforge",
+                source,
+                f"{w}/rf_2w",
+                n,
+                "--schema",
+                schema,
+                "--direct_running_mode",
+                "multi_processing",
+                "--direct_num_workers",
+                "2",
+            ],
+        ),
     }
     if args.images:
         folder = os.path.join(w, f"mnist-{args.images}")
         if not os.path.exists(folder):
-            subprocess.run([sys.executable, "-c", "import sys; from recordforge.sampledata import "
-                            "mnist_folder; mnist_folder(sys.argv[1], per_class=int(sys.argv[2]))",
-                            folder + ".tmp", str(max(1, args.images * 5 // 60))], check=True)
+            subprocess.run(
+                [
+                    sys.executable,
+                    "-c",
+                    "import sys; from recordforge.sampledata import "
+                    "mnist_folder; mnist_folder(sys.argv[1], per_class=int(sys.argv[2]))",
+                    folder + ".tmp",
+                    str(max(1, args.images * 5 // 60)),
+                ],
+                check=True,
+            )
             os.replace(folder + ".tmp", folder)
         runs["tutorial_images"] = (
             "tutorial images: per file read + tf.io.decode_png + Example",
-            ["tutorial_images", folder, f"{w}/tutorial_images", str(10**9)])
-        runs["rf_images"] = ("recordforge --format images (folder of small PNGs)",
-                             ["recordforge", folder, f"{w}/rf_images", "0", "--format", "images"])
+            ["tutorial_images", folder, f"{w}/tutorial_images", str(10**9)],
+        )
+        runs["rf_images"] = (
+            "recordforge --format images (folder of small PNGs)",
+            ["recordforge", folder, f"{w}/rf_images", "0", "--format", "images"],
+        )
     if args.only:
         runs = {k: v for k, v in runs.items() if k in args.only.split(",") or k == "tutorial"}
-    print(f"machine: {platform.machine()}, {os.cpu_count()} cores, Python "
-          f"{platform.python_version()}; table: {args.rows} rows (baselines: {args.baseline_rows} "
-          f"per run); {args.repeats} runs each, medians")
+    print(
+        f"machine: {platform.machine()}, {os.cpu_count()} cores, Python "
+        f"{platform.python_version()}; table: {args.rows} rows (baselines: {args.baseline_rows} "
+        f"per run); {args.repeats} runs each, medians"
+    )
     results = {}
     for key, (label, cmd) in runs.items():
         results[key] = (label, _summary([_run_child(cmd) for _ in range(args.repeats)]))
     base = results["tutorial"][1]["rows_per_s"]
     print(f"\n{'approach':64} {'rows':>9} {'rows/s':>9} {'vs tut.':>7} {'B/row':>6} {'RSS MB':>7}")
     for label, r in results.values():
-        print(f"{label:64} {r['rows']:>9} {r['rows_per_s']:>9.0f} {r['rows_per_s'] / base:>6.1f}x "
-              f"{r['bytes_per_row']:>6.1f} {r['peak_rss_mb']:>7.0f}   runs: {r['all']}")
+        print(
+            f"{label:64} {r['rows']:>9} {r['rows_per_s']:>9.0f} {r['rows_per_s'] / base:>6.1f}x "
+            f"{r['bytes_per_row']:>6.1f} {r['peak_rss_mb']:>7.0f}   runs: {r['all']}"
+        )
     rf = results.get("rf", (None, None))[1]
     if rf and "rf_2w" in results:
         print(f"\n2 workers vs 1: {results['rf_2w'][1]['rows_per_s'] / rf['rows_per_s']:.2f}x")
@@ -125,11 +174,12 @@ def main() -> None:
         print(f"Parquet vs CSV throughput: {rf['rows_per_s'] / results['rf_csv'][1]['rows_per_s']:.2f}x")
     if rf and args.memory_rows:
         big = ensure_table(os.path.join(w, f"table-{args.memory_rows}.parquet"), args.memory_rows)
-        mem = _run_child(["recordforge", big, f"{w}/rf_big", str(args.memory_rows),
-                          "--schema", schema])
-        print(f"Peak RSS, {args.memory_rows} rows vs {args.rows}: {mem['peak_rss_mb']:.0f} MB vs "
-              f"{rf['peak_rss_mb']:.0f} MB ({mem['peak_rss_mb'] / rf['peak_rss_mb']:.2f}x; "
-              f"{mem['rows'] / mem['seconds']:.0f} rows/s)")
+        mem = _run_child(["recordforge", big, f"{w}/rf_big", str(args.memory_rows), "--schema", schema])
+        print(
+            f"Peak RSS, {args.memory_rows} rows vs {args.rows}: {mem['peak_rss_mb']:.0f} MB vs "
+            f"{rf['peak_rss_mb']:.0f} MB ({mem['peak_rss_mb'] / rf['peak_rss_mb']:.2f}x; "
+            f"{mem['rows'] / mem['seconds']:.0f} rows/s)"
+        )
 
 
 if __name__ == "__main__":

@@ -27,8 +27,9 @@ def make_table(num_rows: int, seed: int = 0) -> pa.Table:
         cols[f"s{i}"] = pa.array(vocab[rng.integers(0, 2000, n)], pa.string(), mask=mask())
     lengths = rng.integers(0, 11, n)
     offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
-    ilist = pa.ListArray.from_arrays(pa.array(offsets), pa.array(rng.integers(0, 10**6, offsets[-1])),
-                                     mask=pa.array(mask()))
+    ilist = pa.ListArray.from_arrays(
+        pa.array(offsets), pa.array(rng.integers(0, 10**6, offsets[-1])), mask=pa.array(mask())
+    )
     cols["ilist"] = ilist
     foff = pa.array(np.arange(0, 8 * n + 1, 8, dtype=np.int32))
     cols["flist"] = pa.ListArray.from_arrays(

@@ -36,10 +36,12 @@ def canonical(record: dict[str, list[Any]], float_features: frozenset[str]) -> t
     """A hashable, exact form of a record: floats by their float32 bit pattern (NaN == NaN)."""
     import struct
 
-    return tuple(sorted(
-        (k, tuple(struct.pack("<f", x) if k in float_features else x for x in v))
-        for k, v in record.items()
-    ))
+    return tuple(
+        sorted(
+            (k, tuple(struct.pack("<f", x) if k in float_features else x for x in v))
+            for k, v in record.items()
+        )
+    )
 
 
 def _canonical_example(raw: bytes, float_features: frozenset[str]) -> tuple:
@@ -47,7 +49,9 @@ def _canonical_example(raw: bytes, float_features: frozenset[str]) -> tuple:
 
 
 def assert_beam_reads(
-    files: list[str], compression: str, expected: list[dict[str, list[Any]]],
+    files: list[str],
+    compression: str,
+    expected: list[dict[str, list[Any]]],
     float_features: frozenset[str],
 ) -> None:
     """Reads shards with Beam's own ReadFromTFRecord (an independent reader) and checks, inside
@@ -55,17 +59,17 @@ def assert_beam_reads(
     from apache_beam.io.filesystem import CompressionTypes
     from apache_beam.testing.util import assert_that, equal_to
 
-    beam_comp = {"gzip": CompressionTypes.GZIP, "zlib": CompressionTypes.DEFLATE,
-                 "none": CompressionTypes.UNCOMPRESSED}[compression]
+    beam_comp = {
+        "gzip": CompressionTypes.GZIP,
+        "zlib": CompressionTypes.DEFLATE,
+        "none": CompressionTypes.UNCOMPRESSED,
+    }[compression]
     with TestPipeline(runner=DEFAULT_RUNNER) as p:
         reads = [
             p | f"Read{i}" >> beam.io.ReadFromTFRecord(f, compression_type=beam_comp)
             for i, f in enumerate(files)
         ]
-        records = (
-            reads | beam.Flatten()
-            | beam.Map(_canonical_example, float_features=float_features)
-        )
+        records = reads | beam.Flatten() | beam.Map(_canonical_example, float_features=float_features)
         assert_that(records, equal_to([canonical(e, float_features) for e in expected]))
 
 

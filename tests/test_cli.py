@@ -15,16 +15,18 @@ from recordforge.sampledata import taxi_table
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "recordforge", *args],
-                          capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "recordforge", *args], capture_output=True, text=True, timeout=300
+    )
 
 
 def test_convert_with_inferred_schema_and_read_back(tmp_path: Any) -> None:
     table = taxi_table(500, seed=3)
     pq.write_table(table, tmp_path / "taxi.parquet", row_group_size=100)
     out = tmp_path / "out"
-    proc = _cli("convert", "--source", str(tmp_path / "*.parquet"), "--output", str(out),
-                "--compression", "none")
+    proc = _cli(
+        "convert", "--source", str(tmp_path / "*.parquet"), "--output", str(out), "--compression", "none"
+    )
     assert proc.returncode == 0, proc.stderr
     assert f"wrote 500 records in 1 shards to {out}" in proc.stdout
 
@@ -56,8 +58,15 @@ def test_infer_schema_prints_editable_yaml(tmp_path: Any) -> None:
     assert "narrow: true" in proc.stdout
     (tmp_path / "s.yaml").write_text(proc.stdout)
     out = tmp_path / "out"
-    proc = _cli("convert", "--source", str(tmp_path / "t.parquet"), "--output", str(out),
-                "--schema", str(tmp_path / "s.yaml"))
+    proc = _cli(
+        "convert",
+        "--source",
+        str(tmp_path / "t.parquet"),
+        "--output",
+        str(out),
+        "--schema",
+        str(tmp_path / "s.yaml"),
+    )
     assert proc.returncode == 0, proc.stderr
 
 

@@ -14,9 +14,18 @@ from recordforge.transforms.conform import _numeric_json_lists
 
 @pytest.mark.parametrize("dtype", ["int64", "float32", "float64", "bool"])
 def test_vectorised_json_lists_match_json_loads(dtype: str) -> None:
-    feature = schema_from_dict({"features": [
-        {"name": "x", "type": dtype, "shape": [-1], **({"narrow": True} if dtype == "float64" else {})}
-    ]}).features[0]
+    feature = schema_from_dict(
+        {
+            "features": [
+                {
+                    "name": "x",
+                    "type": dtype,
+                    "shape": [-1],
+                    **({"narrow": True} if dtype == "float64" else {}),
+                }
+            ]
+        }
+    ).features[0]
     rng = np.random.default_rng(4)
     cells: list[str | None] = []
     for k in rng.integers(0, 6, 300):
@@ -33,10 +42,12 @@ def test_vectorised_json_lists_match_json_loads(dtype: str) -> None:
         cells.append("[" + sep.join(json.dumps(v) for v in values) + "]")
     got = _numeric_json_lists(pa.array(cells), feature)
     assert got is not None
-    value_type = {"int64": pa.int64(), "bool": pa.bool_(), "float32": pa.float32(),
-                  "float64": pa.float64()}[dtype]
-    expected = pa.array([None if c in (None, "") else json.loads(c) for c in cells],
-                        pa.large_list(value_type))
+    value_type = {"int64": pa.int64(), "bool": pa.bool_(), "float32": pa.float32(), "float64": pa.float64()}[
+        dtype
+    ]
+    expected = pa.array(
+        [None if c in (None, "") else json.loads(c) for c in cells], pa.large_list(value_type)
+    )
     assert got.to_pylist() == expected.to_pylist()
 
 

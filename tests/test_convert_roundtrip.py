@@ -18,23 +18,25 @@ import recordforge
 from recordforge.pipelines.config import ConvertConfig
 from recordforge.pipelines.convert import build
 
-SCHEMA = {"features": [
-    {"name": "id", "type": "int64", "nulls": "required"},
-    {"name": "i64", "type": "int64"},
-    {"name": "u8", "type": "int64", "nulls": "required"},
-    {"name": "f32", "type": "float32"},
-    {"name": "f64", "type": "float64", "narrow": True, "nulls": "required"},
-    {"name": "s", "type": "string"},
-    {"name": "b", "type": "bytes"},
-    {"name": "flag", "type": "bool", "nulls": "default", "default": False},
-    {"name": "dflt", "type": "int64", "nulls": "default", "default": 7},
-    {"name": "weird", "column": "Weird Col (x)", "type": "string", "nulls": "required"},
-    {"name": "ilist", "type": "int64", "shape": [-1]},
-    {"name": "flist", "type": "float32", "shape": [3]},
-    {"name": "mat", "type": "int64", "shape": [2, 2], "nulls": "required"},
-    {"name": "slist", "type": "bytes", "shape": [-1]},
-    {"name": "fixed_req", "type": "float32", "shape": [2], "nulls": "required", "column": "fr"},
-]}
+SCHEMA = {
+    "features": [
+        {"name": "id", "type": "int64", "nulls": "required"},
+        {"name": "i64", "type": "int64"},
+        {"name": "u8", "type": "int64", "nulls": "required"},
+        {"name": "f32", "type": "float32"},
+        {"name": "f64", "type": "float64", "narrow": True, "nulls": "required"},
+        {"name": "s", "type": "string"},
+        {"name": "b", "type": "bytes"},
+        {"name": "flag", "type": "bool", "nulls": "default", "default": False},
+        {"name": "dflt", "type": "int64", "nulls": "default", "default": 7},
+        {"name": "weird", "column": "Weird Col (x)", "type": "string", "nulls": "required"},
+        {"name": "ilist", "type": "int64", "shape": [-1]},
+        {"name": "flist", "type": "float32", "shape": [3]},
+        {"name": "mat", "type": "int64", "shape": [2, 2], "nulls": "required"},
+        {"name": "slist", "type": "bytes", "shape": [-1]},
+        {"name": "fixed_req", "type": "float32", "shape": [2], "nulls": "required", "column": "fr"},
+    ]
+}
 
 
 def _table(n: int, seed: int, first_id: int) -> pa.Table:
@@ -45,32 +47,47 @@ def _table(n: int, seed: int, first_id: int) -> pa.Table:
 
     edge_ints = [0, -1, 1, 2**63 - 1, -(2**63), 300, -300]
     edge_floats = [0.0, -0.0, float("nan"), float("inf"), -float("inf"), 1e-40, 3.25]
-    return pa.table({
-        "id": pa.array(range(first_id, first_id + n), pa.int64()),
-        "i64": pa.array(nulls([edge_ints[i % 7] if i % 2 else int(x)
-                               for i, x in enumerate(rng.integers(-10**12, 10**12, n))])),
-        "u8": pa.array(rng.integers(0, 256, n).astype(np.uint8)),
-        "f32": pa.array(nulls([np.float32(edge_floats[i % 7]) for i in range(n)]), pa.float32()),
-        "f64": pa.array(list(rng.standard_normal(n) * 1e6)),
-        "s": pa.array(nulls(["", "héllo wörld", "comma, \"quote\"", "line\nbreak", "0"][i % 5]
-                            for i in range(n))),
-        "b": pa.array(nulls([b"", b"\xff\xfe\x00", b"\x00", b"plain"][i % 4] for i in range(n)),
-                      pa.binary()),
-        "flag": pa.array(nulls([bool(i % 3) for i in range(n)])),
-        "dflt": pa.array(nulls([0] * n, 0.5), pa.int64()),
-        "Weird Col (x)": pa.array([f"w{i}" for i in range(n)]),
-        "ilist": pa.array(nulls([list(map(int, rng.integers(-5, 5, int(k))))
-                                 for k in rng.integers(0, 5, n)]), pa.list_(pa.int64())),
-        "flist": pa.array(nulls([list(rng.standard_normal(3).astype(np.float32)) for _ in range(n)]),
-                          pa.list_(pa.float32())),
-        "mat": pa.array([[[int(x) for x in r] for r in rng.integers(-9, 9, (2, 2))]
-                         for _ in range(n)]),
-        "slist": pa.array(nulls([[b"", b"\xff", b"ab"][: int(k)] for k in rng.integers(0, 4, n)]),
-                          pa.list_(pa.binary())),
-        # pyarrow cannot read a fixed_size_list column with nulls back from Parquet; no nulls here.
-        "fr": pa.array([list(rng.standard_normal(2).astype(np.float32)) for _ in range(n)],
-                       pa.list_(pa.float32(), 2)),
-    })
+    return pa.table(
+        {
+            "id": pa.array(range(first_id, first_id + n), pa.int64()),
+            "i64": pa.array(
+                nulls(
+                    [
+                        edge_ints[i % 7] if i % 2 else int(x)
+                        for i, x in enumerate(rng.integers(-(10**12), 10**12, n))
+                    ]
+                )
+            ),
+            "u8": pa.array(rng.integers(0, 256, n).astype(np.uint8)),
+            "f32": pa.array(nulls([np.float32(edge_floats[i % 7]) for i in range(n)]), pa.float32()),
+            "f64": pa.array(list(rng.standard_normal(n) * 1e6)),
+            "s": pa.array(
+                nulls(["", "héllo wörld", 'comma, "quote"', "line\nbreak", "0"][i % 5] for i in range(n))
+            ),
+            "b": pa.array(
+                nulls([b"", b"\xff\xfe\x00", b"\x00", b"plain"][i % 4] for i in range(n)), pa.binary()
+            ),
+            "flag": pa.array(nulls([bool(i % 3) for i in range(n)])),
+            "dflt": pa.array(nulls([0] * n, 0.5), pa.int64()),
+            "Weird Col (x)": pa.array([f"w{i}" for i in range(n)]),
+            "ilist": pa.array(
+                nulls([list(map(int, rng.integers(-5, 5, int(k)))) for k in rng.integers(0, 5, n)]),
+                pa.list_(pa.int64()),
+            ),
+            "flist": pa.array(
+                nulls([list(rng.standard_normal(3).astype(np.float32)) for _ in range(n)]),
+                pa.list_(pa.float32()),
+            ),
+            "mat": pa.array([[[int(x) for x in r] for r in rng.integers(-9, 9, (2, 2))] for _ in range(n)]),
+            "slist": pa.array(
+                nulls([[b"", b"\xff", b"ab"][: int(k)] for k in rng.integers(0, 4, n)]), pa.list_(pa.binary())
+            ),
+            # pyarrow cannot read a fixed_size_list column with nulls back from Parquet; no nulls here.
+            "fr": pa.array(
+                [list(rng.standard_normal(2).astype(np.float32)) for _ in range(n)], pa.list_(pa.float32(), 2)
+            ),
+        }
+    )
 
 
 def _f32(x: float) -> bytes:
@@ -105,8 +122,7 @@ def _expected(rows: list[dict[str, Any]]) -> dict[int, dict[str, list]]:
 
 def _raw(rec: dict[str, list]) -> dict[str, list]:
     """Back from float32 bit patterns to Python floats, as protobuf hands them out."""
-    return {k: [struct.unpack("<f", x)[0] for x in v] if k in FLOATS else v
-            for k, v in rec.items()}
+    return {k: [struct.unpack("<f", x)[0] for x in v] if k in FLOATS else v for k, v in rec.items()}
 
 
 FLOATS = {f["name"] for f in SCHEMA["features"] if f["type"].startswith("float")}
@@ -152,8 +168,9 @@ def _check_output(output: str, expected: dict[int, dict[str, list]], compression
             rec[name] = flat
         by_tf[rid] = rec
     # tf.data cannot tell an absent VarLen feature from an empty one; both read back as [].
-    assert by_tf == {rid: {f["name"]: rec.get(f["name"], []) for f in SCHEMA["features"]}
-                     for rid, rec in expected.items()}
+    assert by_tf == {
+        rid: {f["name"]: rec.get(f["name"], []) for f in SCHEMA["features"]} for rid, rec in expected.items()
+    }
     for name, entry in spec.items():
         if entry["kind"] == "FixedLenFeature":
             assert np.shape(next(iter(read_with_tf(output)))[name]) == tuple(entry["shape"])
@@ -162,8 +179,10 @@ def _check_output(output: str, expected: dict[int, dict[str, list]], compression
     assert recordforge.verify(output) == []
 
 
-@pytest.mark.parametrize(("compression", "sink"), [
-    ("gzip", "fast"), ("none", "fast"), ("zlib", "fast"), ("gzip", "beam"), ("none", "beam")])
+@pytest.mark.parametrize(
+    ("compression", "sink"),
+    [("gzip", "fast"), ("none", "fast"), ("zlib", "fast"), ("gzip", "beam"), ("none", "beam")],
+)
 def test_parquet_roundtrip(tmp_path: Any, pipeline: Any, compression: str, sink: str) -> None:
     src = tmp_path / "src"
     src.mkdir()
@@ -171,8 +190,9 @@ def test_parquet_roundtrip(tmp_path: Any, pipeline: Any, compression: str, sink:
     pq.write_table(t1, src / "a.parquet", row_group_size=17)
     pq.write_table(t2, src / "b.parquet", row_group_size=50)
     pq.write_table(t1.slice(0, 0), src / "empty.parquet")
-    output = _run(tmp_path, pipeline, [str(src / "*.parquet")], compression=compression,
-                  batch_size=7, sink=sink)
+    output = _run(
+        tmp_path, pipeline, [str(src / "*.parquet")], compression=compression, batch_size=7, sink=sink
+    )
     expected = _expected(t1.to_pylist() + t2.to_pylist())
     _check_output(output, expected, compression)
 
@@ -181,8 +201,7 @@ def test_parquet_fixed_shard_count(tmp_path: Any, pipeline: Any) -> None:
     pq.write_table(_table(50, 3, 0), tmp_path / "a.parquet")
     output = _run(tmp_path, pipeline, [str(tmp_path / "a.parquet")], num_shards=3)
     meta = json.loads(open(os.path.join(output, "metadata.json")).read())
-    assert [s["file"] for s in meta["shards"]] == [
-        f"data-0000{i}-of-00003.tfrecord.gz" for i in range(3)]
+    assert [s["file"] for s in meta["shards"]] == [f"data-0000{i}-of-00003.tfrecord.gz" for i in range(3)]
     assert sum(s["records"] for s in meta["shards"]) == 50
 
 
@@ -192,8 +211,12 @@ def _csv_cell(v: Any) -> bytes:
     if isinstance(v, bytes):
         raw = v
     elif isinstance(v, list):
-        raw = json.dumps([x.decode("latin-1") if isinstance(x, bytes) else
-                          (x.tolist() if hasattr(x, "tolist") else x) for x in v]).encode()
+        raw = json.dumps(
+            [
+                x.decode("latin-1") if isinstance(x, bytes) else (x.tolist() if hasattr(x, "tolist") else x)
+                for x in v
+            ]
+        ).encode()
     elif isinstance(v, bool):
         raw = b"true" if v else b"false"
     elif isinstance(v, float):

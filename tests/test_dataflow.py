@@ -27,8 +27,12 @@ from recordforge.tfrecord import iter_records
 from recordforge.transforms.sources import expand_patterns
 
 ROOT = Path(__file__).resolve().parents[1]
-DATAFLOW = ["--runner=DataflowRunner", "--project=my-project", "--region=us-central1",
-            "--temp_location=gs://bucket/tmp"]
+DATAFLOW = [
+    "--runner=DataflowRunner",
+    "--project=my-project",
+    "--region=us-central1",
+    "--temp_location=gs://bucket/tmp",
+]
 
 
 def _flags() -> dict[str, argparse.Action]:
@@ -50,10 +54,23 @@ def test_template_metadata_matches_pipeline_flags() -> None:
     if shutil.which("gcloud"):
         # gcloud validates the spec offline and prints it instead of uploading.
         proc = subprocess.run(
-            ["gcloud", "dataflow", "flex-template", "build", "gs://b/t.json", "--image",
-             "gcr.io/my-project/recordforge:1", "--sdk-language", "PYTHON", "--metadata-file",
-             str(ROOT / "deploy" / "metadata.json"), "--print-only"],
-            capture_output=True, text=True, timeout=120,
+            [
+                "gcloud",
+                "dataflow",
+                "flex-template",
+                "build",
+                "gs://b/t.json",
+                "--image",
+                "gcr.io/my-project/recordforge:1",
+                "--sdk-language",
+                "PYTHON",
+                "--metadata-file",
+                str(ROOT / "deploy" / "metadata.json"),
+                "--print-only",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
         )
         assert proc.returncode == 0, proc.stderr
         assert '"name": "RecordForge convert"' in proc.stdout
@@ -70,16 +87,20 @@ def parquet_source(tmp_path: Path) -> str:
     src = tmp_path / "src"
     src.mkdir()
     for i in range(3):
-        pq.write_table(taxi_table(700, seed=i, first_id=i * 700), src / f"t{i}.parquet",
-                       row_group_size=300)
+        pq.write_table(taxi_table(700, seed=i, first_id=i * 700), src / f"t{i}.parquet", row_group_size=300)
     return str(src / "*.parquet")
 
 
 def test_dataflow_dry_run_builds_the_job_graph(parquet_source: str) -> None:
-    options = PipelineOptions([
-        *DATAFLOW, "--dry_run=True", "--sdk_container_image=gcr.io/my-project/recordforge:1",
-        "--sdk_location=container", "--experiments=use_runner_v2",
-    ])
+    options = PipelineOptions(
+        [
+            *DATAFLOW,
+            "--dry_run=True",
+            "--sdk_container_image=gcr.io/my-project/recordforge:1",
+            "--sdk_location=container",
+            "--experiments=use_runner_v2",
+        ]
+    )
     p = beam.Pipeline(options=options)
     build(p, ConvertConfig(sources=(parquet_source,), output="gs://bucket/out"))
     result = p.run()
@@ -87,10 +108,21 @@ def test_dataflow_dry_run_builds_the_job_graph(parquet_source: str) -> None:
     proto = p.runner.proto_pipeline
     names = {t.unique_name for t in proto.components.transforms.values()}
     # Stable labels: part of Dataflow's job-update compatibility.
-    for label in ["Read", "Read/Files", "Read/RowGroups", "Read/Spread", "Read/Read",
-                  "ToExamples", "ToExamples/Encode", "WriteTFRecords",
-                  "WriteTFRecords/WriteBySize/WriteParts", "WriteTFRecords/WriteBySize/Publish",
-                  "WriteBundle", "WriteBundle/Write", "RowsRead"]:
+    for label in [
+        "Read",
+        "Read/Files",
+        "Read/RowGroups",
+        "Read/Spread",
+        "Read/Read",
+        "ToExamples",
+        "ToExamples/Encode",
+        "WriteTFRecords",
+        "WriteTFRecords/WriteBySize/WriteParts",
+        "WriteTFRecords/WriteBySize/Publish",
+        "WriteBundle",
+        "WriteBundle/Write",
+        "RowsRead",
+    ]:
         assert label in names, label
     # The only Create holds file paths; every other impulse is Beam's own singleton machinery.
     impulses = {n for n in names if n.endswith("/Impulse")}
@@ -106,18 +138,30 @@ def test_dataflow_dry_run_stages_the_package(parquet_source: str) -> None:
     p = beam.Pipeline(options=options)
     build(p, ConvertConfig(sources=(parquet_source,), output="gs://bucket/out"))
     p.run()
-    staged = [d.role_payload for e in p.runner.proto_pipeline.components.environments.values()
-              for d in e.dependencies]
+    staged = [
+        d.role_payload
+        for e in p.runner.proto_pipeline.components.environments.values()
+        for d in e.dependencies
+    ]
     assert any(b"workflow.tar.gz" in s for s in staged)
 
 
 def test_sdist_carries_the_package(tmp_path: Path) -> None:
-    subprocess.run([sys.executable, "-m", "build", "--sdist", "--outdir", str(tmp_path),
-                    str(ROOT)], check=True, capture_output=True, timeout=300)
+    subprocess.run(
+        [sys.executable, "-m", "build", "--sdist", "--outdir", str(tmp_path), str(ROOT)],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
     (sdist,) = tmp_path.glob("recordforge-*.tar.gz")
     names = tarfile.open(sdist).getnames()
-    for module in ["pipelines/convert.py", "encoding.py", "schemas/model.py", "py.typed",
-                   "transforms/sinks.py"]:
+    for module in [
+        "pipelines/convert.py",
+        "encoding.py",
+        "schemas/model.py",
+        "py.typed",
+        "transforms/sinks.py",
+    ]:
         assert any(n.endswith(f"src/recordforge/{module}") for n in names), module
 
 
@@ -129,16 +173,16 @@ def test_dataflow_preflight_refuses_what_workers_cannot_use(parquet_source: str)
     dataflow_preflight(PipelineOptions([*DATAFLOW, "--dry_run=True"]), local, files)
     bad_temp = [*DATAFLOW[:-1], "--temp_location=/tmp/x"]
     with pytest.raises(RecordForgeError, match="--temp_location must be a gs:// path"):
-        dataflow_preflight(PipelineOptions(bad_temp),
-                           ConvertConfig(sources=("gs://b/*.parquet",), output="gs://b/o"), files)
+        dataflow_preflight(
+            PipelineOptions(bad_temp), ConvertConfig(sources=("gs://b/*.parquet",), output="gs://b/o"), files
+        )
     # Not Dataflow: nothing to check.
     dataflow_preflight(PipelineOptions([]), local, files)
 
 
 def _records(output: str) -> Counter:
     meta = json.loads(Path(output, "metadata.json").read_text())
-    return Counter(r for s in meta["shards"]
-                   for r in iter_records(os.path.join(output, s["file"]), "gzip"))
+    return Counter(r for s in meta["shards"] for r in iter_records(os.path.join(output, s["file"]), "gzip"))
 
 
 def _shard_bytes(output: str) -> dict[str, bytes]:
@@ -146,11 +190,18 @@ def _shard_bytes(output: str) -> dict[str, bytes]:
 
 
 def test_portable_runner_output_is_byte_identical(parquet_source: str, tmp_path: Path) -> None:
-    common = ["--source", parquet_source, "--deterministic", "--num_shards", "3",
-              "--batch_size", "256"]
+    common = ["--source", parquet_source, "--deterministic", "--num_shards", "3", "--batch_size", "256"]
     run([*common, "--output", str(tmp_path / "inproc")])
-    run([*common, "--output", str(tmp_path / "portable"), "--runner=PortableRunner",
-         "--job_endpoint=embed", "--environment_type=LOOPBACK"])
+    run(
+        [
+            *common,
+            "--output",
+            str(tmp_path / "portable"),
+            "--runner=PortableRunner",
+            "--job_endpoint=embed",
+            "--environment_type=LOOPBACK",
+        ]
+    )
     inproc, portable = _shard_bytes(str(tmp_path / "inproc")), _shard_bytes(str(tmp_path / "portable"))
     assert list(inproc) == [f"data-0000{i}-of-00003.tfrecord.gz" for i in range(3)]
     assert inproc == portable
@@ -159,8 +210,18 @@ def test_portable_runner_output_is_byte_identical(parquet_source: str, tmp_path:
 
 def test_multi_processing_writes_the_same_records(parquet_source: str, tmp_path: Path) -> None:
     run(["--source", parquet_source, "--output", str(tmp_path / "one"), "--batch_size", "256"])
-    run(["--source", parquet_source, "--output", str(tmp_path / "two"), "--batch_size", "256",
-         "--direct_running_mode=multi_processing", "--direct_num_workers=2"])
+    run(
+        [
+            "--source",
+            parquet_source,
+            "--output",
+            str(tmp_path / "two"),
+            "--batch_size",
+            "256",
+            "--direct_running_mode=multi_processing",
+            "--direct_num_workers=2",
+        ]
+    )
     one, two = _records(str(tmp_path / "one")), _records(str(tmp_path / "two"))
     assert sum(one.values()) == 2100
     assert one == two

@@ -11,19 +11,23 @@ from recordforge.encoding import ExampleEncoder
 from recordforge.schemas import compile_schema, schema_from_dict
 from recordforge.transforms.conform import conform_batch
 
-SCHEMA = schema_from_dict({"features": [
-    {"name": "i", "type": "int64"},
-    {"name": "f", "type": "float32"},
-    {"name": "d", "type": "float64", "narrow": True},
-    {"name": "s", "type": "string"},
-    {"name": "b", "type": "bytes"},
-    {"name": "t", "type": "bool"},
-    {"name": "il", "type": "int64", "shape": [-1]},
-    {"name": "fl", "type": "float32", "shape": [2]},
-    {"name": "sl", "type": "bytes", "shape": [-1]},
-    {"name": "m", "type": "int64", "shape": [2, 2]},
-    {"name": "a_long_feature_name_" + "x" * 150, "type": "int64", "column": "i"},
-]})
+SCHEMA = schema_from_dict(
+    {
+        "features": [
+            {"name": "i", "type": "int64"},
+            {"name": "f", "type": "float32"},
+            {"name": "d", "type": "float64", "narrow": True},
+            {"name": "s", "type": "string"},
+            {"name": "b", "type": "bytes"},
+            {"name": "t", "type": "bool"},
+            {"name": "il", "type": "int64", "shape": [-1]},
+            {"name": "fl", "type": "float32", "shape": [2]},
+            {"name": "sl", "type": "bytes", "shape": [-1]},
+            {"name": "m", "type": "int64", "shape": [2, 2]},
+            {"name": "a_long_feature_name_" + "x" * 150, "type": "int64", "column": "i"},
+        ]
+    }
+)
 PLAN = compile_schema(SCHEMA)
 
 
@@ -36,10 +40,12 @@ def _expected(row: dict) -> example_pb2.Example:
             continue
         vals = v if isinstance(v, list) else [v]
         feat = ex.features.feature[f.name]
-        getattr(feat, {"INT64": "int64_list", "FLOAT": "float_list", "BYTES": "bytes_list"}[
-            f.kind.name]).value.extend(vals)
-        feat.WhichOneof("kind") or getattr(feat, {"INT64": "int64_list", "FLOAT": "float_list",
-                                                  "BYTES": "bytes_list"}[f.kind.name]).SetInParent()
+        getattr(
+            feat, {"INT64": "int64_list", "FLOAT": "float_list", "BYTES": "bytes_list"}[f.kind.name]
+        ).value.extend(vals)
+        feat.WhichOneof("kind") or getattr(
+            feat, {"INT64": "int64_list", "FLOAT": "float_list", "BYTES": "bytes_list"}[f.kind.name]
+        ).SetInParent()
     return ex
 
 
@@ -51,23 +57,35 @@ def _random_batch(rng: np.random.Generator, n: int) -> pa.RecordBatch:
     ints[rng.random(n) < 0.3] = 0
     small = rng.integers(-300, 300, n)
     words = [bytes(rng.integers(0, 256, int(k), dtype=np.uint8)) for k in rng.integers(0, 300, n)]
-    return pa.RecordBatch.from_pydict({
-        "i": pa.array(maybe([int(x) for x in np.where(rng.random(n) < 0.5, ints, small)])),
-        "f": pa.array(maybe(list(rng.standard_normal(n).astype(np.float32))), pa.float32()),
-        "d": pa.array(maybe(list(rng.standard_normal(n) * 1e30))),
-        "s": pa.array(maybe(["é" * int(k) for k in rng.integers(0, 100, n)])),
-        "b": pa.array(maybe(words), pa.binary()),
-        "t": pa.array(maybe(list(rng.random(n) < 0.5))),
-        "il": pa.array(maybe([list(map(int, rng.integers(-5, 2**40, int(k))))
-                              for k in rng.integers(0, 12, n)])),
-        "fl": pa.array(maybe([list(rng.standard_normal(2).astype(np.float32)) for _ in range(n)]),
-                       pa.list_(pa.float32())),
-        "sl": pa.array(maybe([[w[: int(k)] for k in rng.integers(0, 140, int(m))]
-                              for w, m in zip(words, rng.integers(0, 4, n), strict=True)]),
-                       pa.list_(pa.binary())),
-        "m": pa.array(maybe([[[int(x) for x in r] for r in rng.integers(-9, 9, (2, 2))]
-                             for _ in range(n)])),
-    })
+    return pa.RecordBatch.from_pydict(
+        {
+            "i": pa.array(maybe([int(x) for x in np.where(rng.random(n) < 0.5, ints, small)])),
+            "f": pa.array(maybe(list(rng.standard_normal(n).astype(np.float32))), pa.float32()),
+            "d": pa.array(maybe(list(rng.standard_normal(n) * 1e30))),
+            "s": pa.array(maybe(["é" * int(k) for k in rng.integers(0, 100, n)])),
+            "b": pa.array(maybe(words), pa.binary()),
+            "t": pa.array(maybe(list(rng.random(n) < 0.5))),
+            "il": pa.array(
+                maybe([list(map(int, rng.integers(-5, 2**40, int(k)))) for k in rng.integers(0, 12, n)])
+            ),
+            "fl": pa.array(
+                maybe([list(rng.standard_normal(2).astype(np.float32)) for _ in range(n)]),
+                pa.list_(pa.float32()),
+            ),
+            "sl": pa.array(
+                maybe(
+                    [
+                        [w[: int(k)] for k in rng.integers(0, 140, int(m))]
+                        for w, m in zip(words, rng.integers(0, 4, n), strict=True)
+                    ]
+                ),
+                pa.list_(pa.binary()),
+            ),
+            "m": pa.array(
+                maybe([[[int(x) for x in r] for r in rng.integers(-9, 9, (2, 2))] for _ in range(n)])
+            ),
+        }
+    )
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -145,9 +163,20 @@ def test_sliced_batches_encode_like_whole() -> None:
     ],
 )
 def test_zeros_and_edge_values_are_values(column: str, value: object, expected: list) -> None:
-    plan = compile_schema(schema_from_dict({"features": [
-        {"name": column, "type": {"i": "int64", "s": "string", "b": "bytes", "t": "bool",
-                                  "f": "float32"}[column]}]}))
+    plan = compile_schema(
+        schema_from_dict(
+            {
+                "features": [
+                    {
+                        "name": column,
+                        "type": {"i": "int64", "s": "string", "b": "bytes", "t": "bool", "f": "float32"}[
+                            column
+                        ],
+                    }
+                ]
+            }
+        )
+    )
     typ = {"f": pa.float32(), "b": pa.binary()}.get(column)
     batch = pa.RecordBatch.from_pydict({column: pa.array([value, None], typ)})
     out = ExampleEncoder(plan).encode(conform_batch(batch, plan, file="m", first_row=0).batch)

@@ -20,8 +20,9 @@ from recordforge.pipelines.convert import DEFAULT_RUNNER, build, run
 def _convert(tmp_path: Any, source: str, features: list[dict], **kw: Any) -> None:
     schema = tmp_path / "schema.yaml"
     schema.write_text(yaml.safe_dump({"features": features}))
-    config = ConvertConfig(sources=(source,), output=str(tmp_path / "out"),
-                           schema_path=str(schema), batch_size=4, **kw)
+    config = ConvertConfig(
+        sources=(source,), output=str(tmp_path / "out"), schema_path=str(schema), batch_size=4, **kw
+    )
     p = TestPipeline(runner=DEFAULT_RUNNER)
     build(p, config)
     p.run().wait_until_finish()
@@ -29,8 +30,12 @@ def _convert(tmp_path: Any, source: str, features: list[dict], **kw: Any) -> Non
 
 CASES = [
     # (column values as a pyarrow array, feature, expected row (1-based), reason pattern)
-    (pa.array([1, 2, 3, 4, 5, None, 7], pa.int64()),
-     {"type": "int64", "nulls": "required"}, 6, "nulls: required"),
+    (
+        pa.array([1, 2, 3, 4, 5, None, 7], pa.int64()),
+        {"type": "int64", "nulls": "required"},
+        6,
+        "nulls: required",
+    ),
     (pa.array([1, 2, 2**64 - 1], pa.uint64()), {"type": "int64"}, 3, "not in range"),
     (pa.array([1.0, 1e300, 2.0]), {"type": "float64", "narrow": True}, 2, "outside float32"),
     (pa.array([1.0, 2.5]), {"type": "int64"}, 2, "truncated"),
@@ -38,8 +43,12 @@ CASES = [
     (pa.array([0, 1, 2]), {"type": "bool"}, 3, "0 or 1"),
     (pa.array([[1, 2], [1], [3, 4]]), {"type": "int64", "shape": [2]}, 2, "needs 2 values"),
     (pa.array([[1], [2, None]]), {"type": "int64", "shape": [-1]}, 2, "holds a null"),
-    (pa.array([[[1, 2], [3, 4]], [[1, 2], [3]]]), {"type": "int64", "shape": [2, 2]}, 2,
-     "inner lists of length 2"),
+    (
+        pa.array([[[1, 2], [3, 4]], [[1, 2], [3]]]),
+        {"type": "int64", "shape": [2, 2]},
+        2,
+        "inner lists of length 2",
+    ),
 ]
 
 
@@ -60,8 +69,7 @@ def test_csv_bad_value_names_row_after_quoted_newlines(tmp_path: Any) -> None:
     path = tmp_path / "bad.csv"
     path.write_text('n,note\n1,"two\nlines"\n2,x\nabc,y\n4,z\n')
     with pytest.raises(Exception) as err:
-        _convert(tmp_path, str(path), [{"name": "n", "type": "int64"},
-                                       {"name": "note", "type": "string"}])
+        _convert(tmp_path, str(path), [{"name": "n", "type": "int64"}, {"name": "note", "type": "string"}])
     assert f"{path}, row 3, column 'n'" in str(err.value)
     assert "'abc'" in str(err.value)
 
@@ -84,8 +92,7 @@ def test_multi_threading_is_refused(tmp_path: Any) -> None:
     path = tmp_path / "a.parquet"
     pq.write_table(pa.table({"x": np.arange(3)}), path)
     with pytest.raises(RecordForgeError, match="multi_threading is refused"):
-        run(["--source", str(path), "--output", str(tmp_path / "o"),
-             "--direct_running_mode=multi_threading"])
+        run(["--source", str(path), "--output", str(tmp_path / "o"), "--direct_running_mode=multi_threading"])
 
 
 def test_existing_output_needs_overwrite(tmp_path: Any) -> None:

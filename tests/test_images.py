@@ -18,8 +18,11 @@ from recordforge.sampledata import mnist_folder
 
 
 def _save(path: Path, pixels: np.ndarray, fmt: str, **kw: object) -> bytes:
-    mode = {2: "L", 3: "RGB"}.get(pixels.ndim, "L") if pixels.ndim == 2 else (
-        "RGBA" if pixels.shape[2] == 4 else "RGB")
+    mode = (
+        {2: "L", 3: "RGB"}.get(pixels.ndim, "L")
+        if pixels.ndim == 2
+        else ("RGBA" if pixels.shape[2] == 4 else "RGB")
+    )
     if pixels.dtype == np.uint16:
         im = Image.fromarray(pixels, mode="I;16")
     else:
@@ -31,14 +34,15 @@ def _save(path: Path, pixels: np.ndarray, fmt: str, **kw: object) -> bytes:
 
 
 def _records(out: Path) -> list[dict]:
-    return [{k: (v.numpy() if hasattr(v, "numpy") else v) for k, v in r.items()}
-            for r in recordforge.read(str(out), decode_images=True)]
+    return [
+        {k: (v.numpy() if hasattr(v, "numpy") else v) for k, v in r.items()}
+        for r in recordforge.read(str(out), decode_images=True)
+    ]
 
 
 def test_mnist_folder_round_trips_pixel_exact(tmp_path: Path) -> None:
     written = mnist_folder(str(tmp_path / "mnist"), per_class=4)
-    meta = run(["--format", "images", "--source", str(tmp_path / "mnist"),
-                "--output", str(tmp_path / "out")])
+    meta = run(["--format", "images", "--source", str(tmp_path / "mnist"), "--output", str(tmp_path / "out")])
     assert meta["compression"] == "none"  # image bytes: GZIP would cost CPU for ~nothing
     assert meta["labels"] == [str(d) for d in range(10)]
     assert meta["splits"] == ["test", "train"]
@@ -49,8 +53,11 @@ def test_mnist_folder_round_trips_pixel_exact(tmp_path: Path) -> None:
         label = rec["label"].decode()
         split = rec["split"].decode()
         assert rec["label_id"] == int(label)
-        matches = [p for p in by_path if f"/{split}/{label}/" in p
-                   and np.array_equal(by_path[p], rec["image"][:, :, 0])]
+        matches = [
+            p
+            for p in by_path
+            if f"/{split}/{label}/" in p and np.array_equal(by_path[p], rec["image"][:, :, 0])
+        ]
         assert matches, (split, label)
         assert rec["image"].shape == (28, 28, 1)
         assert (rec["image/height"], rec["image/width"], rec["image/channels"]) == (28, 28, 1)
@@ -84,20 +91,39 @@ def test_manifest_with_two_image_columns_and_bad_images(tmp_path: Path) -> None:
     bad = ["truncated.png", "empty.png", "text.png", "missing.png"]
     rows = [(f"img/{n}", f"img/{names[(i + 1) % len(names)]}", i) for i, n in enumerate(names)]
     rows += [(f"img/{b}", "img/gray.png", 100 + i) for i, b in enumerate(bad)]
-    (tmp_path / "manifest.csv").write_text(
-        "front,back,id\n" + "".join(f"{a},{b},{i}\n" for a, b, i in rows))
-    (tmp_path / "schema.yaml").write_text(yaml.safe_dump({"features": [
-        {"name": "front", "type": "image", "nulls": "required"},
-        {"name": "back", "type": "image", "nulls": "required"},
-        {"name": "id", "type": "int64", "nulls": "required"},
-    ]}))
-    meta = run(["--format", "images", "--source", str(tmp_path / "manifest.csv"),
-                "--schema", str(tmp_path / "schema.yaml"), "--output", str(tmp_path / "out"),
-                "--max_rejected", "10"])
+    (tmp_path / "manifest.csv").write_text("front,back,id\n" + "".join(f"{a},{b},{i}\n" for a, b, i in rows))
+    (tmp_path / "schema.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "features": [
+                    {"name": "front", "type": "image", "nulls": "required"},
+                    {"name": "back", "type": "image", "nulls": "required"},
+                    {"name": "id", "type": "int64", "nulls": "required"},
+                ]
+            }
+        )
+    )
+    meta = run(
+        [
+            "--format",
+            "images",
+            "--source",
+            str(tmp_path / "manifest.csv"),
+            "--schema",
+            str(tmp_path / "schema.yaml"),
+            "--output",
+            str(tmp_path / "out"),
+            "--max_rejected",
+            "10",
+        ]
+    )
     assert meta["rows_written"] == len(names) and meta["rows_rejected"] == len(bad)
     assert meta["rejected_by_rule"] == {"image": len(bad)}
-    rejected = [json.loads(x) for f in (tmp_path / "out" / "_rejected").glob("*.jsonl")
-                for x in f.read_text().splitlines()]
+    rejected = [
+        json.loads(x)
+        for f in (tmp_path / "out" / "_rejected").glob("*.jsonl")
+        for x in f.read_text().splitlines()
+    ]
     reasons = {r["value"]: r["reason"] for r in rejected}
     assert "truncated PNG" in reasons["img/truncated.png"]
     assert "empty file" in reasons["img/empty.png"]
@@ -106,9 +132,11 @@ def test_manifest_with_two_image_columns_and_bad_images(tmp_path: Path) -> None:
 
     spec = json.loads((tmp_path / "out" / "feature_spec.json").read_text())
     parsed = tf.io.parse_example(
-        list(tf.data.TFRecordDataset(
-            [str(tmp_path / "out" / s["file"]) for s in meta["shards"]]).batch(100))[0],
-        recordforge.schemas.export.to_tf_feature_spec(spec))
+        list(tf.data.TFRecordDataset([str(tmp_path / "out" / s["file"]) for s in meta["shards"]]).batch(100))[
+            0
+        ],
+        recordforge.schemas.export.to_tf_feature_spec(spec),
+    )
     for i in range(len(names)):
         front = names[int(parsed["id"][i])]
         # The original bytes, untouched.
@@ -126,10 +154,10 @@ def test_manifest_with_two_image_columns_and_bad_images(tmp_path: Path) -> None:
             np.testing.assert_array_equal(decoded, np.asarray(Image.open(img / front).convert("RGB")))
         else:
             decoded = tf.io.decode_image(data).numpy()
-            np.testing.assert_array_equal(decoded.reshape(px.shape) if px.ndim == 2 else decoded,
-                                          px)
-        assert tuple(int(parsed[f"front/{k}"][i]) for k in ("height", "width", "channels")) == \
-            decoded.shape[:2] + ((decoded.shape[2] if decoded.ndim == 3 else 1),)
+            np.testing.assert_array_equal(decoded.reshape(px.shape) if px.ndim == 2 else decoded, px)
+        assert tuple(int(parsed[f"front/{k}"][i]) for k in ("height", "width", "channels")) == decoded.shape[
+            :2
+        ] + ((decoded.shape[2] if decoded.ndim == 3 else 1),)
 
 
 @pytest.mark.parametrize("encode", ["raw", "png", "jpeg"])
@@ -140,13 +168,32 @@ def test_resize_and_reencode(tmp_path: Path, encode: str) -> None:
     px = np.stack([yy * 6, xx * 8, (yy + xx) * 3], axis=-1).astype(np.uint8)
     _save(src, px, "PNG")
     (tmp_path / "m.csv").write_text("image\na.png\n")
-    feature = {"name": "image", "type": "image", "nulls": "required", "resize": [20, 10],
-               "method": "bilinear", "encode": encode, "channels": 3}
+    feature = {
+        "name": "image",
+        "type": "image",
+        "nulls": "required",
+        "resize": [20, 10],
+        "method": "bilinear",
+        "encode": encode,
+        "channels": 3,
+    }
     if encode == "jpeg":
         feature["quality"] = 90
     (tmp_path / "s.yaml").write_text(yaml.safe_dump({"features": [feature]}))
-    meta = run(["--format", "images", "--source", str(tmp_path / "m.csv"), "--schema",
-                str(tmp_path / "s.yaml"), "--output", str(tmp_path / "out"), "--compression", "gzip"])
+    meta = run(
+        [
+            "--format",
+            "images",
+            "--source",
+            str(tmp_path / "m.csv"),
+            "--schema",
+            str(tmp_path / "s.yaml"),
+            "--output",
+            str(tmp_path / "out"),
+            "--compression",
+            "gzip",
+        ]
+    )
     assert meta["compression"] == "gzip"  # an explicit --compression always wins
     expected = np.asarray(Image.open(src).convert("RGB").resize((10, 20), Image.Resampling.BILINEAR))
     if encode == "raw":

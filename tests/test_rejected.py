@@ -17,26 +17,40 @@ from recordforge.pipelines.convert import run
 from recordforge.tfrecord import iter_records
 from recordforge.transforms.rejects import decode_value
 
-SCHEMA = {"features": [
-    {"name": "id", "type": "int64", "nulls": "required"},
-    {"name": "req", "type": "int64", "nulls": "required"},
-    {"name": "u", "type": "int64"},
-    {"name": "f", "type": "float64", "narrow": True},
-    {"name": "i", "type": "int64", "column": "frac"},
-    {"name": "s", "type": "string", "column": "raw", "max_length": 5},
-    {"name": "flag", "type": "int64", "column": "flag"},
-    {"name": "b", "type": "bool", "column": "b01"},
-    {"name": "pair", "type": "int64", "shape": [2]},
-    {"name": "lst", "type": "int64", "shape": [-1]},
-    {"name": "score", "type": "float32", "min": 0, "max": 1},
-    {"name": "color", "type": "string", "allowed": ["red", "green"]},
-    {"name": "code", "type": "string", "regex": "^[A-Z]{3}$"},
-    {"name": "price", "type": "decimal", "as": "scaled_int", "scale": 2},
-]}
+SCHEMA = {
+    "features": [
+        {"name": "id", "type": "int64", "nulls": "required"},
+        {"name": "req", "type": "int64", "nulls": "required"},
+        {"name": "u", "type": "int64"},
+        {"name": "f", "type": "float64", "narrow": True},
+        {"name": "i", "type": "int64", "column": "frac"},
+        {"name": "s", "type": "string", "column": "raw", "max_length": 5},
+        {"name": "flag", "type": "int64", "column": "flag"},
+        {"name": "b", "type": "bool", "column": "b01"},
+        {"name": "pair", "type": "int64", "shape": [2]},
+        {"name": "lst", "type": "int64", "shape": [-1]},
+        {"name": "score", "type": "float32", "min": 0, "max": 1},
+        {"name": "color", "type": "string", "allowed": ["red", "green"]},
+        {"name": "code", "type": "string", "regex": "^[A-Z]{3}$"},
+        {"name": "price", "type": "decimal", "as": "scaled_int", "scale": 2},
+    ]
+}
 
-GOOD = {"req": 1, "u": 5, "f": 1.5, "frac": 2.0, "raw": b"ok", "flag": 1, "b01": 1,
-        "pair": [1, 2], "lst": [3], "score": 0.5, "color": "red", "code": "ABC",
-        "price": "1.25"}
+GOOD = {
+    "req": 1,
+    "u": 5,
+    "f": 1.5,
+    "frac": 2.0,
+    "raw": b"ok",
+    "flag": 1,
+    "b01": 1,
+    "pair": [1, 2],
+    "lst": [3],
+    "score": 0.5,
+    "color": "red",
+    "code": "ABC",
+    "price": "1.25",
+}
 
 # (column to break, bad value, rule, reason fragment)
 FAULTS = [
@@ -58,22 +72,24 @@ FAULTS = [
 
 
 def _table(rows: list[dict[str, Any]]) -> pa.Table:
-    return pa.table({
-        "id": pa.array([r["id"] for r in rows], pa.int64()),
-        "req": pa.array([r["req"] for r in rows], pa.int64()),
-        "u": pa.array([r["u"] for r in rows], pa.uint64()),
-        "f": pa.array([r["f"] for r in rows], pa.float64()),
-        "frac": pa.array([r["frac"] for r in rows], pa.float64()),
-        "raw": pa.array([r["raw"] for r in rows], pa.binary()),
-        "flag": pa.array([r["flag"] for r in rows], pa.int64()),
-        "b01": pa.array([r["b01"] for r in rows], pa.int64()),
-        "pair": pa.array([r["pair"] for r in rows], pa.list_(pa.int64())),
-        "lst": pa.array([r["lst"] for r in rows], pa.list_(pa.int64())),
-        "score": pa.array([r["score"] for r in rows], pa.float32()),
-        "color": pa.array([r["color"] for r in rows], pa.string()),
-        "code": pa.array([r["code"] for r in rows], pa.string()),
-        "price": pa.array([r["price"] for r in rows], pa.string()),
-    })
+    return pa.table(
+        {
+            "id": pa.array([r["id"] for r in rows], pa.int64()),
+            "req": pa.array([r["req"] for r in rows], pa.int64()),
+            "u": pa.array([r["u"] for r in rows], pa.uint64()),
+            "f": pa.array([r["f"] for r in rows], pa.float64()),
+            "frac": pa.array([r["frac"] for r in rows], pa.float64()),
+            "raw": pa.array([r["raw"] for r in rows], pa.binary()),
+            "flag": pa.array([r["flag"] for r in rows], pa.int64()),
+            "b01": pa.array([r["b01"] for r in rows], pa.int64()),
+            "pair": pa.array([r["pair"] for r in rows], pa.list_(pa.int64())),
+            "lst": pa.array([r["lst"] for r in rows], pa.list_(pa.int64())),
+            "score": pa.array([r["score"] for r in rows], pa.float32()),
+            "color": pa.array([r["color"] for r in rows], pa.string()),
+            "code": pa.array([r["code"] for r in rows], pa.string()),
+            "price": pa.array([r["price"] for r in rows], pa.string()),
+        }
+    )
 
 
 @pytest.fixture
@@ -93,16 +109,28 @@ def faulty(tmp_path: Path) -> tuple[Path, list[dict[str, Any]]]:
 
 
 def _args(tmp_path: Path, path: Path, *extra: str) -> list[str]:
-    return ["--source", str(path), "--schema", str(tmp_path / "schema.yaml"),
-            "--output", str(tmp_path / "out"), "--batch_size", "4", *extra]
+    return [
+        "--source",
+        str(path),
+        "--schema",
+        str(tmp_path / "schema.yaml"),
+        "--output",
+        str(tmp_path / "out"),
+        "--batch_size",
+        "4",
+        *extra,
+    ]
 
 
 def test_every_fault_is_rejected_with_its_reason(tmp_path: Path, faulty: tuple) -> None:
     path, rows = faulty
     meta = run(_args(tmp_path, path, "--max_rejected", "100"))
     out = tmp_path / "out"
-    lines = [json.loads(line) for f in sorted((out / "_rejected").glob("*.jsonl"))
-             for line in f.read_text().splitlines()]
+    lines = [
+        json.loads(line)
+        for f in sorted((out / "_rejected").glob("*.jsonl"))
+        for line in f.read_text().splitlines()
+    ]
     lines.sort(key=lambda r: r["row"])
     assert len(lines) == len(FAULTS) >= 10
     for k, (line, (column, value, rule, reason)) in enumerate(zip(lines, FAULTS, strict=True)):
@@ -126,16 +154,28 @@ def test_every_fault_is_rejected_with_its_reason(tmp_path: Path, faulty: tuple) 
         expected_rules[rule] = expected_rules.get(rule, 0) + 1
     assert meta["rejected_by_rule"] == dict(sorted(expected_rules.items()))
 
-    written = [example_to_dict(r) for s in meta["shards"]
-               for r in iter_records(str(out / s["file"]), "gzip")]
+    written = [example_to_dict(r) for s in meta["shards"] for r in iter_records(str(out / s["file"]), "gzip")]
     good_ids = sorted(r["id"] for r in rows if r["id"] % 2 == 0 or r["id"] // 2 >= len(FAULTS))
     assert sorted(w["id"][0] for w in written) == good_ids
-    expected_good = {"req": [1], "u": [5], "f": [1.5], "i": [2], "s": [b"ok"], "flag": [1],
-                     "b": [1], "pair": [1, 2], "lst": [3], "score": [0.5], "color": [b"red"],
-                     "code": [b"ABC"], "price": [125]}
+    expected_good = {
+        "req": [1],
+        "u": [5],
+        "f": [1.5],
+        "i": [2],
+        "s": [b"ok"],
+        "flag": [1],
+        "b": [1],
+        "pair": [1, 2],
+        "lst": [3],
+        "score": [0.5],
+        "color": [b"red"],
+        "code": [b"ABC"],
+        "price": [125],
+    }
     for w in written:
         assert canonical({k: v for k, v in w.items() if k != "id"}, frozenset()) == canonical(
-            expected_good, frozenset())
+            expected_good, frozenset()
+        )
 
 
 def test_strict_default_fails_at_the_first_bad_row(tmp_path: Path, faulty: tuple) -> None:
@@ -162,16 +202,25 @@ def test_exceeding_the_bound_fails_with_top_reasons(tmp_path: Path, faulty: tupl
 def test_csv_rows_with_wrong_column_count_are_rejected(tmp_path: Path) -> None:
     path = tmp_path / "a.csv"
     path.write_text('id,name\n1,a\n2,b,extra\n3,"multi\nline"\n4\n5,e\n')
-    (tmp_path / "schema.yaml").write_text(yaml.safe_dump({"features": [
-        {"name": "id", "type": "int64"}, {"name": "name", "type": "string"}]}))
+    (tmp_path / "schema.yaml").write_text(
+        yaml.safe_dump({"features": [{"name": "id", "type": "int64"}, {"name": "name", "type": "string"}]})
+    )
     meta = run(_args(tmp_path, path, "--max_rejected", "5"))
     assert meta["rows_read"] == 5 and meta["rows_written"] == 3 and meta["rows_rejected"] == 2
-    lines = [json.loads(x) for f in (tmp_path / "out" / "_rejected").glob("*.jsonl")
-             for x in f.read_text().splitlines()]
+    lines = [
+        json.loads(x)
+        for f in (tmp_path / "out" / "_rejected").glob("*.jsonl")
+        for x in f.read_text().splitlines()
+    ]
     assert sorted((x["rule"], x["value"]) for x in lines) == [
-        ("csv_columns", "2,b,extra"), ("csv_columns", "4")]
-    with pytest.raises(Exception, match=r"a.csv, row unknown, column '\*'.*expected 2 columns, "
-                       r"found 3 \[rule: csv_columns\] \(value: '2,b,extra'\)"):
+        ("csv_columns", "2,b,extra"),
+        ("csv_columns", "4"),
+    ]
+    with pytest.raises(
+        Exception,
+        match=r"a.csv, row unknown, column '\*'.*expected 2 columns, "
+        r"found 3 \[rule: csv_columns\] \(value: '2,b,extra'\)",
+    ):
         run(_args(tmp_path, path, "--overwrite"))
 
 
@@ -187,8 +236,7 @@ def test_unreadable_files_fail_or_are_listed(tmp_path: Path) -> None:
         run(_args(tmp_path, pattern))
     meta = run(_args(tmp_path, pattern, "--skip_unreadable_files", "--overwrite"))
     assert meta["rows_written"] == 1
-    assert [u["file"] for u in meta["unreadable_files"]] == [
-        str(tmp_path / "src" / "truncated.parquet")]
+    assert [u["file"] for u in meta["unreadable_files"]] == [str(tmp_path / "src" / "truncated.parquet")]
     assert "Parquet" in meta["unreadable_files"][0]["error"]
 
 

@@ -30,16 +30,16 @@ def test_span_resolution_picks_the_right_folder(tmp_path: Path) -> None:
     for n in (3, 12, 4):
         (tmp_path / "spans" / f"span-{n}").mkdir(parents=True)
         pq.write_table(pa.table({"x": [n]}), tmp_path / "spans" / f"span-{n}" / "a.parquet")
-    assert resolve_span([str(tmp_path / "spans/span-{SPAN}/*.parquet")], "latest").values == {
-        "SPAN": "12"}
+    assert resolve_span([str(tmp_path / "spans/span-{SPAN}/*.parquet")], "latest").values == {"SPAN": "12"}
     with pytest.raises(SourceError, match="no span found"):
         resolve_span([str(tmp_path / "nothing/{SPAN}/*.parquet")], "latest")
 
     meta = run(["--source", pattern, "--output", str(tmp_path / "out/{YYYY}{MM}{DD}")])
     assert meta["num_records"] == 2 and meta["span"] == "2024-02-01"
     assert (tmp_path / "out" / "20240201" / "_SUCCESS").exists()
-    meta = run(["--source", pattern, "--output", str(tmp_path / "out/{YYYY}{MM}{DD}"),
-                "--span", "2023-12-31"])
+    meta = run(
+        ["--source", pattern, "--output", str(tmp_path / "out/{YYYY}{MM}{DD}"), "--span", "2023-12-31"]
+    )
     assert meta["num_records"] == 3
 
 
@@ -84,8 +84,13 @@ def test_schedule_examples_use_real_flags() -> None:
     body = json.loads((root / "launch_body.json").read_text())
     assert set(body["launchParameter"]["parameters"]) <= names
     tree = ast.parse((root / "airflow_dag.py").read_text())
-    options = next(kw.value for node in ast.walk(tree) if isinstance(node, ast.Call)
-                   for kw in node.keywords if kw.arg == "pipeline_options")
+    options = next(
+        kw.value
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call)
+        for kw in node.keywords
+        if kw.arg == "pipeline_options"
+    )
     keys = {k.value for k in options.keys}
     beam_flags = {"temp_location", "sdk_container_image", "sdk_location"}
     assert keys - beam_flags <= names and keys & names

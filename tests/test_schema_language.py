@@ -32,40 +32,81 @@ def _f64(x: float) -> bytes:
 
 # type name -> (YAML keys, Arrow type, value generator(rng, i), expected written value(v))
 TYPES: dict[str, tuple[dict, pa.DataType, Any, Any]] = {
-    "int64": ({"type": "int64"}, pa.int64(),
-              lambda r, i: [0, -1, 2**63 - 1, -(2**63), int(r.integers(-99, 99))][i % 5], int),
-    "float32": ({"type": "float32"}, pa.float32(),
-                lambda r, i: float(np.float32([0.0, -0.0, np.inf, 1e-40, r.normal()][i % 5])),
-                lambda v: _f32(v)),
-    "float64_narrow": ({"type": "float64", "narrow": True}, pa.float64(),
-                       lambda r, i: [0.1, -1e30, 1e-300, float(r.normal())][i % 4],
-                       lambda v: _f32(float(np.float32(v)))),
-    "float64_bytes": ({"type": "float64", "encode": "bytes"}, pa.float64(),
-                      lambda r, i: [0.1, -1e300, 5e-324, float("nan"), float(r.normal())][i % 5],
-                      _f64),
-    "bytes": ({"type": "bytes"}, pa.binary(),
-              lambda r, i: [b"", b"\xff\x00", bytes(r.integers(0, 256, 5, dtype=np.uint8))][i % 3],
-              bytes),
-    "string": ({"type": "string"}, pa.string(),
-               lambda r, i: ["", "héllo", "a,b\n\"c\"", "x" * int(r.integers(0, 9))][i % 4],
-               lambda v: v.encode()),
+    "int64": (
+        {"type": "int64"},
+        pa.int64(),
+        lambda r, i: [0, -1, 2**63 - 1, -(2**63), int(r.integers(-99, 99))][i % 5],
+        int,
+    ),
+    "float32": (
+        {"type": "float32"},
+        pa.float32(),
+        lambda r, i: float(np.float32([0.0, -0.0, np.inf, 1e-40, r.normal()][i % 5])),
+        lambda v: _f32(v),
+    ),
+    "float64_narrow": (
+        {"type": "float64", "narrow": True},
+        pa.float64(),
+        lambda r, i: [0.1, -1e30, 1e-300, float(r.normal())][i % 4],
+        lambda v: _f32(float(np.float32(v))),
+    ),
+    "float64_bytes": (
+        {"type": "float64", "encode": "bytes"},
+        pa.float64(),
+        lambda r, i: [0.1, -1e300, 5e-324, float("nan"), float(r.normal())][i % 5],
+        _f64,
+    ),
+    "bytes": (
+        {"type": "bytes"},
+        pa.binary(),
+        lambda r, i: [b"", b"\xff\x00", bytes(r.integers(0, 256, 5, dtype=np.uint8))][i % 3],
+        bytes,
+    ),
+    "string": (
+        {"type": "string"},
+        pa.string(),
+        lambda r, i: ["", "héllo", 'a,b\n"c"', "x" * int(r.integers(0, 9))][i % 4],
+        lambda v: v.encode(),
+    ),
     "bool": ({"type": "bool"}, pa.bool_(), lambda r, i: bool(i % 2), int),
-    "timestamp": ({"type": "timestamp", "unit": "us"}, pa.timestamp("us", tz="UTC"),
-                  lambda r, i: EPOCH + datetime.timedelta(microseconds=int(r.integers(-10**15, 10**15))),
-                  lambda v: (v - EPOCH) // datetime.timedelta(microseconds=1)),
-    "date": ({"type": "date"}, pa.date32(),
-             lambda r, i: datetime.date(1970, 1, 1) + datetime.timedelta(days=int(r.integers(-9999, 99999))),
-             lambda v: (v - datetime.date(1970, 1, 1)).days),
-    "decimal_string": ({"type": "decimal", "as": "string"}, pa.decimal128(20, 4),
-                       lambda r, i: decimal.Decimal(int(r.integers(-10**12, 10**12))).scaleb(-4),
-                       lambda v: str(v).encode()),
-    "decimal_scaled": ({"type": "decimal", "as": "scaled_int", "scale": 4}, pa.decimal128(20, 4),
-                       lambda r, i: decimal.Decimal(int(r.integers(-10**12, 10**12))).scaleb(-4),
-                       lambda v: int(v.scaleb(4))),
+    "timestamp": (
+        {"type": "timestamp", "unit": "us"},
+        pa.timestamp("us", tz="UTC"),
+        lambda r, i: EPOCH + datetime.timedelta(microseconds=int(r.integers(-(10**15), 10**15))),
+        lambda v: (v - EPOCH) // datetime.timedelta(microseconds=1),
+    ),
+    "date": (
+        {"type": "date"},
+        pa.date32(),
+        lambda r, i: datetime.date(1970, 1, 1) + datetime.timedelta(days=int(r.integers(-9999, 99999))),
+        lambda v: (v - datetime.date(1970, 1, 1)).days,
+    ),
+    "decimal_string": (
+        {"type": "decimal", "as": "string"},
+        pa.decimal128(20, 4),
+        lambda r, i: decimal.Decimal(int(r.integers(-(10**12), 10**12))).scaleb(-4),
+        lambda v: str(v).encode(),
+    ),
+    "decimal_scaled": (
+        {"type": "decimal", "as": "scaled_int", "scale": 4},
+        pa.decimal128(20, 4),
+        lambda r, i: decimal.Decimal(int(r.integers(-(10**12), 10**12))).scaleb(-4),
+        lambda v: int(v.scaleb(4)),
+    ),
 }
-DEFAULTS = {"int64": 7, "float32": 1.5, "float64_narrow": 2.5, "float64_bytes": 3.25,
-            "bytes": "dflt", "string": "dflt", "bool": True, "timestamp": 0, "date": 0,
-            "decimal_string": "0.5", "decimal_scaled": 5}
+DEFAULTS = {
+    "int64": 7,
+    "float32": 1.5,
+    "float64_narrow": 2.5,
+    "float64_bytes": 3.25,
+    "bytes": "dflt",
+    "string": "dflt",
+    "bool": True,
+    "timestamp": 0,
+    "date": 0,
+    "decimal_string": "0.5",
+    "decimal_scaled": 5,
+}
 SHAPES = {"scalar": [], "fixed": [2], "matrix": [2, 2], "list": [-1], "ragged": [-1, -1]}
 POLICIES = ["absent", "required", "default"]
 
@@ -104,8 +145,13 @@ def _values(rng: np.random.Generator, t: str, shape: str, policy: str) -> list[A
 
 def _arrow_type(t: str, shape: str) -> pa.DataType:
     base = TYPES[t][1]
-    return {"scalar": base, "fixed": pa.list_(base), "list": pa.list_(base),
-            "matrix": pa.list_(pa.list_(base)), "ragged": pa.list_(pa.list_(base))}[shape]
+    return {
+        "scalar": base,
+        "fixed": pa.list_(base),
+        "list": pa.list_(base),
+        "matrix": pa.list_(pa.list_(base)),
+        "ragged": pa.list_(pa.list_(base)),
+    }[shape]
 
 
 def _expected(t: str, shape: str, policy: str, v: Any) -> Any:
@@ -181,8 +227,18 @@ def test_every_type_shape_and_null_policy_round_trips(tmp_path: Path) -> None:
     pq.write_table(pa.table(columns), tmp_path / "all.parquet", row_group_size=10)
     (tmp_path / "schema.yaml").write_text(yaml.safe_dump({"features": features}))
     out = tmp_path / "out"
-    run(["--source", str(tmp_path / "all.parquet"), "--schema", str(tmp_path / "schema.yaml"),
-         "--output", str(out), "--batch_size", "7"])
+    run(
+        [
+            "--source",
+            str(tmp_path / "all.parquet"),
+            "--schema",
+            str(tmp_path / "schema.yaml"),
+            "--output",
+            str(out),
+            "--batch_size",
+            "7",
+        ]
+    )
 
     spec = json.loads((out / "feature_spec.json").read_text())
     assert spec["float64_bytes__scalar__required"]["decode"]["raw"] == "float64"
@@ -200,10 +256,19 @@ def test_every_type_shape_and_null_policy_round_trips(tmp_path: Path) -> None:
 def test_timestamp_units_refuse_truncation(tmp_path: Path, unit: str) -> None:
     ts = pa.array([0, 1_500], pa.timestamp("ms"))
     pq.write_table(pa.table({"t": ts}), tmp_path / "t.parquet")
-    (tmp_path / "s.yaml").write_text(yaml.safe_dump({"features": [
-        {"name": "t", "type": "timestamp", "unit": unit}]}))
-    args = ["--source", str(tmp_path / "t.parquet"), "--schema", str(tmp_path / "s.yaml"),
-            "--output", str(tmp_path / "o"), "--compression", "none"]
+    (tmp_path / "s.yaml").write_text(
+        yaml.safe_dump({"features": [{"name": "t", "type": "timestamp", "unit": unit}]})
+    )
+    args = [
+        "--source",
+        str(tmp_path / "t.parquet"),
+        "--schema",
+        str(tmp_path / "s.yaml"),
+        "--output",
+        str(tmp_path / "o"),
+        "--compression",
+        "none",
+    ]
     if unit == "s":
         with pytest.raises(Exception, match=r"row 2, column 't'.*timestamp"):
             run(args)

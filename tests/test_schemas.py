@@ -25,8 +25,14 @@ from recordforge.schemas.export import tfmd_text, to_tf_feature_spec
 
 @pytest.mark.parametrize(
     ("column", "name"),
-    [("Trip Distance", "trip_distance"), ("fare (USD)", "fare_usd"), ("2nd", "_2nd"),
-     ("already_ok", "already_ok"), ("  ", "feature"), ("Ünïcode", "n_code")],
+    [
+        ("Trip Distance", "trip_distance"),
+        ("fare (USD)", "fare_usd"),
+        ("2nd", "_2nd"),
+        ("already_ok", "already_ok"),
+        ("  ", "feature"),
+        ("Ünïcode", "n_code"),
+    ],
 )
 def test_normalize_name(column: str, name: str) -> None:
     assert normalize_name(column) == name
@@ -61,12 +67,16 @@ def test_all_problems_reported_at_once_with_line_numbers(tmp_path: Any) -> None:
 
 
 def test_schema_yaml_round_trips() -> None:
-    schema = schema_from_dict({"features": [
-        {"name": "a", "type": "int64", "nulls": "required"},
-        {"name": "b", "type": "float64", "narrow": True, "shape": [2, 3], "column": "B col"},
-        {"name": "c", "type": "string", "default": "x"},
-        {"name": "d", "type": "bytes", "shape": [-1]},
-    ]})
+    schema = schema_from_dict(
+        {
+            "features": [
+                {"name": "a", "type": "int64", "nulls": "required"},
+                {"name": "b", "type": "float64", "narrow": True, "shape": [2, 3], "column": "B col"},
+                {"name": "c", "type": "string", "default": "x"},
+                {"name": "d", "type": "bytes", "shape": [-1]},
+            ]
+        }
+    )
     import yaml
 
     assert schema_from_dict(yaml.safe_load(dump_schema(schema))).features == schema.features
@@ -74,20 +84,22 @@ def test_schema_yaml_round_trips() -> None:
 
 
 def test_infer_schema_maps_types_names_and_nulls() -> None:
-    arrow = pa.schema([
-        pa.field("Trip Id", pa.int64(), nullable=False),
-        pa.field("u", pa.uint64()),
-        pa.field("f16", pa.float16()),
-        pa.field("f32", pa.float32()),
-        pa.field("f64", pa.float64()),
-        pa.field("s", pa.large_string()),
-        pa.field("b", pa.binary()),
-        pa.field("fb", pa.binary(4)),
-        pa.field("flag", pa.bool_()),
-        pa.field("cat", pa.dictionary(pa.int32(), pa.string())),
-        pa.field("li", pa.list_(pa.int32())),
-        pa.field("fl", pa.list_(pa.float32(), 8)),
-    ])
+    arrow = pa.schema(
+        [
+            pa.field("Trip Id", pa.int64(), nullable=False),
+            pa.field("u", pa.uint64()),
+            pa.field("f16", pa.float16()),
+            pa.field("f32", pa.float32()),
+            pa.field("f64", pa.float64()),
+            pa.field("s", pa.large_string()),
+            pa.field("b", pa.binary()),
+            pa.field("fb", pa.binary(4)),
+            pa.field("flag", pa.bool_()),
+            pa.field("cat", pa.dictionary(pa.int32(), pa.string())),
+            pa.field("li", pa.list_(pa.int32())),
+            pa.field("fl", pa.list_(pa.float32(), 8)),
+        ]
+    )
     schema = infer_schema(arrow)
     got = {f.name: (f.dtype, f.shape, f.nulls, f.narrow, f.column) for f in schema.features}
     absent = NullPolicy.ABSENT
@@ -117,13 +129,19 @@ def test_infer_refuses_unmappable_and_clashing_columns() -> None:
 
 
 def test_exports_agree() -> None:
-    plan = compile_schema(schema_from_dict({"features": [
-        {"name": "id", "type": "int64", "nulls": "required"},
-        {"name": "img", "type": "float32", "shape": [2, 2], "nulls": "required"},
-        {"name": "maybe", "type": "float32", "shape": [3]},
-        {"name": "tags", "type": "string", "shape": [-1]},
-        {"name": "flag", "type": "bool", "default": True},
-    ]}))
+    plan = compile_schema(
+        schema_from_dict(
+            {
+                "features": [
+                    {"name": "id", "type": "int64", "nulls": "required"},
+                    {"name": "img", "type": "float32", "shape": [2, 2], "nulls": "required"},
+                    {"name": "maybe", "type": "float32", "shape": [3]},
+                    {"name": "tags", "type": "string", "shape": [-1]},
+                    {"name": "flag", "type": "bool", "default": True},
+                ]
+            }
+        )
+    )
     assert plan.feature_spec == {
         "id": {"kind": "FixedLenFeature", "dtype": "int64", "shape": []},
         "img": {"kind": "FixedLenFeature", "dtype": "float32", "shape": [2, 2]},

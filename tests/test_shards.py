@@ -27,8 +27,18 @@ def _shards(out: Path) -> list[dict]:
 
 
 def test_records_per_shard_is_exact(tmp_path: Path, source: str) -> None:
-    run(["--source", source, "--output", str(tmp_path / "out"), "--records_per_shard", "3000",
-         "--batch_size", "1000"])
+    run(
+        [
+            "--source",
+            source,
+            "--output",
+            str(tmp_path / "out"),
+            "--records_per_shard",
+            "3000",
+            "--batch_size",
+            "1000",
+        ]
+    )
     shards = _shards(tmp_path / "out")
     assert [s["records"] for s in shards] == [3000] * 6 + [2000]
     n = len(shards)
@@ -38,8 +48,20 @@ def test_records_per_shard_is_exact(tmp_path: Path, source: str) -> None:
 
 
 def test_shard_size_is_a_target(tmp_path: Path, source: str) -> None:
-    run(["--source", source, "--output", str(tmp_path / "out"), "--shard_size", "150KB",
-         "--batch_size", "500", "--compression", "none"])
+    run(
+        [
+            "--source",
+            source,
+            "--output",
+            str(tmp_path / "out"),
+            "--shard_size",
+            "150KB",
+            "--batch_size",
+            "500",
+            "--compression",
+            "none",
+        ]
+    )
     shards = _shards(tmp_path / "out")
     assert len(shards) > 3
     per_record = sum(s["bytes"] for s in shards) / sum(s["records"] for s in shards)
@@ -66,8 +88,15 @@ def test_a_crashed_run_leaves_no_success_and_a_rerun_publishes(tmp_path: Path, s
     meta = run(["--source", source, "--output", str(out)])
     assert meta["num_records"] == 20_000
     assert sorted(p.name for p in out.iterdir()) == sorted(
-        ["_SUCCESS", "data-00000-of-00001.tfrecord.gz", "feature_spec.json", "metadata.json",
-         "schema.pbtxt", "schema.yaml"])
+        [
+            "_SUCCESS",
+            "data-00000-of-00001.tfrecord.gz",
+            "feature_spec.json",
+            "metadata.json",
+            "schema.pbtxt",
+            "schema.yaml",
+        ]
+    )
     # Somebody else's files are never deleted without --overwrite.
     (tmp_path / "other").mkdir()
     (tmp_path / "other" / "notes.txt").write_text("mine")
@@ -77,8 +106,7 @@ def test_a_crashed_run_leaves_no_success_and_a_rerun_publishes(tmp_path: Path, s
 
 def test_sizing_flags_are_checked(tmp_path: Path, source: str) -> None:
     with pytest.raises(RecordForgeError, match="do not combine"):
-        run(["--source", source, "--output", str(tmp_path / "o"), "--num_shards", "2",
-             "--shard_size", "1MB"])
+        run(["--source", source, "--output", str(tmp_path / "o"), "--num_shards", "2", "--shard_size", "1MB"])
     with pytest.raises(RecordForgeError, match="not a size"):
         run(["--source", source, "--output", str(tmp_path / "o"), "--shard_size", "lots"])
 
@@ -91,9 +119,22 @@ def test_a_killed_run_leaves_no_success_and_the_rerun_publishes(tmp_path: Path) 
 
     pq.write_table(taxi_table(400_000, seed=9), tmp_path / "big.parquet", row_group_size=20_000)
     out = tmp_path / "out"
-    cmd = [sys.executable, "-m", "recordforge", "convert", "--source", str(tmp_path / "big.parquet"),
-           "--output", str(out), "--schema", "examples/taxi.yaml", "--batch_size", "5000",
-           "--records_per_shard", "50000"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "recordforge",
+        "convert",
+        "--source",
+        str(tmp_path / "big.parquet"),
+        "--output",
+        str(out),
+        "--schema",
+        "examples/taxi.yaml",
+        "--batch_size",
+        "5000",
+        "--records_per_shard",
+        "50000",
+    ]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 120
     while not list(out.glob("_tmp-*/*.part")) and time.monotonic() < deadline:

@@ -21,22 +21,38 @@ def table_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("splits")
     n = 100_000
     rng = np.random.default_rng(0)
-    table = pa.table({"user_id": np.arange(n) // 4, "x": rng.standard_normal(n).astype(np.float32),
-                      "part": np.array(["a", "b", "c", "z"])[np.arange(n) % 4]})
+    table = pa.table(
+        {
+            "user_id": np.arange(n) // 4,
+            "x": rng.standard_normal(n).astype(np.float32),
+            "part": np.array(["a", "b", "c", "z"])[np.arange(n) % 4],
+        }
+    )
     pq.write_table(table, root / "t.parquet", row_group_size=20_000)
     return root / "t.parquet"
 
 
 def _ids(out: Path, split: str) -> list[tuple[int, float]]:
     meta = json.loads((out / "metadata.json").read_text())
-    return sorted((r["user_id"][0], r["x"][0]) for s in meta["shards"]
-                  if s["file"].startswith(f"{split}/")
-                  for r in map(example_to_dict, iter_records(str(out / s["file"]), "gzip")))
+    return sorted(
+        (r["user_id"][0], r["x"][0])
+        for s in meta["shards"]
+        if s["file"].startswith(f"{split}/")
+        for r in map(example_to_dict, iter_records(str(out / s["file"]), "gzip"))
+    )
 
 
 def test_split_ratios_names_and_determinism(tmp_path: Path, table_path: Path) -> None:
-    args = ["--source", str(table_path), "--splits", "train=8,eval=1,test=1",
-            "--split_key", "user_id", "--batch_size", "7000"]
+    args = [
+        "--source",
+        str(table_path),
+        "--splits",
+        "train=8,eval=1,test=1",
+        "--split_key",
+        "user_id",
+        "--batch_size",
+        "7000",
+    ]
     meta = run([*args, "--output", str(tmp_path / "a")])
     counts = {k: v["records"] for k, v in meta["split_counts"].items()}
     assert sum(counts.values()) == 100_000 and meta["empty_splits"] == []
@@ -52,8 +68,15 @@ def test_split_ratios_names_and_determinism(tmp_path: Path, table_path: Path) ->
     train_users = {u for u, _ in _ids(tmp_path / "a", "train")}
     assert not train_users & {u for u, _ in _ids(tmp_path / "a", "eval")}
     # Across runs and across runners the assignment is the same.
-    run([*args, "--output", str(tmp_path / "b"), "--direct_running_mode=multi_processing",
-         "--direct_num_workers=2"])
+    run(
+        [
+            *args,
+            "--output",
+            str(tmp_path / "b"),
+            "--direct_running_mode=multi_processing",
+            "--direct_num_workers=2",
+        ]
+    )
     for split in ("train", "eval", "test"):
         assert _ids(tmp_path / "a", split) == _ids(tmp_path / "b", split)
     got = sum(1 for _ in recordforge.read(str(tmp_path / "a"), split="eval", batch_size=1000))
@@ -61,9 +84,25 @@ def test_split_ratios_names_and_determinism(tmp_path: Path, table_path: Path) ->
 
 
 def test_split_column_and_empty_splits(tmp_path: Path, table_path: Path) -> None:
-    meta = run(["--source", str(table_path), "--output", str(tmp_path / "o"),
-                "--splits", "a=1,b=1,c=1,d=1", "--split_column", "part", "--max_rejected", "25000"])
+    meta = run(
+        [
+            "--source",
+            str(table_path),
+            "--output",
+            str(tmp_path / "o"),
+            "--splits",
+            "a=1,b=1,c=1,d=1",
+            "--split_column",
+            "part",
+            "--max_rejected",
+            "25000",
+        ]
+    )
     assert {k: v["records"] for k, v in meta["split_counts"].items()} == {
-        "a": 25_000, "b": 25_000, "c": 25_000, "d": 0}
+        "a": 25_000,
+        "b": 25_000,
+        "c": 25_000,
+        "d": 0,
+    }
     assert meta["empty_splits"] == ["d"] and not (tmp_path / "o" / "d").exists()
     assert meta["rejected_by_rule"] == {"split": 25_000}  # "z" names no split

@@ -25,8 +25,20 @@ from recordforge.sampledata import taxi_table
 def bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("bundle")
     pq.write_table(taxi_table(3000, seed=2), root / "t.parquet", row_group_size=700)
-    run(["--source", str(root / "t.parquet"), "--output", str(root / "out"), "--compression",
-         "none", "--num_shards", "3", "--schema", "examples/taxi.yaml"])
+    run(
+        [
+            "--source",
+            str(root / "t.parquet"),
+            "--output",
+            str(root / "out"),
+            "--compression",
+            "none",
+            "--num_shards",
+            "3",
+            "--schema",
+            "examples/taxi.yaml",
+        ]
+    )
     return root / "out"
 
 
@@ -38,8 +50,12 @@ def _copy(bundle: Path, tmp_path: Path) -> Path:
 
 def test_verify_passes_on_a_good_bundle(bundle: Path) -> None:
     assert recordforge.verify(str(bundle)) == []
-    proc = subprocess.run([sys.executable, "-m", "recordforge", "verify", str(bundle)],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "recordforge", "verify", str(bundle)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0 and proc.stdout.strip().endswith("OK")
 
 
@@ -75,8 +91,9 @@ def test_verify_truncated_deleted_stray_and_tampered(bundle: Path, tmp_path: Pat
     assert "data-00002-of-00003.tfrecord: missing shard" in text
     assert "data-00003-of-00003.tfrecord: extra file, not in the manifest" in text
     assert "data-00001-of-00003.tfrecord: " in text and "the manifest says" in text
-    proc = subprocess.run([sys.executable, "-m", "recordforge", "verify", str(out)],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "recordforge", "verify", str(out)], capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 1
     assert len(proc.stdout.strip().splitlines()) == len(problems)
 
@@ -88,8 +105,7 @@ def test_verify_record_that_does_not_parse_with_the_spec(bundle: Path, tmp_path:
     spec["pickup_lat_lon"]["shape"] = [3]
     (out / "feature_spec.json").write_text(json.dumps(spec))
     problems = recordforge.verify(str(out))
-    assert any("does not parse with the spec: feature 'pickup_lat_lon' has 2 values" in p
-               for p in problems)
+    assert any("does not parse with the spec: feature 'pickup_lat_lon' has 2 values" in p for p in problems)
 
 
 @pytest.mark.parametrize("compression", ["GZIP", ""])
@@ -123,8 +139,12 @@ def test_head_infers_spec_of_foreign_files(tmp_path: Path, compression: str) -> 
     ds = tf.data.TFRecordDataset(path, compression_type=compression).batch(20)
     parsed = tf.io.parse_example(next(iter(ds)), scope["feature_description"])
     assert parsed["id"].numpy().tolist() == list(range(20))
-    proc = subprocess.run([sys.executable, "-m", "recordforge", "head", path, "-n", "1"],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "recordforge", "head", path, "-n", "1"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0 and "tf.io.FixedLenFeature([2], tf.float32)" in proc.stdout
 
 
@@ -132,8 +152,12 @@ def test_inspect_bundle(bundle: Path) -> None:
     result = recordforge.inspect(str(bundle), n=2)
     assert result["metadata"]["num_records"] == 3000
     assert len(result["records"]) == 2
-    proc = subprocess.run([sys.executable, "-m", "recordforge", "inspect", str(bundle), "-n", "1"],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "recordforge", "inspect", str(bundle), "-n", "1"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0
     assert "3000 records in 3 shards" in proc.stdout
     assert "pickup_lat_lon: FixedLenFeature float32 shape [2]" in proc.stdout
@@ -159,11 +183,16 @@ def test_stats_match_numpy(bundle: Path, tmp_path: Path) -> None:
     assert dict(tags.lengths) == {k: int((lengths == k).sum()) for k in set(lengths.tolist())}
     zones = result["features"]["pickup_zone"].top
     values, counts = np.unique(np.array(table["Pickup Zone"].to_pylist()), return_counts=True)
-    assert {k.decode(): v for k, v in zones.items()} == dict(zip(values.tolist(), counts.tolist(),
-                                                                  strict=True))
+    assert {k.decode(): v for k, v in zones.items()} == dict(
+        zip(values.tolist(), counts.tolist(), strict=True)
+    )
     html_path = tmp_path / "s.html"
-    proc = subprocess.run([sys.executable, "-m", "recordforge", "stats", str(bundle), "--html",
-                           str(html_path)], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "recordforge", "stats", str(bundle), "--html", str(html_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0 and "fare_amount" in proc.stdout
     page = html_path.read_text()
     assert page.count("<tr>") == 1 + len(result["features"]) and "<svg" in page
@@ -177,14 +206,28 @@ def test_image_grid_tile_matches_source(tmp_path: Path) -> None:
         buf = io.BytesIO()
         Image.fromarray(im).save(buf, format="PNG")
         encoded.append(buf.getvalue())
-    pq.write_table(pa.table({"image": pa.array(encoded, pa.binary()),
-                             "label": [f"class{i}" for i in range(5)]}), tmp_path / "i.parquet")
-    run(["--source", str(tmp_path / "i.parquet"), "--output", str(tmp_path / "out"),
-         "--compression", "none"])
+    pq.write_table(
+        pa.table({"image": pa.array(encoded, pa.binary()), "label": [f"class{i}" for i in range(5)]}),
+        tmp_path / "i.parquet",
+    )
+    run(["--source", str(tmp_path / "i.parquet"), "--output", str(tmp_path / "out"), "--compression", "none"])
     png = tmp_path / "grid.png"
-    proc = subprocess.run([sys.executable, "-m", "recordforge", "inspect", str(tmp_path / "out"),
-                           "--grid", str(png), "-n", "5"], capture_output=True, text=True,
-                          timeout=120)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "recordforge",
+            "inspect",
+            str(tmp_path / "out"),
+            "--grid",
+            str(png),
+            "-n",
+            "5",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     assert "labelled by 'label'" in proc.stdout
     grid = np.asarray(Image.open(png).convert("RGB"))

@@ -5,15 +5,17 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
-__all__ = ["__version__", "head", "image_grid", "inspect", "load_bundle", "read", "stats",
-           "verify"]
+__all__ = ["__version__", "head", "image_grid", "inspect", "load_bundle", "read", "stats", "verify"]
 
 if TYPE_CHECKING:
     import tensorflow as tf
 
 
 def read(
-    path: str, *, batch_size: int | None = None, decode_images: bool = False,
+    path: str,
+    *,
+    batch_size: int | None = None,
+    decode_images: bool = False,
     split: str | None = None,
 ) -> tf.data.Dataset:
     """A tf.data.Dataset of parsed feature dicts from a RecordForge output folder (imports TF);

@@ -28,8 +28,9 @@ def _convert(argv: list[str]) -> int:
     if argv and argv[0] in ("-h", "--help"):
         from recordforge.pipelines.options import ConvertOptions
 
-        parser = argparse.ArgumentParser(prog="recordforge convert",
-                                         epilog="Any other flag is passed to Apache Beam.")
+        parser = argparse.ArgumentParser(
+            prog="recordforge convert", epilog="Any other flag is passed to Apache Beam."
+        )
         ConvertOptions._add_argparse_args(parser)
         parser.print_help()
         return 0
@@ -39,11 +40,14 @@ def _convert(argv: list[str]) -> int:
     out = next((argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--output"), None)
     out = out or next(a.split("=", 1)[1] for a in argv if a.startswith("--output="))
     print(f"wrote {meta['num_records']} records in {len(meta['shards'])} shards to {out}")
-    print(f"  rows read {meta['rows_read']}, written {meta['rows_written']}, "
-          f"rejected {meta['rows_rejected']}")
+    print(
+        f"  rows read {meta['rows_read']}, written {meta['rows_written']}, rejected {meta['rows_rejected']}"
+    )
     for split, counts in meta.get("split_counts", {}).items():
-        print(f"  split {split}: {counts['records']} records in {counts['shards']} shards"
-              + ("  (empty: not written)" if not counts["records"] else ""))
+        print(
+            f"  split {split}: {counts['records']} records in {counts['shards']} shards"
+            + ("  (empty: not written)" if not counts["records"] else "")
+        )
     if meta.get("skipped"):
         print("  unchanged since the last build: nothing was run (--if_changed)")
     print(f"  read it back: recordforge.read({out!r})")
@@ -58,10 +62,17 @@ def _infer_schema(argv: list[str]) -> int:
     )
     parser.add_argument("source", help="a Parquet or CSV file (or pattern; the first match is used)")
     parser.add_argument("--format", choices=("parquet", "csv"), default=None)
-    parser.add_argument("--sample_rows", type=int, default=100_000,
-                        help="rows scanned for the comments (nulls, min/max, list lengths)")
-    parser.add_argument("--narrow_float64", action="store_true",
-                        help="write float64 columns as float32 features (narrow: true)")
+    parser.add_argument(
+        "--sample_rows",
+        type=int,
+        default=100_000,
+        help="rows scanned for the comments (nulls, min/max, list lengths)",
+    )
+    parser.add_argument(
+        "--narrow_float64",
+        action="store_true",
+        help="write float64 columns as float32 features (narrow: true)",
+    )
     args = parser.parse_args(argv)
     from recordforge.pipelines.config import format_from_path
     from recordforge.pipelines.convert import read_sample
@@ -92,8 +103,10 @@ def _inspect(argv: list[str]) -> int:
         from recordforge.tools.grid import image_grid
 
         info = image_grid(args.path, args.grid, n=args.n if "-n" in argv else 16)
-        print(f"wrote {info['png']}: {info['images']} images of {info['image_feature']!r}"
-              + (f", labelled by {info['label_feature']!r}" if info["label_feature"] else ""))
+        print(
+            f"wrote {info['png']}: {info['images']} images of {info['image_feature']!r}"
+            + (f", labelled by {info['label_feature']!r}" if info["label_feature"] else "")
+        )
         return 0
     from recordforge.tools.inspect import format_inspect, inspect
 
@@ -152,8 +165,14 @@ def main(argv: list[str] | None = None) -> int:
         print(_USAGE)
         return 0 if argv else 2
     command, rest = argv[0], argv[1:]
-    commands = {"convert": _convert, "infer-schema": _infer_schema, "inspect": _inspect,
-                "head": _head, "verify": _verify, "stats": _stats}
+    commands = {
+        "convert": _convert,
+        "infer-schema": _infer_schema,
+        "inspect": _inspect,
+        "head": _head,
+        "verify": _verify,
+        "stats": _stats,
+    }
     if command == "version":
         print(__version__)
         return 0

@@ -27,16 +27,26 @@ def main() -> None:
     os.makedirs(data, exist_ok=True)
     half = args.rows // 2
     for i, (n, first) in enumerate([(half, 0), (args.rows - half, half)]):
-        pq.write_table(taxi_table(n, seed=i, first_id=first), f"{data}/taxi-{i:05d}.parquet",
-                       row_group_size=5000)
+        pq.write_table(
+            taxi_table(n, seed=i, first_id=first), f"{data}/taxi-{i:05d}.parquet", row_group_size=5000
+        )
     output = os.path.join(args.workdir, "taxi")
-    meta = run([
-        "--source", f"{data}/*.parquet", "--schema", args.schema, "--output", output,
-        "--overwrite",
-    ])
+    meta = run(
+        [
+            "--source",
+            f"{data}/*.parquet",
+            "--schema",
+            args.schema,
+            "--output",
+            output,
+            "--overwrite",
+        ]
+    )
     print(f"\nConverted {meta['rows_read']} rows from {len(meta['sources'])} Parquet files:")
-    print(f"  output:  {output}/ ({len(meta['shards'])} shards, "
-          f"{sum(s['bytes'] for s in meta['shards'])} bytes, {meta['compression']})")
+    print(
+        f"  output:  {output}/ ({len(meta['shards'])} shards, "
+        f"{sum(s['bytes'] for s in meta['shards'])} bytes, {meta['compression']})"
+    )
     for shard in meta["shards"]:
         print(f"    {shard['file']}: {shard['records']} records")
     print(f"  records: {meta['num_records']} written, {meta['rows_rejected']} rejected")
@@ -59,8 +69,10 @@ def main() -> None:
     meta = run(["--format", "images", "--source", digits, "--output", photos, "--overwrite"])
     grid = os.path.join(args.workdir, "digits-grid.png")
     recordforge.image_grid(photos, grid, n=16)
-    print(f"\nConverted {meta['num_records']} images ({len(meta['labels'])} labels, splits "
-          f"{meta['splits']}, compression {meta['compression']}) to {photos}/; grid: {grid}")
+    print(
+        f"\nConverted {meta['num_records']} images ({len(meta['labels'])} labels, splits "
+        f"{meta['splits']}, compression {meta['compression']}) to {photos}/; grid: {grid}"
+    )
     for out in (output, photos):
         problems = recordforge.verify(out)
         print(f"recordforge verify {out}: {'OK' if not problems else problems}")

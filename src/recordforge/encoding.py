@@ -131,8 +131,7 @@ def _list_layout(arr: pa.Array) -> tuple[np.ndarray, np.ndarray, pa.Array]:
     """(present, offsets relative to values, values) for a scalar or large_list column."""
     n = len(arr)
     present = (
-        np.ones(n, dtype=bool) if arr.null_count == 0
-        else pc.is_valid(arr).to_numpy(zero_copy_only=False)
+        np.ones(n, dtype=bool) if arr.null_count == 0 else pc.is_valid(arr).to_numpy(zero_copy_only=False)
     )
     if pa.types.is_large_list(arr.type):
         offsets = _primitive_offsets(arr)
@@ -214,9 +213,7 @@ class ExampleEncoder:
         return pc.binary_join_element_wise(binary_array(head_data, head_lens), *parts, _EMPTY)
 
     @staticmethod
-    def _entry_header(
-        col: _Column, feature: Column, key: bytes, n: int
-    ) -> tuple[np.ndarray, np.ndarray]:
+    def _entry_header(col: _Column, feature: Column, key: bytes, n: int) -> tuple[np.ndarray, np.ndarray]:
         """Everything of one map entry that precedes the payload, for every present row."""
         present = col.present
         payload = col.payload_lens

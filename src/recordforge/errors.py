@@ -22,9 +22,7 @@ class SourceError(RecordForgeError, ValueError):
 class DataError(RecordForgeError, ValueError):
     """A value does not fit the schema: names the file, the row (1-based, data rows), the column."""
 
-    def __init__(
-        self, *, file: str, row: int, column: str, reason: str, value: Any = None
-    ) -> None:
+    def __init__(self, *, file: str, row: int, column: str, reason: str, value: Any = None) -> None:
         self.file = file
         self.row = row
         self.column = column

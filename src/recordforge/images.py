@@ -154,13 +154,15 @@ def process_image(data: bytes, opts: ImageOptions) -> ImageResult:
         if fmt not in ("PNG", "JPEG"):
             im.load()  # other formats: decode fully to catch truncation
         if opts.encode is None:
-            return ImageResult(data, im.height, im.width, _channels(fmt, im.mode, im.info),
-                               fmt.lower())
+            return ImageResult(data, im.height, im.width, _channels(fmt, im.mode, im.info), fmt.lower())
         im.load()
         mode = {1: "L", 3: "RGB", 4: "RGBA"}.get(opts.channels or 0)
         if mode is None:
-            mode = "L" if im.mode in ("1", "L", "I", "I;16", "F") else (
-                "RGBA" if "A" in im.mode or "transparency" in im.info else "RGB")
+            mode = (
+                "L"
+                if im.mode in ("1", "L", "I", "I;16", "F")
+                else ("RGBA" if "A" in im.mode or "transparency" in im.info else "RGB")
+            )
         im = im.convert(mode)
         if opts.resize:
             h, w = opts.resize

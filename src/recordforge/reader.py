@@ -30,8 +30,9 @@ def load_bundle(path: str, *, split: str | None = None) -> dict[str, Any]:
     shards = meta["shards"]
     if split is not None:
         if split not in meta.get("split_counts", {}):
-            raise RecordForgeError(f"{out}: no split {split!r} (splits: "
-                                   f"{', '.join(meta.get('split_counts', {})) or 'none'})")
+            raise RecordForgeError(
+                f"{out}: no split {split!r} (splits: {', '.join(meta.get('split_counts', {})) or 'none'})"
+            )
         shards = [s for s in shards if s["file"].startswith(f"{split}/")]
     return {
         "metadata": meta,
@@ -41,15 +42,20 @@ def load_bundle(path: str, *, split: str | None = None) -> dict[str, Any]:
 
 
 def read(
-    path: str, *, batch_size: int | None = None, decode_images: bool = False,
+    path: str,
+    *,
+    batch_size: int | None = None,
+    decode_images: bool = False,
     split: str | None = None,
 ) -> Any:
     """Parsed feature dicts; batched (tf.io.parse_example) when `batch_size` is given.
     `decode_images`: image features as uint8 [height, width, channels] tensors (per record, as
     images differ in size; so not with `batch_size`)."""
     if decode_images and batch_size:
-        raise ValueError("decode_images works per record: leave batch_size unset, then batch or "
-                         "resize the decoded images yourself")
+        raise ValueError(
+            "decode_images works per record: leave batch_size unset, then batch or "
+            "resize the decoded images yourself"
+        )
     import tensorflow as tf
 
     bundle = load_bundle(path, split=split)

@@ -36,8 +36,11 @@ class Compression:
     """The compression names users give, mapped to Beam's and tf.data's names and file suffixes."""
 
     CHOICES = ("gzip", "zlib", "none")
-    _BEAM = {"gzip": CompressionTypes.GZIP, "zlib": CompressionTypes.DEFLATE,
-             "none": CompressionTypes.UNCOMPRESSED}
+    _BEAM = {
+        "gzip": CompressionTypes.GZIP,
+        "zlib": CompressionTypes.DEFLATE,
+        "none": CompressionTypes.UNCOMPRESSED,
+    }
     _TF = {"gzip": "GZIP", "zlib": "ZLIB", "none": ""}
     _SUFFIX = {"gzip": ".tfrecord.gz", "zlib": ".tfrecord.zz", "none": ".tfrecord"}
 
@@ -55,15 +58,15 @@ class Compression:
 
 
 def masked_crc32c(data: bytes | memoryview) -> int:
-    crc = google_crc32c.value(bytes(data)) if isinstance(data, memoryview) else \
-        google_crc32c.value(data)
+    crc = google_crc32c.value(bytes(data)) if isinstance(data, memoryview) else google_crc32c.value(data)
     return (((crc >> 15) | (crc << 17)) + _MASK_DELTA) & 0xFFFFFFFF
 
 
 def _masked(crcs: np.ndarray) -> np.ndarray:
     crcs = crcs.astype(np.uint64)
-    return ((((crcs >> np.uint64(15)) | (crcs << np.uint64(17))) + np.uint64(_MASK_DELTA))
-            & np.uint64(0xFFFFFFFF)).astype("<u4")
+    return (
+        (((crcs >> np.uint64(15)) | (crcs << np.uint64(17))) + np.uint64(_MASK_DELTA)) & np.uint64(0xFFFFFFFF)
+    ).astype("<u4")
 
 
 def _crc32c_table() -> np.ndarray:
@@ -122,8 +125,9 @@ class CorruptRecord(ValueError):
         self.offset = offset
         super().__init__(f"{path}: {what} at byte {offset}")
 
+
 def detect_compression(path: str) -> str:
-    """"gzip", "zlib" or "none", from the first bytes (the suffix is not trusted)."""
+    """ "gzip", "zlib" or "none", from the first bytes (the suffix is not trusted)."""
     with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
         head = f.read(16)
     if head[:2] == b"\x1f\x8b":
@@ -136,9 +140,8 @@ def detect_compression(path: str) -> str:
         return "zlib"
     return "none"
 
-def _chunks(
-    path: str, compression: str, on_raw: Callable[[bytes], None] | None = None
-) -> Iterator[bytes]:
+
+def _chunks(path: str, compression: str, on_raw: Callable[[bytes], None] | None = None) -> Iterator[bytes]:
     inflate = None
     if compression != "none":
         inflate = zlib.decompressobj(47 if compression == "gzip" else 15)
@@ -153,6 +156,7 @@ def _chunks(
                 yield inflate.decompress(rest)
     if inflate:
         yield inflate.flush()
+
 
 class _Stream:
     """Bytes from an iterator of chunks, read by length, with the offset of what comes next."""
@@ -177,7 +181,10 @@ class _Stream:
 
 
 def read_records(
-    path: str, compression: str | None = None, *, check_crc: bool = True,
+    path: str,
+    compression: str | None = None,
+    *,
+    check_crc: bool = True,
     on_raw: Callable[[bytes], None] | None = None,
 ) -> Iterator[tuple[int, bytes]]:
     """(offset, record) for each record, streaming in bounded memory. Raises CorruptRecord at the

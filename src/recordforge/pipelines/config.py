@@ -85,8 +85,10 @@ class ConvertConfig:
         if (self.shard_size or self.records_per_shard) and (
             self.num_shards or self.deterministic or self.sink != "fast"
         ):
-            problems.append("--shard_size and --records_per_shard size shards of the fast sink; "
-                            "they do not combine with --num_shards, --deterministic or --sink beam")
+            problems.append(
+                "--shard_size and --records_per_shard size shards of the fast sink; "
+                "they do not combine with --num_shards, --deterministic or --sink beam"
+            )
         if self.records_per_shard < 0:
             problems.append("--records_per_shard must be 0 (no limit) or more")
         if self.shard_size is not None:
@@ -122,11 +124,27 @@ class ConvertConfig:
 
     def settings(self) -> dict[str, object]:
         """What, besides inputs and schema, decides the output's bytes (for --if_changed)."""
-        return {k: getattr(self, k) for k in (
-            "source_format", "compression", "num_shards", "batch_size", "sink", "shard_size",
-            "records_per_shard", "splits", "split_key", "split_column", "split_salt",
-            "compression_level", "deterministic", "max_rejected", "max_rejected_fraction",
-            "skip_unreadable_files")}
+        return {
+            k: getattr(self, k)
+            for k in (
+                "source_format",
+                "compression",
+                "num_shards",
+                "batch_size",
+                "sink",
+                "shard_size",
+                "records_per_shard",
+                "splits",
+                "split_key",
+                "split_column",
+                "split_salt",
+                "compression_level",
+                "deterministic",
+                "max_rejected",
+                "max_rejected_fraction",
+                "skip_unreadable_files",
+            )
+        }
 
     @property
     def strict(self) -> bool:

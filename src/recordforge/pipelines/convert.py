@@ -81,16 +81,29 @@ def build(pipeline: beam.Pipeline, config: ConvertConfig) -> beam.PCollection[st
         csv_types.setdefault(splits.column, pa.string())
         extra["split_column"] = splits.column
     if splits is not None:
-        extra.update(split_weights=dict(zip(splits.names, splits.weights, strict=True)),
-                     split_salt=splits.salt, split_key=splits.key_feature)
+        extra.update(
+            split_weights=dict(zip(splits.names, splits.weights, strict=True)),
+            split_salt=splits.salt,
+            split_key=splits.key_feature,
+        )
     if folder is not None:
         read = ReadImageFolder(folder)
     elif fmt == "parquet":
-        read = ReadParquet(config.sources, columns=columns, batch_size=config.batch_size,
-                           expanded=files, skip_unreadable=config.skip_unreadable_files)
+        read = ReadParquet(
+            config.sources,
+            columns=columns,
+            batch_size=config.batch_size,
+            expanded=files,
+            skip_unreadable=config.skip_unreadable_files,
+        )
     else:
-        read = ReadCsv(config.sources, column_types=csv_types, expanded=files,
-                       strict=config.strict, skip_unreadable=config.skip_unreadable_files)
+        read = ReadCsv(
+            config.sources,
+            column_types=csv_types,
+            expanded=files,
+            strict=config.strict,
+            skip_unreadable=config.skip_unreadable_files,
+        )
 
     source = pipeline | "Read" >> read
     batches = source["batches"]
@@ -112,13 +125,18 @@ def build(pipeline: beam.Pipeline, config: ConvertConfig) -> beam.PCollection[st
         rejected_files = rejected_lines | "NoRejectedFiles" >> beam.FlatMap(_nothing)
     else:
         rejected_files = rejected_lines | "WriteRejected" >> WriteRejected(config.output)
+
     def write(examples: beam.PCollection, folder: str, name: str, label: str) -> beam.PCollection:
         return examples | label >> WriteTFRecords(
-            folder, compression=compression,
+            folder,
+            compression=compression,
             num_shards=config.num_shards or (1 if config.deterministic else 0),
-            sink=config.sink, compression_level=config.compression_level,
+            sink=config.sink,
+            compression_level=config.compression_level,
             deterministic=config.deterministic,
-            shard_size=config.shard_bytes, records_per_shard=config.records_per_shard, name=name,
+            shard_size=config.shard_bytes,
+            records_per_shard=config.records_per_shard,
+            name=name,
         )
 
     if splits is None:
@@ -128,7 +146,9 @@ def build(pipeline: beam.Pipeline, config: ConvertConfig) -> beam.PCollection[st
         shards = [
             write(
                 encoded.examples | f"Select[{name}]" >> beam.Filter(_in_split, name),
-                f"{config.output.rstrip('/')}/{name}", name, f"WriteTFRecords[{name}]",
+                f"{config.output.rstrip('/')}/{name}",
+                name,
+                f"WriteTFRecords[{name}]",
             )
             for name in splits.names
         ] | "AllSplits" >> beam.Flatten()
@@ -163,9 +183,13 @@ def _split_spec(config: ConvertConfig, plan: Plan) -> SplitSpec | None:
     pairs = parse_splits(config.splits)
     if config.split_key and config.split_key not in {f.name for f in plan.features}:
         raise RecordForgeError(f"--split_key {config.split_key!r} is not a feature of the schema")
-    return SplitSpec(names=tuple(n for n, _ in pairs), weights=tuple(w for _, w in pairs),
-                     key_feature=config.split_key, column=config.split_column,
-                     salt=config.split_salt)
+    return SplitSpec(
+        names=tuple(n for n, _ in pairs),
+        weights=tuple(w for _, w in pairs),
+        key_feature=config.split_key,
+        column=config.split_column,
+        salt=config.split_salt,
+    )
 
 
 def _nothing(_: object) -> list[str]:
@@ -184,15 +208,11 @@ def dataflow_preflight(options: PipelineOptions, config: ConvertConfig, files: l
         problems.append(f"--temp_location must be a gs:// path, not {gcp.temp_location!r}")
     remote = [p for p in (*config.sources, config.output) if "://" not in p]
     if remote and not options.view_as(TestOptions).dry_run:
-        problems.append(
-            f"Dataflow workers cannot read or write local paths: {', '.join(remote)}"
-        )
+        problems.append(f"Dataflow workers cannot read or write local paths: {', '.join(remote)}")
     if problems:
         raise RecordForgeError("cannot submit to Dataflow: " + "; ".join(problems))
     total = sum(f.size for f in files)
-    _LOGGER.warning(
-        "Dataflow job input: %d files, %.1f MB in all", len(files), total / 1e6
-    )
+    _LOGGER.warning("Dataflow job input: %d files, %.1f MB in all", len(files), total / 1e6)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -210,12 +230,12 @@ def resolve_inputs(config: ConvertConfig) -> Inputs:
     if config.source_format == "images" and format_from_path(config.sources[0]) is None:
         # A folder of images: labels from folder names.
         folder = list_image_folder(config.sources[0])
-        plan = compile_schema(load_schema(config.schema_path) if config.schema_path
-                              else folder_schema(folder))
+        plan = compile_schema(
+            load_schema(config.schema_path) if config.schema_path else folder_schema(folder)
+        )
         return Inputs([FileInfo(folder.root, sum(folder.sizes))], "images", plan, folder)
     files = expand_patterns(config.sources)
-    fmt = _detect_format(files[0].path) if config.source_format in (None, "images") \
-        else config.source_format
+    fmt = _detect_format(files[0].path) if config.source_format in (None, "images") else config.source_format
     return Inputs(files, fmt, resolve_plan(config, fmt, files[0].path))
 
 
@@ -280,7 +300,9 @@ def resolve_plan(config: ConvertConfig, fmt: str, first_file: str) -> Plan:
     schema = infer_schema(arrow_schema, origin=first_file)
     _LOGGER.info(
         "No --schema given: inferred from %s (written to the bundle as schema.yaml; save it, edit "
-        "it and pass it with --schema to pin it):\n%s", first_file, dump_schema(schema)
+        "it and pass it with --schema to pin it):\n%s",
+        first_file,
+        dump_schema(schema),
     )
     for note in schema.notes:
         _LOGGER.warning("inferred schema: %s", note)
@@ -332,8 +354,10 @@ def read_arrow_schema(path: str, fmt: str) -> pa.Schema:
         raise SourceError(f"{path}: cannot read its schema as {fmt}: {exn}") from exn
 
 
-_OURS = re.compile(r"^(data-\d{5}-of-\d{5}\.tfrecord(\.gz|\.zz)?|_tmp-[0-9a-f]+|_rejected|"
-                   r"metadata\.json|feature_spec\.json|schema\.pbtxt|schema\.yaml)$")
+_OURS = re.compile(
+    r"^(data-\d{5}-of-\d{5}\.tfrecord(\.gz|\.zz)?|_tmp-[0-9a-f]+|_rejected|"
+    r"metadata\.json|feature_spec\.json|schema\.pbtxt|schema\.yaml)$"
+)
 
 
 def _prepare_output(config: ConvertConfig) -> None:
@@ -347,11 +371,10 @@ def _prepare_output(config: ConvertConfig) -> None:
     tops = {p[len(out) + 1 :].split("/", 1)[0] for p in existing}
     split_dirs = {n for n, _ in parse_splits(config.splits)} if config.splits else set()
     leftovers = not FileSystems.exists(f"{out}/{SUCCESS}") and all(
-        _OURS.match(t) or t in split_dirs for t in tops)
+        _OURS.match(t) or t in split_dirs for t in tops
+    )
     if not (config.overwrite or leftovers):
-        raise RecordForgeError(
-            f"{out} is not empty ({len(existing)} files); pass --overwrite to replace it"
-        )
+        raise RecordForgeError(f"{out} is not empty ({len(existing)} files); pass --overwrite to replace it")
     why = "--overwrite" if config.overwrite else "an unfinished earlier run"
     _LOGGER.warning("%s: deleting %d files under %s", why, len(existing), out)
     FileSystems.delete(existing)
@@ -381,8 +404,9 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
     if config.if_changed:
         published = _unchanged(config)
         if published is not None:
-            _LOGGER.warning("%s is up to date (same inputs, schema and settings): nothing to do",
-                            config.output)
+            _LOGGER.warning(
+                "%s is up to date (same inputs, schema and settings): nothing to do", config.output
+            )
             return {**published, "skipped": True}
         config = dataclasses.replace(config, overwrite=True)  # rebuild what changed
     _prepare_output(config)

@@ -28,99 +28,143 @@ class ConvertOptions(PipelineOptions):
     @classmethod
     def _add_argparse_args(cls, parser: argparse.ArgumentParser) -> None:
         parser.add_argument(
-            "--source", action="append", default=None,
+            "--source",
+            action="append",
+            default=None,
             help="Input file pattern (local path or any Beam filesystem such as gs://); "
             "repeat the flag for several patterns.",
         )
         parser.add_argument("--output", default=None, help="Output folder for shards and bundle.")
         parser.add_argument(
-            "--schema", default=None,
+            "--schema",
+            default=None,
             help="Schema YAML file; without it the schema is inferred from the first source file.",
         )
         parser.add_argument(
-            "--format", default=None, choices=FORMATS,
+            "--format",
+            default=None,
+            choices=FORMATS,
             help="Source format; defaults from the file extension of the first match. images: "
             "--source is a folder (labels from folder names) or a CSV/Parquet manifest whose "
             "schema marks `type: image` columns.",
         )
         parser.add_argument(
-            "--compression", default=None, choices=Compression.CHOICES,
+            "--compression",
+            default=None,
+            choices=Compression.CHOICES,
             help="Compression of the TFRecord shards: gzip by default, none when the schema holds "
             "images (encoded images gain ~3% from GZIP at 8-9x the CPU).",
         )
         parser.add_argument(
-            "--num_shards", type=int, default=0,
+            "--num_shards",
+            type=int,
+            default=0,
             help="Number of output shards; 0 (default) lets the runner decide.",
         )
         parser.add_argument(
-            "--shard_size", default=None,
+            "--shard_size",
+            default=None,
             help="Target compressed bytes per shard, e.g. 128MB (the default when --num_shards "
             "is 0): a shard is closed once it reaches the size.",
         )
         parser.add_argument(
-            "--records_per_shard", type=int, default=0,
+            "--records_per_shard",
+            type=int,
+            default=0,
             help="At most this many records per shard (exact); 0: no limit.",
         )
         parser.add_argument(
-            "--compression_level", type=int, default=DEFAULT_LEVEL, choices=range(4),
+            "--compression_level",
+            type=int,
+            default=DEFAULT_LEVEL,
+            choices=range(4),
             help=f"ISA-L deflate level 0-3 for the fast sink (default {DEFAULT_LEVEL}).",
         )
         parser.add_argument(
-            "--sink", default="fast", choices=SINKS,
+            "--sink",
+            default="fast",
+            choices=SINKS,
             help="fast: batches through Beam's file-based sink, vectorised framing, ISA-L "
             "deflate (default); beam: beam.io.WriteToTFRecord, one element per record.",
         )
         parser.add_argument(
-            "--batch_size", type=int, default=65536,
+            "--batch_size",
+            type=int,
+            default=65536,
             help="Rows per Arrow record batch moved between pipeline steps.",
         )
         parser.add_argument(
-            "--deterministic", type=_bool, nargs="?", const=True, default=False,
+            "--deterministic",
+            type=_bool,
+            nargs="?",
+            const=True,
+            default=False,
             help="Byte-identical output for the same input and config on any runner: exactly "
             "--num_shards shards (default 1), each a contiguous run of the input in order.",
         )
         parser.add_argument(
-            "--max_rejected", type=int, default=0,
+            "--max_rejected",
+            type=int,
+            default=0,
             help="Bad rows allowed into {output}/_rejected/ before the job fails; 0 (default): "
             "the first bad row fails the job, naming file, row, column, value and rule.",
         )
         parser.add_argument(
-            "--max_rejected_fraction", type=float, default=0.0,
+            "--max_rejected_fraction",
+            type=float,
+            default=0.0,
             help="Bad rows allowed as a fraction of rows read (the larger bound applies).",
         )
         parser.add_argument(
-            "--skip_unreadable_files", type=_bool, nargs="?", const=True, default=False,
+            "--skip_unreadable_files",
+            type=_bool,
+            nargs="?",
+            const=True,
+            default=False,
             help="List unreadable input files in metadata.json instead of failing the job.",
         )
         parser.add_argument(
-            "--splits", default=None,
+            "--splits",
+            default=None,
             help="Named splits with weights, e.g. train=8,eval=1,test=1: each split gets its own "
             "folder {output}/{split}/ of {split}-SSSSS-of-NNNNN shards.",
         )
         parser.add_argument(
-            "--split_key", default=None,
+            "--split_key",
+            default=None,
             help="Feature whose value decides a row's split (a salted stable hash); default: the "
             "whole record.",
         )
         parser.add_argument(
-            "--split_column", default=None,
+            "--split_column",
+            default=None,
             help="Source column whose values are the split names (instead of hashing).",
         )
         parser.add_argument(
-            "--split_salt", default="recordforge",
+            "--split_salt",
+            default="recordforge",
             help="Salt of the split hash, recorded in metadata.json.",
         )
         parser.add_argument(
-            "--span", default=None,
+            "--span",
+            default=None,
             help="For patterns (and --output) with {YYYY}, {MM}, {DD} or {SPAN}: latest (default "
             "when tokens are present), a date YYYY-MM-DD, or a span number.",
         )
         parser.add_argument(
-            "--if_changed", type=_bool, nargs="?", const=True, default=False,
+            "--if_changed",
+            type=_bool,
+            nargs="?",
+            const=True,
+            default=False,
             help="Skip the run when the published output was built from the same inputs (paths, "
             "sizes, modification times), schema and settings; rebuild it otherwise.",
         )
         parser.add_argument(
-            "--overwrite", type=_bool, nargs="?", const=True, default=False,
+            "--overwrite",
+            type=_bool,
+            nargs="?",
+            const=True,
+            default=False,
             help="Replace a dataset already published at --output.",
         )

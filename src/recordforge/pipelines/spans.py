@@ -12,8 +12,12 @@ from recordforge.errors import SourceError
 
 __all__ = ["Span", "has_tokens", "resolve_span", "substitute"]
 
-_TOKENS = {"{YYYY}": r"(?P<YYYY>\d{4})", "{MM}": r"(?P<MM>\d{2})", "{DD}": r"(?P<DD>\d{2})",
-           "{SPAN}": r"(?P<SPAN>\d+)"}
+_TOKENS = {
+    "{YYYY}": r"(?P<YYYY>\d{4})",
+    "{MM}": r"(?P<MM>\d{2})",
+    "{DD}": r"(?P<DD>\d{2})",
+    "{SPAN}": r"(?P<SPAN>\d+)",
+}
 
 
 @dataclass(frozen=True)
@@ -86,7 +90,6 @@ def resolve_span(patterns: list[str], span: str) -> Span:
 
     def order(values: tuple[tuple[str, str], ...]) -> tuple[int, ...]:
         d = dict(values)
-        return (int(d.get("SPAN", 0)), int(d.get("YYYY", 0)), int(d.get("MM", 0)),
-                int(d.get("DD", 0)))
+        return (int(d.get("SPAN", 0)), int(d.get("YYYY", 0)), int(d.get("MM", 0)), int(d.get("DD", 0)))
 
     return Span(dict(max(found, key=order)))

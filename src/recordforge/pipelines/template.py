@@ -49,8 +49,15 @@ def template_metadata() -> dict[str, Any]:
         if not action.option_strings or action.dest == "help":
             continue
         label, regex = _LABELS[action.dest]
-        params.append({"name": action.dest, "label": label, "helpText": action.help,
-                       "isOptional": action.dest not in _REQUIRED, "regexes": [regex]})
+        params.append(
+            {
+                "name": action.dest,
+                "label": label,
+                "helpText": action.help,
+                "isOptional": action.dest not in _REQUIRED,
+                "regexes": [regex],
+            }
+        )
     return {
         "name": "RecordForge convert",
         "description": "Convert Parquet or CSV files to sharded TFRecords of tf.train.Example "

@@ -39,8 +39,12 @@ def to_tfmd_schema(plan: Plan) -> schema_pb2.Schema:
             feat.value_count.min = feat.value_count.max = f.num_values
         if f.is_image:
             feat.image_domain.SetInParent()
-            for part, kind in (("height", schema_pb2.INT), ("width", schema_pb2.INT),
-                               ("channels", schema_pb2.INT), ("format", schema_pb2.BYTES)):
+            for part, kind in (
+                ("height", schema_pb2.INT),
+                ("width", schema_pb2.INT),
+                ("channels", schema_pb2.INT),
+                ("format", schema_pb2.BYTES),
+            ):
                 extra = out.feature.add(name=f.part_name(part), type=kind)
                 extra.presence.min_fraction = feat.presence.min_fraction
         if f.is_ragged:
@@ -79,9 +83,9 @@ def to_tf_feature_spec(spec: dict[str, dict[str, Any]]) -> dict[str, Any]:
             out[name] = tf.io.VarLenFeature(dtype)
         elif entry["kind"] == "RaggedFeature":
             out[name] = tf.io.RaggedFeature(
-                dtype, value_key=entry["value_key"],
-                partitions=[tf.io.RaggedFeature.RowLengths(p["row_lengths"])
-                            for p in entry["partitions"]],
+                dtype,
+                value_key=entry["value_key"],
+                partitions=[tf.io.RaggedFeature.RowLengths(p["row_lengths"]) for p in entry["partitions"]],
             )
         else:
             raise ValueError(f"feature {name!r}: unknown spec kind {entry['kind']!r}")
@@ -115,8 +119,9 @@ def decode_images(record: dict[str, Any], spec: dict[str, dict[str, Any]]) -> di
         if not image or entry["kind"] != "FixedLenFeature" or "decode" in entry:
             continue
         if image["encoding"] == "raw":
-            shape = tf.stack([tf.cast(record[f"{name}/{p}"], tf.int32)
-                              for p in ("height", "width", "channels")])
+            shape = tf.stack(
+                [tf.cast(record[f"{name}/{p}"], tf.int32) for p in ("height", "width", "channels")]
+            )
             out[name] = tf.reshape(tf.io.decode_raw(record[name], tf.uint8), shape)
         else:
             out[name] = tf.io.decode_image(record[name], expand_animations=False)

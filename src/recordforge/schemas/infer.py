@@ -83,9 +83,7 @@ def _leaves(field: pa.Field, prefix: str = "") -> Iterable[tuple[str, pa.Field, 
         yield path, field, field.nullable
 
 
-def infer_schema(
-    arrow_schema: pa.Schema, *, origin: str = "inferred", lossless: bool = False
-) -> Schema:
+def infer_schema(arrow_schema: pa.Schema, *, origin: str = "inferred", lossless: bool = False) -> Schema:
     """One feature per column (per leaf field of a struct, as `struct.field`). Names are
     normalised, nullable columns get `nulls: absent`. float64 is narrowed to float32 (and says so)
     unless `lossless`, which keeps it bit-exact with `encode: bytes`. A column of a type with no
@@ -106,17 +104,19 @@ def infer_schema(
             is_f64 = typed.dtype is DType.FLOAT64
             if is_f64 and not lossless:
                 notes.append(f"column {path!r} is float64, written narrowed to float32")
-            features.append(Feature(
-                name=name,
-                dtype=typed.dtype,
-                shape=shape,
-                column=path if name != path else None,
-                nulls=NullPolicy.ABSENT if nullable else NullPolicy.REQUIRED,
-                narrow=is_f64 and not lossless,
-                encode="bytes" if is_f64 and lossless else None,
-                unit=typed.unit,
-                decimal_as=typed.decimal_as,
-            ))
+            features.append(
+                Feature(
+                    name=name,
+                    dtype=typed.dtype,
+                    shape=shape,
+                    column=path if name != path else None,
+                    nulls=NullPolicy.ABSENT if nullable else NullPolicy.REQUIRED,
+                    narrow=is_f64 and not lossless,
+                    encode="bytes" if is_f64 and lossless else None,
+                    unit=typed.unit,
+                    decimal_as=typed.decimal_as,
+                )
+            )
     if unsupported:
         raise SchemaError(
             f"{origin}: cannot infer a feature for column(s) {', '.join(unsupported)}; "
@@ -160,8 +160,11 @@ def sample_notes(schema: Schema, table: pa.Table) -> dict[str, str]:
             values = pc.list_flatten(values)
         if pa.types.is_dictionary(values.type):
             values = values.dictionary_decode()
-        if len(values) and (pa.types.is_integer(values.type) or pa.types.is_floating(values.type)
-                            or pa.types.is_temporal(values.type)):
+        if len(values) and (
+            pa.types.is_integer(values.type)
+            or pa.types.is_floating(values.type)
+            or pa.types.is_temporal(values.type)
+        ):
             try:
                 mm = pc.min_max(values)
                 st.minimum, st.maximum = mm["min"].as_py(), mm["max"].as_py()
@@ -173,8 +176,10 @@ def sample_notes(schema: Schema, table: pa.Table) -> dict[str, str]:
         if st.min_len is not None:
             text += f", list lengths {st.min_len}..{st.max_len}"
         if f.float64_bytes:
-            text += "\nfloat64 kept exact as 8 bytes per value; `narrow: true` (without `encode`)" \
-                    " writes a float32 feature instead"
+            text += (
+                "\nfloat64 kept exact as 8 bytes per value; `narrow: true` (without `encode`)"
+                " writes a float32 feature instead"
+            )
         out[f.name] = text
     return out
 

@@ -13,9 +13,30 @@ from recordforge.schemas.model import DType, Feature, NullPolicy, Op, Schema, fe
 __all__ = ["load_schema", "schema_from_dict", "dump_schema"]
 
 _LINE = "__line__"
-_KEYS = {"name", "type", "shape", "column", "nulls", "default", "narrow", "description", "encode",
-         "unit", "as", "scale", "min", "max", "allowed", "max_length", "regex", "ops",
-         "resize", "method", "quality", "channels"}
+_KEYS = {
+    "name",
+    "type",
+    "shape",
+    "column",
+    "nulls",
+    "default",
+    "narrow",
+    "description",
+    "encode",
+    "unit",
+    "as",
+    "scale",
+    "min",
+    "max",
+    "allowed",
+    "max_length",
+    "regex",
+    "ops",
+    "resize",
+    "method",
+    "quality",
+    "channels",
+}
 
 
 class _LineLoader(yaml.SafeLoader):
@@ -108,9 +129,7 @@ def _feature_from_dict(entry: dict[str, Any]) -> tuple[Feature | None, list[str]
         ):
             errs.append(f"`{key}` must be a number")
     for key in ("max_length", "scale"):
-        if entry.get(key) is not None and (
-            isinstance(entry[key], bool) or not isinstance(entry[key], int)
-        ):
+        if entry.get(key) is not None and (isinstance(entry[key], bool) or not isinstance(entry[key], int)):
             errs.append(f"`{key}` must be an integer")
     if dtype is None or nulls is None or not isinstance(name, str) or not name:
         return None, errs
@@ -133,8 +152,7 @@ def _feature_from_dict(entry: dict[str, Any]) -> tuple[Feature | None, list[str]
             max_length=entry.get("max_length"),
             regex=entry.get("regex"),
             ops=ops,
-            resize=tuple(entry["resize"]) if isinstance(entry.get("resize"), list) else entry.get(
-                "resize"),
+            resize=tuple(entry["resize"]) if isinstance(entry.get("resize"), list) else entry.get("resize"),
             method=entry.get("method"),
             quality=entry.get("quality"),
             channels=entry.get("channels"),
@@ -155,8 +173,10 @@ def _ops(raw: Any, errs: list[str]) -> tuple[tuple[Op, Any], ...]:
     for item in raw:
         if isinstance(item, dict):
             item = {k: v for k, v in item.items() if k != _LINE}
-        name, arg = (item, None) if isinstance(item, str) else (
-            next(iter(item.items())) if isinstance(item, dict) and len(item) == 1 else (None, None)
+        name, arg = (
+            (item, None)
+            if isinstance(item, str)
+            else (next(iter(item.items())) if isinstance(item, dict) and len(item) == 1 else (None, None))
         )
         try:
             out.append((Op(name), arg))
@@ -177,16 +197,15 @@ def _enum(cls: type, raw: Any, key: str, errs: list[str], *, required: bool = Fa
         return None
 
 
-def dump_schema(
-    schema: Schema, *, header: str = "", comments: dict[str, str] | None = None
-) -> str:
+def dump_schema(schema: Schema, *, header: str = "", comments: dict[str, str] | None = None) -> str:
     """The schema as an editable YAML document; `comments` are put above each named feature."""
     lines = [header.rstrip("\n")] if header else []
     lines.append("features:")
     for f in schema.features:
         if comments and f.name in comments:
             lines.extend(f"  # {c}" for c in comments[f.name].splitlines())
-        body = yaml.safe_dump([feature_to_dict(f)], sort_keys=False, default_flow_style=None,
-                              allow_unicode=True)
+        body = yaml.safe_dump(
+            [feature_to_dict(f)], sort_keys=False, default_flow_style=None, allow_unicode=True
+        )
         lines.extend("  " + line for line in body.rstrip("\n").splitlines())
     return "\n".join(lines) + "\n"

@@ -9,7 +9,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = [
-    "DType", "ExampleKind", "Feature", "NullPolicy", "Op", "Schema", "VARIABLE", "normalize_name",
+    "DType",
+    "ExampleKind",
+    "Feature",
+    "NullPolicy",
+    "Op",
+    "Schema",
+    "VARIABLE",
+    "normalize_name",
 ]
 
 
@@ -189,8 +196,9 @@ class Feature:
         if self.shape != ():
             out.append("an image feature is one image per row (shape [])")
         if self.encode not in (None, *IMAGE_ENCODINGS):
-            out.append(f"images: `encode` is one of {', '.join(IMAGE_ENCODINGS)} (default: keep "
-                       "the original bytes)")
+            out.append(
+                f"images: `encode` is one of {', '.join(IMAGE_ENCODINGS)} (default: keep the original bytes)"
+            )
         if self.resize is not None and (
             len(self.resize) != 2 or any(not isinstance(d, int) or d < 1 for d in self.resize)
         ):
@@ -320,8 +328,11 @@ def _default_problems(feature: Feature) -> list[str]:
         DType.STRING: (str,),
         DType.DECIMAL: (str, int),
     }[feature.dtype]
-    bad = [v for v in values if not isinstance(v, expected) or (
-        feature.dtype is DType.INT64 and isinstance(v, bool))]
+    bad = [
+        v
+        for v in values
+        if not isinstance(v, expected) or (feature.dtype is DType.INT64 and isinstance(v, bool))
+    ]
     if bad:
         return [f"default value {bad[0]!r} is not a {feature.dtype.value}"]
     return []
@@ -361,11 +372,20 @@ def feature_to_dict(f: Feature) -> dict[str, Any]:
         d["column"] = f.column
     d["nulls"] = f.nulls.value
     optional = {
-        "resize": list(f.resize) if f.resize else None, "method": f.method,
-        "quality": f.quality, "channels": f.channels,
-        "default": f.default, "unit": f.unit, "as": f.decimal_as, "scale": f.scale,
-        "encode": f.encode, "min": f.min, "max": f.max, "max_length": f.max_length,
-        "regex": f.regex, "description": f.description or None,
+        "resize": list(f.resize) if f.resize else None,
+        "method": f.method,
+        "quality": f.quality,
+        "channels": f.channels,
+        "default": f.default,
+        "unit": f.unit,
+        "as": f.decimal_as,
+        "scale": f.scale,
+        "encode": f.encode,
+        "min": f.min,
+        "max": f.max,
+        "max_length": f.max_length,
+        "regex": f.regex,
+        "description": f.description or None,
         "allowed": list(f.allowed) if f.allowed is not None else None,
     }
     d.update({k: v for k, v in optional.items() if v is not None})

@@ -53,11 +53,13 @@ class Column:
 
 def _columns(f: Feature) -> list[Column]:
     if f.is_image:
-        return [Column(f.name, ExampleKind.BYTES, True),
-                Column(f.part_name("height"), ExampleKind.INT64, True),
-                Column(f.part_name("width"), ExampleKind.INT64, True),
-                Column(f.part_name("channels"), ExampleKind.INT64, True),
-                Column(f.part_name("format"), ExampleKind.BYTES, True)]
+        return [
+            Column(f.name, ExampleKind.BYTES, True),
+            Column(f.part_name("height"), ExampleKind.INT64, True),
+            Column(f.part_name("width"), ExampleKind.INT64, True),
+            Column(f.part_name("channels"), ExampleKind.INT64, True),
+            Column(f.part_name("format"), ExampleKind.BYTES, True),
+        ]
     if f.float64_bytes:
         return [Column(f.name, ExampleKind.BYTES, True)]
     if f.is_ragged:
@@ -78,13 +80,23 @@ def feature_spec_entries(f: Feature) -> dict[str, dict[str, Any]]:
     if f.is_image:
         return _image_spec(f)
     if f.is_ragged:
-        entry = {"kind": "RaggedFeature", "dtype": dtype, "value_key": f.name,
-                 "partitions": [{"row_lengths": f.row_lengths_name}]}
+        entry = {
+            "kind": "RaggedFeature",
+            "dtype": dtype,
+            "value_key": f.name,
+            "partitions": [{"row_lengths": f.row_lengths_name}],
+        }
     elif f.float64_bytes:
-        entry = ({"kind": "VarLenFeature", "dtype": "string"} if f.nulls is NullPolicy.ABSENT
-                 else {"kind": "FixedLenFeature", "dtype": "string", "shape": []})
-        entry["decode"] = {"raw": "float64", "byte_order": "little",
-                           "shape": list(f.shape) if not f.is_variable else [-1]}
+        entry = (
+            {"kind": "VarLenFeature", "dtype": "string"}
+            if f.nulls is NullPolicy.ABSENT
+            else {"kind": "FixedLenFeature", "dtype": "string", "shape": []}
+        )
+        entry["decode"] = {
+            "raw": "float64",
+            "byte_order": "little",
+            "shape": list(f.shape) if not f.is_variable else [-1],
+        }
     elif f.is_variable or f.nulls is NullPolicy.ABSENT:
         entry = {"kind": "VarLenFeature", "dtype": dtype}
     else:
@@ -94,21 +106,25 @@ def feature_spec_entries(f: Feature) -> dict[str, dict[str, Any]]:
     elif f.dtype is DType.DATE:
         entry["logical"] = "date (days since 1970-01-01)"
     elif f.dtype is DType.DECIMAL:
-        entry["logical"] = ("decimal as string" if f.decimal_as == "string"
-                            else f"decimal scaled by 10^{f.scale}")
+        entry["logical"] = (
+            "decimal as string" if f.decimal_as == "string" else f"decimal scaled by 10^{f.scale}"
+        )
     return {f.name: entry}
 
 
 def _image_spec(f: Feature) -> dict[str, dict[str, Any]]:
     """The image bytes plus its header values; all FixedLen unless an image may be absent."""
+
     def entry(dtype: str) -> dict[str, Any]:
         if f.nulls is NullPolicy.ABSENT:
             return {"kind": "VarLenFeature", "dtype": dtype}
         return {"kind": "FixedLenFeature", "dtype": dtype, "shape": []}
 
     image = entry("string")
-    image["image"] = {"encoding": f.encode or "original",
-                      "decode": "tf.io.decode_image(x, expand_animations=False)"}
+    image["image"] = {
+        "encoding": f.encode or "original",
+        "decode": "tf.io.decode_image(x, expand_animations=False)",
+    }
     if f.encode == "raw":
         image["image"]["decode"] = "tf.reshape(tf.io.decode_raw(x, tf.uint8), [height, width, channels])"
         if f.resize and f.channels and f.nulls is not NullPolicy.ABSENT:
@@ -147,8 +163,10 @@ def _csv_type(f: Feature) -> pa.DataType:
 def compile_schema(schema: Schema) -> Plan:
     columns = tuple(c for f in schema.features for c in _columns(f))
     arrow_schema = pa.schema(
-        [pa.field(c.name, _KIND_TYPES[c.kind] if c.scalar else pa.large_list(_KIND_TYPES[c.kind]))
-         for c in columns]
+        [
+            pa.field(c.name, _KIND_TYPES[c.kind] if c.scalar else pa.large_list(_KIND_TYPES[c.kind]))
+            for c in columns
+        ]
     )
     csv_types: dict[str, pa.DataType] = {}
     for f in schema.features:

@@ -46,10 +46,14 @@ def schema_from_tfmd(proto: schema_pb2.Schema, *, origin: str = "schema.pbtxt") 
             shape = (VARIABLE,)
         required = feat.presence.min_fraction >= 1.0 and shape != (VARIABLE,)
         try:
-            features.append(Feature(
-                name=feat.name, dtype=dtype, shape=shape,
-                nulls=NullPolicy.REQUIRED if required else NullPolicy.ABSENT,
-            ))
+            features.append(
+                Feature(
+                    name=feat.name,
+                    dtype=dtype,
+                    shape=shape,
+                    nulls=NullPolicy.REQUIRED if required else NullPolicy.ABSENT,
+                )
+            )
         except ValueError as exn:
             problems.append(f"{origin}: {exn}")
     if problems:

@@ -32,19 +32,30 @@ def _file() -> descriptor_pb2.FileDescriptorProto:
     for i, (fname, tname) in enumerate(
         [("bytes_list", "BytesList"), ("float_list", "FloatList"), ("int64_list", "Int64List")]
     ):
-        feature.field.add(name=fname, number=i + 1, type=_F.TYPE_MESSAGE, label=opt,
-                          type_name=f".recordforge.wire.{tname}", oneof_index=0)
+        feature.field.add(
+            name=fname,
+            number=i + 1,
+            type=_F.TYPE_MESSAGE,
+            label=opt,
+            type_name=f".recordforge.wire.{tname}",
+            oneof_index=0,
+        )
     feature.oneof_decl.add(name="kind")
     features = fd.message_type.add(name="Features")
     entry = features.nested_type.add(name="FeatureEntry")
     entry.options.map_entry = True
     entry.field.add(name="key", number=1, type=_F.TYPE_STRING, label=opt)
-    entry.field.add(name="value", number=2, type=_F.TYPE_MESSAGE, label=opt,
-                    type_name=".recordforge.wire.Feature")
-    features.field.add(name="feature", number=1, type=_F.TYPE_MESSAGE, label=rep,
-                       type_name=".recordforge.wire.Features.FeatureEntry")
-    message("Example", [("features", 1, _F.TYPE_MESSAGE, opt, ".recordforge.wire.Features",
-                         False)])
+    entry.field.add(
+        name="value", number=2, type=_F.TYPE_MESSAGE, label=opt, type_name=".recordforge.wire.Feature"
+    )
+    features.field.add(
+        name="feature",
+        number=1,
+        type=_F.TYPE_MESSAGE,
+        label=rep,
+        type_name=".recordforge.wire.Features.FeatureEntry",
+    )
+    message("Example", [("features", 1, _F.TYPE_MESSAGE, opt, ".recordforge.wire.Features", False)])
     return fd
 
 

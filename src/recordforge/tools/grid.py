@@ -35,8 +35,14 @@ def _records(path: str, n: int) -> list[dict[str, tuple[str, list[Any]]]]:
     return records
 
 
-def image_grid(path: str, png_path: str, *, n: int = 16, image_feature: str | None = None,
-               label_feature: str | None = None) -> dict[str, Any]:
+def image_grid(
+    path: str,
+    png_path: str,
+    *,
+    n: int = 16,
+    image_feature: str | None = None,
+    label_feature: str | None = None,
+) -> dict[str, Any]:
     """Writes a PNG grid of the first `n` images; a small image is enlarged by the largest whole
     factor that fits the tile (nearest neighbour: every pixel stays exact), a larger one is
     shrunk to fit. Returns what it used."""
@@ -47,8 +53,9 @@ def image_grid(path: str, png_path: str, *, n: int = 16, image_feature: str | No
         raise ValueError(f"{path}: no records")
     first = records[0]
     if image_feature is None:
-        candidates = [k for k, (kind, v) in sorted(first.items()) if kind == "bytes" and v
-                      and _is_image(v[0])]
+        candidates = [
+            k for k, (kind, v) in sorted(first.items()) if kind == "bytes" and v and _is_image(v[0])
+        ]
         if not candidates:
             raise ValueError(f"{path}: no feature holds encoded images")
         image_feature = candidates[0]
@@ -75,9 +82,18 @@ def image_grid(path: str, png_path: str, *, n: int = 16, image_feature: str | No
                 grid.paste(im, (x, y))
         if label_feature and label_feature in rec:
             value = rec[label_feature][1]
-            text = value[0].decode("utf-8", "replace") if value and isinstance(value[0], bytes) \
+            text = (
+                value[0].decode("utf-8", "replace")
+                if value and isinstance(value[0], bytes)
                 else str(value[0] if value else "")
+            )
             draw.text((x + 2, y + TILE), text[:20], fill="black")
     grid.save(png_path, format="PNG")
-    return {"png": png_path, "images": len(records), "image_feature": image_feature,
-            "label_feature": label_feature, "columns": cols, "tile": TILE}
+    return {
+        "png": png_path,
+        "images": len(records),
+        "image_feature": image_feature,
+        "label_feature": label_feature,
+        "columns": cols,
+        "tile": TILE,
+    }

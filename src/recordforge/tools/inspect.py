@@ -23,10 +23,13 @@ def feature_description_code(spec: dict[str, dict[str, Any]]) -> str:
         if e["kind"] == "FixedLenFeature":
             lines.append(f"    {name!r}: tf.io.FixedLenFeature({e['shape']}, {_TF_DTYPE[e['dtype']]}),")
         elif e["kind"] == "RaggedFeature":
-            parts = ", ".join(f"tf.io.RaggedFeature.RowLengths({p['row_lengths']!r})"
-                              for p in e["partitions"])
-            lines.append(f"    {name!r}: tf.io.RaggedFeature({_TF_DTYPE[e['dtype']]}, value_key="
-                         f"{e['value_key']!r}, partitions=[{parts}]),")
+            parts = ", ".join(
+                f"tf.io.RaggedFeature.RowLengths({p['row_lengths']!r})" for p in e["partitions"]
+            )
+            lines.append(
+                f"    {name!r}: tf.io.RaggedFeature({_TF_DTYPE[e['dtype']]}, value_key="
+                f"{e['value_key']!r}, partitions=[{parts}]),"
+            )
         else:
             lines.append(f"    {name!r}: tf.io.VarLenFeature({_TF_DTYPE[e['dtype']]}),")
     lines.append("}")
@@ -39,8 +42,9 @@ def spec_to_schema_yaml(spec: dict[str, dict[str, Any]]) -> str:
     features = []
     for name, e in spec.items():
         if e["kind"] == "FixedLenFeature":
-            features.append({"name": name, "type": types[e["dtype"]], "shape": e["shape"],
-                             "nulls": "required"})
+            features.append(
+                {"name": name, "type": types[e["dtype"]], "shape": e["shape"], "nulls": "required"}
+            )
         else:
             features.append({"name": name, "type": types[e["dtype"]], "shape": [-1]})
     return yaml.safe_dump({"features": features}, sort_keys=False, default_flow_style=None)
@@ -82,10 +86,17 @@ def head(path: str, n: int = 5, *, sample: int = 1000) -> dict[str, Any]:
 
 
 def format_head(result: dict[str, Any]) -> str:
-    out = [f"{result['path']}: {result['compression']} compression, {result['sampled']} records "
-           "sampled", "", "Inferred tf.io parsing spec (paste into your code):", "",
-           feature_description_code(result["feature_spec"]), "",
-           "As a RecordForge schema (--schema):", "", spec_to_schema_yaml(result["feature_spec"])]
+    out = [
+        f"{result['path']}: {result['compression']} compression, {result['sampled']} records sampled",
+        "",
+        "Inferred tf.io parsing spec (paste into your code):",
+        "",
+        feature_description_code(result["feature_spec"]),
+        "",
+        "As a RecordForge schema (--schema):",
+        "",
+        spec_to_schema_yaml(result["feature_spec"]),
+    ]
     for i, rec in enumerate(result["records"]):
         out.append(f"record {i}:")
         out.append(format_record(rec))
@@ -113,8 +124,14 @@ def inspect(path: str, *, split: str | None = None, n: int = 5) -> dict[str, Any
                 break
         if len(records) >= n:
             break
-    return {"kind": "bundle", "path": out, "metadata": meta, "feature_spec": spec,
-            "published": FileSystems.exists(f"{out}/_SUCCESS"), "records": records}
+    return {
+        "kind": "bundle",
+        "path": out,
+        "metadata": meta,
+        "feature_spec": spec,
+        "published": FileSystems.exists(f"{out}/_SUCCESS"),
+        "records": records,
+    }
 
 
 def format_inspect(result: dict[str, Any]) -> str:
@@ -126,7 +143,8 @@ def format_inspect(result: dict[str, Any]) -> str:
         f"({meta['compression']}), {'published' if result['published'] else 'NOT published (no _SUCCESS)'}",
         f"  rows read {meta['rows_read']}, written {meta['rows_written']}, rejected "
         f"{meta['rows_rejected']}; schema {meta['schema_origin']} ({meta['schema_fingerprint'][:12]})",
-        "", "Features:",
+        "",
+        "Features:",
     ]
     for name, e in result["feature_spec"].items():
         shape = f" shape {e['shape']}" if "shape" in e else ""

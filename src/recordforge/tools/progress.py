@@ -40,8 +40,10 @@ class Progress:
         rate = self._records / elapsed
         left = self._total - self._files
         eta = elapsed / self._files * left if self._files else float("nan")
-        line = (f"{self._what}: {self._files}/{self._total} files, {self._records} records, "
-                f"{rate:,.0f} records/s, ETA {eta:.0f}s")
+        line = (
+            f"{self._what}: {self._files}/{self._total} files, {self._records} records, "
+            f"{rate:,.0f} records/s, ETA {eta:.0f}s"
+        )
         if self._tty:
             sys.stderr.write("\r" + line)
             sys.stderr.flush()

@@ -10,10 +10,18 @@ from apache_beam.io.filesystems import FileSystems
 
 from recordforge.tfrecord import CorruptRecord, detect_compression, read_records
 
-__all__ = ["CorruptRecord", "FeatureSummary", "detect_compression", "infer_feature_spec",
-           "parse_example", "read_records", "record_files"]
+__all__ = [
+    "CorruptRecord",
+    "FeatureSummary",
+    "detect_compression",
+    "infer_feature_spec",
+    "parse_example",
+    "read_records",
+    "record_files",
+]
 
 _CHUNK = 4 << 20
+
 
 def record_files(path: str) -> list[tuple[str, str]]:
     """(file, compression) of every shard of an output folder, or of one TFRecord file."""
@@ -39,9 +47,12 @@ def parse_example(raw: bytes) -> dict[str, tuple[str, list[Any]]]:
         if kind is None:
             out[name] = ("none", [])
         else:
-            out[name] = ({"int64_list": "int64", "float_list": "float", "bytes_list": "bytes"}[kind],
-                         list(getattr(feat, kind).value))
+            out[name] = (
+                {"int64_list": "int64", "float_list": "float", "bytes_list": "bytes"}[kind],
+                list(getattr(feat, kind).value),
+            )
     return out
+
 
 @dataclass
 class FeatureSummary:
@@ -58,6 +69,7 @@ class FeatureSummary:
         self.present += 1
         self.min_count = count if self.min_count is None else min(self.min_count, count)
         self.max_count = max(self.max_count, count)
+
 
 def infer_feature_spec(
     records: list[bytes],

@@ -97,8 +97,10 @@ def stats(path: str) -> dict[str, Any]:
 
 def format_stats(result: dict[str, Any]) -> str:
     n = result["records"]
-    head = f"{'feature':28} {'kind':6} {'count':>9} {'missing':>8} {'min':>12} {'max':>12} " \
-           f"{'mean':>12} {'std':>12}  lengths / top values"
+    head = (
+        f"{'feature':28} {'kind':6} {'count':>9} {'missing':>8} {'min':>12} {'max':>12} "
+        f"{'mean':>12} {'std':>12}  lengths / top values"
+    )
     lines = [f"{result['path']}: {n} records", "", head, "-" * len(head)]
     for name, s in result["features"].items():
         if s.kind in ("int64", "float") and s.values:
@@ -109,8 +111,9 @@ def format_stats(result: dict[str, Any]) -> str:
         top = ""
         if s.kind == "bytes":
             top = "  top " + ", ".join(f"{_short(v)}:{c}" for v, c in s.top.most_common(3))
-        lines.append(f"{name[:28]:28} {s.kind:6} {s.present:>9} {n - s.present:>8} {nums}  "
-                     f"len {lengths}{top}")
+        lines.append(
+            f"{name[:28]:28} {s.kind:6} {s.present:>9} {n - s.present:>8} {nums}  len {lengths}{top}"
+        )
     return "\n".join(lines)
 
 
@@ -145,25 +148,31 @@ def stats_html(result: dict[str, Any]) -> str:
             sample = sample[np.isfinite(sample)]
             if len(sample):
                 counts, edges = np.histogram(sample, bins=20)
-                hist = _svg_bars(counts.tolist(), [f"{edges[i]:.4g}..{edges[i + 1]:.4g}"
-                                                   for i in range(len(counts))])
+                hist = _svg_bars(
+                    counts.tolist(), [f"{edges[i]:.4g}..{edges[i + 1]:.4g}" for i in range(len(counts))]
+                )
         elif s.kind == "bytes":
             common = s.top.most_common(10)
             hist = _svg_bars([c for _, c in common], [_short(v) for v, _ in common])
         lengths = sorted(s.lengths.items())
         len_hist = _svg_bars([c for _, c in lengths], [f"length {k}" for k, _ in lengths])
-        nums = (f"{s.min:.6g}</td><td>{s.max:.6g}</td><td>{s.mean:.6g}</td><td>{s.std:.6g}"
-                if s.values and s.kind != "bytes" else "</td><td></td><td></td><td>")
-        rows.append(f"<tr><td>{html.escape(name)}</td><td>{s.kind}</td><td>{s.present}</td>"
-                    f"<td>{result['records'] - s.present}</td><td>{nums}</td><td>{hist}</td>"
-                    f"<td>{len_hist}</td></tr>")
+        nums = (
+            f"{s.min:.6g}</td><td>{s.max:.6g}</td><td>{s.mean:.6g}</td><td>{s.std:.6g}"
+            if s.values and s.kind != "bytes"
+            else "</td><td></td><td></td><td>"
+        )
+        rows.append(
+            f"<tr><td>{html.escape(name)}</td><td>{s.kind}</td><td>{s.present}</td>"
+            f"<td>{result['records'] - s.present}</td><td>{nums}</td><td>{hist}</td>"
+            f"<td>{len_hist}</td></tr>"
+        )
     return f"""<!doctype html><html><head><meta charset="utf-8">
-<title>RecordForge stats: {html.escape(result['path'])}</title>
+<title>RecordForge stats: {html.escape(result["path"])}</title>
 <style>body{{font:14px sans-serif;margin:2em}}table{{border-collapse:collapse}}
 td,th{{border-bottom:1px solid #ddd;padding:4px 8px;text-align:right}}td:first-child{{text-align:left}}
 svg.h rect{{fill:#4a78b5}}</style></head><body>
-<h1>{html.escape(result['path'])}</h1><p>{result['records']} records</p>
+<h1>{html.escape(result["path"])}</h1><p>{result["records"]} records</p>
 <table><tr><th>feature</th><th>kind</th><th>count</th><th>missing</th><th>min</th><th>max</th>
 <th>mean</th><th>std</th><th>values</th><th>list lengths</th></tr>
-{''.join(rows)}</table></body></html>
+{"".join(rows)}</table></body></html>
 """

@@ -28,8 +28,9 @@ def _spec_problems(record: dict[str, tuple[str, list]], spec: dict[str, dict]) -
             values = record.get(entry["value_key"], ("", []))[1]
             lengths = record.get(entry["partitions"][0]["row_lengths"], ("", []))[1]
             if sum(lengths) != len(values):
-                out.append(f"ragged feature {name!r}: row lengths sum to {sum(lengths)}, "
-                           f"{len(values)} values")
+                out.append(
+                    f"ragged feature {name!r}: row lengths sum to {sum(lengths)}, {len(values)} values"
+                )
             continue
         kind, values = record.get(name, (None, []))
         want = _KINDS[entry["dtype"]]
@@ -40,8 +41,9 @@ def _spec_problems(record: dict[str, tuple[str, list]], spec: dict[str, dict]) -
             if kind is None:
                 out.append(f"feature {name!r} is missing (FixedLenFeature)")
             elif len(values) != n:
-                out.append(f"feature {name!r} has {len(values)} values, the spec's shape "
-                           f"{entry['shape']} needs {n}")
+                out.append(
+                    f"feature {name!r} has {len(values)} values, the spec's shape {entry['shape']} needs {n}"
+                )
     return out
 
 
@@ -68,8 +70,10 @@ def _check_shard(args: tuple[str, dict[str, Any], str, dict[str, dict]]) -> tupl
             except Exception as exn:  # protobuf's DecodeError and friends
                 bad = [f"not a tf.train.Example ({exn})"]
             if bad and len(problems) < 20:
-                problems.append(f"{name}: record {records} at byte {offset} does not parse with "
-                                f"the spec: {'; '.join(bad)}")
+                problems.append(
+                    f"{name}: record {records} at byte {offset} does not parse with "
+                    f"the spec: {'; '.join(bad)}"
+                )
     except CorruptRecord as exn:
         problems.append(f"{name}: corrupt record at byte {exn.offset}: {exn}".replace(f"{path}: ", ""))
     except Exception as exn:  # a truncated or non-gzip stream
@@ -77,8 +81,9 @@ def _check_shard(args: tuple[str, dict[str, Any], str, dict[str, dict]]) -> tupl
     if size != shard["bytes"]:
         problems.append(f"{name}: size {size} bytes, the manifest says {shard['bytes']}")
     if digest.hexdigest() != shard["sha256"]:
-        problems.append(f"{name}: sha256 {digest.hexdigest()[:16]}..., the manifest says "
-                        f"{shard['sha256'][:16]}...")
+        problems.append(
+            f"{name}: sha256 {digest.hexdigest()[:16]}..., the manifest says {shard['sha256'][:16]}..."
+        )
     if records != shard["records"]:
         problems.append(f"{name}: {records} records, the manifest says {shard['records']}")
     return records, problems
@@ -112,6 +117,5 @@ def verify(path: str, *, workers: int | None = None) -> list[str]:
             progress.update(files=1, records=records)
     progress.done()
     if total != meta.get("num_records"):
-        problems.append(f"the shards hold {total} records, the manifest says "
-                        f"{meta.get('num_records')}")
+        problems.append(f"the shards hold {total} records, the manifest says {meta.get('num_records')}")
     return problems

@@ -51,8 +51,16 @@ def package_versions() -> dict[str, str]:
     from importlib.metadata import PackageNotFoundError, version
 
     out = {}
-    for name in ("recordforge", "apache-beam", "pyarrow", "numpy", "protobuf", "isal",
-                 "tensorflow-metadata", "pillow"):
+    for name in (
+        "recordforge",
+        "apache-beam",
+        "pyarrow",
+        "numpy",
+        "protobuf",
+        "isal",
+        "tensorflow-metadata",
+        "pillow",
+    ):
         try:
             out[name] = version(name)
         except PackageNotFoundError:
@@ -98,8 +106,7 @@ def _split_totals(spec: BundleSpec, shards: list[ShardInfo]) -> dict[str, Any]:
         name = _relative(s.path, spec.output).split("/", 1)[0]
         totals[name]["records"] += s.records
         totals[name]["shards"] += 1
-    return {"split_counts": totals,
-            "empty_splits": [n for n, t in totals.items() if t["records"] == 0]}
+    return {"split_counts": totals, "empty_splits": [n for n, t in totals.items() if t["records"] == 0]}
 
 
 def metadata_dict(spec: BundleSpec, shards: list[ShardInfo], counts: RunCounts) -> dict[str, Any]:
@@ -124,15 +131,21 @@ def metadata_dict(spec: BundleSpec, shards: list[ShardInfo], counts: RunCounts) 
         "rows_written": written,
         "rows_rejected": counts.rows_rejected,
         "rejected_by_rule": dict(sorted(counts.rejected_by_rule.items())),
-        "rejected_bounds": {"max_rejected": spec.max_rejected,
-                            "max_rejected_fraction": spec.max_rejected_fraction},
+        "rejected_bounds": {
+            "max_rejected": spec.max_rejected,
+            "max_rejected_fraction": spec.max_rejected_fraction,
+        },
         "invariant": "rows_read == rows_written + rows_rejected",
         "unreadable_files": list(counts.unreadable),
         "num_records": written,
         **(spec.extra or {}),
         "shards": [
-            {"file": _relative(s.path, spec.output), "records": s.records, "bytes": s.bytes,
-             "sha256": s.sha256}
+            {
+                "file": _relative(s.path, spec.output),
+                "records": s.records,
+                "bytes": s.bytes,
+                "sha256": s.sha256,
+            }
             for s in shards
         ],
         **_split_totals(spec, shards),
@@ -159,8 +172,12 @@ def _check_counts(spec: BundleSpec, meta: dict[str, Any], counts: RunCounts) -> 
 
 
 def _write_bundle(
-    shards: list[ShardInfo], rows_in_batches: int, rules: list[str], unreadable: list[str],
-    rejected_files: list[str], spec: BundleSpec,
+    shards: list[ShardInfo],
+    rows_in_batches: int,
+    rules: list[str],
+    unreadable: list[str],
+    rejected_files: list[str],
+    spec: BundleSpec,
 ) -> str:
     rejected: dict[str, int] = {}
     for rule in rules:
@@ -219,8 +236,12 @@ class WriteBundle(beam.PTransform):
     """
 
     def __init__(
-        self, spec: BundleSpec, *, rows_in_batches: beam.PCollection[int],
-        rejected_rules: beam.PCollection[str], unreadable: beam.PCollection[str],
+        self,
+        spec: BundleSpec,
+        *,
+        rows_in_batches: beam.PCollection[int],
+        rejected_rules: beam.PCollection[str],
+        unreadable: beam.PCollection[str],
         rejected_files: beam.PCollection[str],
     ) -> None:
         super().__init__()
@@ -235,7 +256,8 @@ class WriteBundle(beam.PTransform):
         return (
             shards
             | "CollectShards" >> beam.combiners.ToList()
-            | "Write" >> beam.Map(
+            | "Write"
+            >> beam.Map(
                 _write_bundle,
                 beam.pvalue.AsSingleton(self._rows),
                 beam.pvalue.AsList(self._rules),

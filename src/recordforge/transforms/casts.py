@@ -83,7 +83,10 @@ def _checked_cast(
 
 
 def _per_value(
-    arr: pa.Array, convert: Callable[[object], object], out_type: pa.DataType, rule: str,
+    arr: pa.Array,
+    convert: Callable[[object], object],
+    out_type: pa.DataType,
+    rule: str,
     failures: list,
 ) -> pa.Array:
     """A Python conversion per value, for the rare types Arrow cannot convert exactly (decimal)."""
@@ -115,6 +118,7 @@ def _scaled_int(scale: int) -> Callable[[object], int]:
         if not -_INT64_MAX - 1 <= n <= _INT64_MAX:
             raise ValueError(f"{v} scaled by 10^{scale} does not fit int64")
         return n
+
     return convert
 
 
@@ -141,6 +145,7 @@ def cast_values(arr: pa.Array, f: Feature, file: str) -> tuple[pa.Array, list[Fa
                     f"{file}: column {column!r} of type {src} cannot hold feature {f.name!r} "
                     f"({f.dtype.value}): {exn}"
                 ) from exn
+
         return fn
 
     def conv(a: pa.Array, target: pa.DataType, what: str, rule: str = "type") -> pa.Array:
@@ -158,7 +163,8 @@ def cast_values(arr: pa.Array, f: Feature, file: str) -> tuple[pa.Array, list[Fa
             return wide, failures
         narrow = pc.cast(wide, pa.float32(), safe=False)
         overflow = np.isfinite(wide.to_numpy(zero_copy_only=False)) & ~np.isfinite(
-            narrow.to_numpy(zero_copy_only=False))
+            narrow.to_numpy(zero_copy_only=False)
+        )
         if overflow.any():
             idx = np.flatnonzero(overflow)
             failures.append(Failure(idx, "range", "float64 value is outside float32 range"))
@@ -197,11 +203,11 @@ def cast_values(arr: pa.Array, f: Feature, file: str) -> tuple[pa.Array, list[Fa
         if pa.types.is_timestamp(src):
             day = pc.cast(pc.cast(pc.floor_temporal(arr, unit="day"), pa.timestamp("s")), pa.int64())
             secs = pc.cast(pc.cast(arr, pa.timestamp("s"), safe=False), pa.int64())
-            partial = np.flatnonzero(_valid(arr) & (day.to_numpy(zero_copy_only=False)
-                                                    != secs.to_numpy(zero_copy_only=False)))
+            partial = np.flatnonzero(
+                _valid(arr) & (day.to_numpy(zero_copy_only=False) != secs.to_numpy(zero_copy_only=False))
+            )
             if partial.size:
-                failures.append(Failure(partial, "type", "a timestamp with a time of day is not "
-                                        "a date"))
+                failures.append(Failure(partial, "type", "a timestamp with a time of day is not a date"))
                 arr = _null_out(arr, partial)
         days = conv(arr, pa.date32(), "not a date")
         return pc.cast(pc.cast(days, pa.int32()), pa.int64()), failures
@@ -257,26 +263,44 @@ def check_values(values: pa.Array, f: Feature) -> list[Failure]:
         if idx.size:
             out.append(Failure(idx, rule, reason))
 
-    numeric = f.value_kind in (ExampleKind.INT64, ExampleKind.FLOAT) and not pa.types.is_binary(
-        values.type) and not pa.types.is_large_binary(values.type)
+    numeric = (
+        f.value_kind in (ExampleKind.INT64, ExampleKind.FLOAT)
+        and not pa.types.is_binary(values.type)
+        and not pa.types.is_large_binary(values.type)
+    )
     if numeric and f.min is not None:
-        add(pc.fill_null(pc.less(values, f.min), False).to_numpy(zero_copy_only=False),
-            "min", f"below min {f.min}")
+        add(
+            pc.fill_null(pc.less(values, f.min), False).to_numpy(zero_copy_only=False),
+            "min",
+            f"below min {f.min}",
+        )
     if numeric and f.max is not None:
-        add(pc.fill_null(pc.greater(values, f.max), False).to_numpy(zero_copy_only=False),
-            "max", f"above max {f.max}")
+        add(
+            pc.fill_null(pc.greater(values, f.max), False).to_numpy(zero_copy_only=False),
+            "max",
+            f"above max {f.max}",
+        )
     if f.allowed is not None:
         allowed = [a.encode() if isinstance(a, str) else a for a in f.allowed]
         value_set = pa.array(allowed, values.type) if allowed else pa.array([], values.type)
-        add(~pc.is_in(values, value_set=value_set).to_numpy(zero_copy_only=False),
-            "allowed", f"not one of the allowed values {list(f.allowed)}")
+        add(
+            ~pc.is_in(values, value_set=value_set).to_numpy(zero_copy_only=False),
+            "allowed",
+            f"not one of the allowed values {list(f.allowed)}",
+        )
     if f.regex is not None:
         text = pc.cast(values, pa.large_string())
         matched = pc.fill_null(pc.match_substring_regex(text, f.regex), True)
         add(~matched.to_numpy(zero_copy_only=False), "regex", f"does not match /{f.regex}/")
     if f.max_length is not None and f.is_scalar and pa.types.is_large_binary(values.type):
-        lengths = (pc.utf8_length(pc.cast(values, pa.large_string())) if f.dtype is DType.STRING
-                   else pc.binary_length(values))
-        add(pc.fill_null(pc.greater(lengths, f.max_length), False).to_numpy(zero_copy_only=False),
-            "max_length", f"longer than max_length {f.max_length}")
+        lengths = (
+            pc.utf8_length(pc.cast(values, pa.large_string()))
+            if f.dtype is DType.STRING
+            else pc.binary_length(values)
+        )
+        add(
+            pc.fill_null(pc.greater(lengths, f.max_length), False).to_numpy(zero_copy_only=False),
+            "max_length",
+            f"longer than max_length {f.max_length}",
+        )
     return out

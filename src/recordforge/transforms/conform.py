@@ -37,8 +37,13 @@ class BadRow:
     value: Any
 
     def error(self) -> DataError:
-        return DataError(file=self.file, row=self.row, column=self.column,
-                         reason=f"{self.reason} [rule: {self.rule}]", value=self.value)
+        return DataError(
+            file=self.file,
+            row=self.row,
+            column=self.column,
+            reason=f"{self.reason} [rule: {self.rule}]",
+            value=self.value,
+        )
 
 
 @dataclass(frozen=True)
@@ -56,15 +61,18 @@ class _Failures:
         self.first_row = first_row
         self.rows: dict[int, BadRow] = {}
 
-    def add(self, rows: np.ndarray, column: str, rule: str, reason: str,
-            values: pa.Array, value_index: np.ndarray) -> None:
+    def add(
+        self, rows: np.ndarray, column: str, rule: str, reason: str, values: pa.Array, value_index: np.ndarray
+    ) -> None:
         for r, i in zip(rows.tolist(), value_index.tolist(), strict=True):
             if r not in self.rows:
-                self.rows[r] = BadRow(self.file, self.first_row + r + 1, column, rule, reason,
-                                      values[i].as_py())
+                self.rows[r] = BadRow(
+                    self.file, self.first_row + r + 1, column, rule, reason, values[i].as_py()
+                )
 
-    def add_failures(self, failures: list[Failure], column: str, values: pa.Array,
-                     offsets: np.ndarray | None) -> None:
+    def add_failures(
+        self, failures: list[Failure], column: str, values: pa.Array, offsets: np.ndarray | None
+    ) -> None:
         for f in failures:
             self.add(_rows_of(f.indices, offsets), column, f.rule, f.reason, values, f.indices)
 
@@ -86,8 +94,9 @@ def conform_batch(
     fails = _Failures(file, first_row)
     arrays = [a for f in plan.features for a in _conform_feature(batch, f, fails, text_lists)]
     if not fails.rows:
-        return Conformed(pa.RecordBatch.from_arrays(arrays, schema=plan.arrow_schema), [],
-                         np.zeros(0, np.int64))
+        return Conformed(
+            pa.RecordBatch.from_arrays(arrays, schema=plan.arrow_schema), [], np.zeros(0, np.int64)
+        )
     bad = np.array(sorted(fails.rows), dtype=np.int64)
     keep = np.ones(batch.num_rows, dtype=bool)
     keep[bad] = False
@@ -140,9 +149,7 @@ def _flat_values(lists: pa.Array) -> pa.Array:
     return lists.values.slice(start, int(lists.offsets[-1].as_py()) - start)
 
 
-def _conform_feature(
-    batch: pa.RecordBatch, f: Feature, fails: _Failures, text_lists: bool
-) -> list[pa.Array]:
+def _conform_feature(batch: pa.RecordBatch, f: Feature, fails: _Failures, text_lists: bool) -> list[pa.Array]:
     col = _source_column(batch, f, fails.file)
     column = f.source_column
     if f.is_image:
@@ -189,25 +196,27 @@ def _conform_feature(
     values, failures = cast_values(flat, f, fails.file)
     fails.add_failures(failures, column, flat, offsets)
     if source_nulls.size:
-        fails.add(_rows_of(source_nulls, offsets), column, "list_null",
-                  "a list holds a null value, which a tf.train.Example cannot represent",
-                  col, _rows_of(source_nulls, offsets))
+        fails.add(
+            _rows_of(source_nulls, offsets),
+            column,
+            "list_null",
+            "a list holds a null value, which a tf.train.Example cannot represent",
+            col,
+            _rows_of(source_nulls, offsets),
+        )
     values = apply_ops(values, f)
     fails.add_failures(check_values(values, f), column, flat, offsets)
     valid = pc.is_valid(lists)
-    out = pa.LargeListArray.from_arrays(pa.array(offsets, pa.int64()), values,
-                                        mask=pc.invert(valid))
+    out = pa.LargeListArray.from_arrays(pa.array(offsets, pa.int64()), values, mask=pc.invert(valid))
     out = _apply_nulls(out, f, fails, col)
     lengths = pc.list_value_length(out).to_numpy(zero_copy_only=False)
     present = pc.is_valid(out).to_numpy(zero_copy_only=False)
     if f.num_values is not None:
         bad = np.flatnonzero(present & (lengths != f.num_values))
-        fails.add(bad, column, "shape", f"shape {list(f.shape)} needs {f.num_values} values",
-                  col, bad)
+        fails.add(bad, column, "shape", f"shape {list(f.shape)} needs {f.num_values} values", col, bad)
     if f.max_length is not None:
         bad = np.flatnonzero(present & (lengths > f.max_length))
-        fails.add(bad, column, "max_length", f"more than max_length {f.max_length} values",
-                  col, bad)
+        fails.add(bad, column, "max_length", f"more than max_length {f.max_length} values", col, bad)
     if f.float64_bytes:
         return [_float64_bytes(out)]
     if f.is_ragged:
@@ -219,12 +228,19 @@ def _conform_feature(
 def _conform_image(col: pa.Array, f: Feature, fails: _Failures) -> list[pa.Array]:
     """Paths (relative ones against the manifest's folder) or encoded bytes, to the image bytes
     and its header values; an unreadable or undecodable image rejects its row (rule `image`)."""
-    if not (pa.types.is_string(col.type) or pa.types.is_large_string(col.type)
-            or pa.types.is_binary(col.type) or pa.types.is_large_binary(col.type)):
-        raise SourceError(f"{fails.file}: column {f.source_column!r} is {col.type}; an image "
-                          "column holds paths (strings) or encoded bytes")
-    opts = ImageOptions(resize=f.resize, method=f.method, encode=f.encode, quality=f.quality,
-                        channels=f.channels)
+    if not (
+        pa.types.is_string(col.type)
+        or pa.types.is_large_string(col.type)
+        or pa.types.is_binary(col.type)
+        or pa.types.is_large_binary(col.type)
+    ):
+        raise SourceError(
+            f"{fails.file}: column {f.source_column!r} is {col.type}; an image "
+            "column holds paths (strings) or encoded bytes"
+        )
+    opts = ImageOptions(
+        resize=f.resize, method=f.method, encode=f.encode, quality=f.quality, channels=f.channels
+    )
     results = load_images(col.to_pylist(), manifest_dir(fails.file), opts)
     n = len(results)
     data: list[bytes | None] = [None] * n
@@ -238,11 +254,14 @@ def _conform_image(col: pa.Array, f: Feature, fails: _Failures) -> list[pa.Array
             parts["format"][i] = r.format.encode()
     if f.nulls is NullPolicy.REQUIRED:
         missing = np.array([i for i, r in enumerate(results) if r is None], dtype=np.int64)
-        fails.add(missing, f.source_column, "null", "null in a feature with `nulls: required`",
-                  col, missing)
-    return [pa.array(data, pa.large_binary()), pa.array(parts["height"], pa.int64()),
-            pa.array(parts["width"], pa.int64()), pa.array(parts["channels"], pa.int64()),
-            pa.array(parts["format"], pa.large_binary())]
+        fails.add(missing, f.source_column, "null", "null in a feature with `nulls: required`", col, missing)
+    return [
+        pa.array(data, pa.large_binary()),
+        pa.array(parts["height"], pa.int64()),
+        pa.array(parts["width"], pa.int64()),
+        pa.array(parts["channels"], pa.int64()),
+        pa.array(parts["format"], pa.large_binary()),
+    ]
 
 
 def _one_value_lists(col: pa.Array) -> pa.Array:
@@ -265,21 +284,30 @@ def _flatten_nested(
         rows = _rows_of(null_inner, outer)
         fails.add(rows, f.source_column, "list_null", "a nested list is null", col, rows)
     if not f.is_ragged:
-        bad = np.flatnonzero((lengths != f.shape[1]) & pc.is_valid(inner).to_numpy(
-            zero_copy_only=False))
+        bad = np.flatnonzero((lengths != f.shape[1]) & pc.is_valid(inner).to_numpy(zero_copy_only=False))
         rows = _rows_of(bad, outer)
-        fails.add(rows, f.source_column, "shape",
-                  f"shape {list(f.shape)} needs inner lists of length {f.shape[1]}", col, rows)
+        fails.add(
+            rows,
+            f.source_column,
+            "shape",
+            f"shape {list(f.shape)} needs inner lists of length {f.shape[1]}",
+            col,
+            rows,
+        )
         outer_len = np.diff(outer)
         valid = pc.is_valid(lists).to_numpy(zero_copy_only=False)
         bad_rows = np.flatnonzero(valid & (outer_len != f.shape[0]))
-        fails.add(bad_rows, f.source_column, "shape",
-                  f"shape {list(f.shape)} needs {f.shape[0]} inner lists", col, bad_rows)
+        fails.add(
+            bad_rows,
+            f.source_column,
+            "shape",
+            f"shape {list(f.shape)} needs {f.shape[0]} inner lists",
+            col,
+            bad_rows,
+        )
     flat_offsets = inner_off[outer]
     mask = pc.invert(pc.is_valid(lists))
-    flat = pa.LargeListArray.from_arrays(
-        pa.array(flat_offsets, pa.int64()), _flat_values(inner), mask=mask
-    )
+    flat = pa.LargeListArray.from_arrays(pa.array(flat_offsets, pa.int64()), _flat_values(inner), mask=mask)
     row_lengths = pa.LargeListArray.from_arrays(
         pa.array(outer, pa.int64()), pa.array(np.nan_to_num(lengths).astype(np.int64)), mask=mask
     )
@@ -290,8 +318,10 @@ def _numeric_json_lists(col: pa.Array, f: Feature) -> pa.Array | None:
     """Vectorised parse of flat JSON arrays of numbers or booleans (`[1, 2.5]`): strip the
     brackets, split on commas, cast. None when any cell is not that simple (then: json.loads)."""
     value_t = _JSON_VALUE_TYPES.get(f.dtype)
-    if value_t is None or len(f.shape) != 1 or not (
-        pa.types.is_integer(value_t) or pa.types.is_floating(value_t) or pa.types.is_boolean(value_t)
+    if (
+        value_t is None
+        or len(f.shape) != 1
+        or not (pa.types.is_integer(value_t) or pa.types.is_floating(value_t) or pa.types.is_boolean(value_t))
     ):
         return None
     text = pc.utf8_trim_whitespace(col)
@@ -352,8 +382,14 @@ def _parse_json_lists(col: pa.Array, f: Feature, fails: _Failures) -> pa.Array:
             try:
                 pa.array([value], list_t)
             except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError) as exn:
-                fails.add(np.array([i]), f.source_column, "type",
-                          f"list values are not {f.dtype.value}: {exn}", col, np.array([i]))
+                fails.add(
+                    np.array([i]),
+                    f.source_column,
+                    "type",
+                    f"list values are not {f.dtype.value}: {exn}",
+                    col,
+                    np.array([i]),
+                )
                 parsed[i] = None
         return pa.array(parsed, list_t)
 
@@ -361,8 +397,12 @@ def _parse_json_lists(col: pa.Array, f: Feature, fails: _Failures) -> pa.Array:
 # JSON numbers and strings go straight to the declared type, as a typed CSV column would;
 # timestamps, dates and decimals are inferred from the JSON and cast like any source column.
 _JSON_VALUE_TYPES = {
-    DType.INT64: pa.int64(), DType.BOOL: pa.bool_(), DType.FLOAT32: pa.float32(),
-    DType.FLOAT64: pa.float64(), DType.BYTES: pa.binary(), DType.STRING: pa.string(),
+    DType.INT64: pa.int64(),
+    DType.BOOL: pa.bool_(),
+    DType.FLOAT32: pa.float32(),
+    DType.FLOAT64: pa.float64(),
+    DType.BYTES: pa.binary(),
+    DType.STRING: pa.string(),
 }
 
 
@@ -371,8 +411,7 @@ def _apply_nulls(arr: pa.Array, f: Feature, fails: _Failures, col: pa.Array) -> 
         return arr
     if f.nulls is NullPolicy.REQUIRED:
         rows = np.flatnonzero(~pc.is_valid(arr).to_numpy(zero_copy_only=False))
-        fails.add(rows, f.source_column, "null", "null in a feature with `nulls: required`",
-                  col, rows)
+        fails.add(rows, f.source_column, "null", "null in a feature with `nulls: required`", col, rows)
         return arr
     return pc.fill_null(arr, _default_scalar(f, arr.type))
 
@@ -393,7 +432,8 @@ def _pack_scalar(values: pa.Array, f: Feature) -> pa.Array:
     if f.encode != "bytes":
         return values
     lists = pa.LargeListArray.from_arrays(
-        pa.array(np.arange(len(values) + 1), pa.int64()), values.fill_null(0.0),
+        pa.array(np.arange(len(values) + 1), pa.int64()),
+        values.fill_null(0.0),
         mask=pc.is_null(values),
     )
     return _float64_bytes(lists)

@@ -47,8 +47,9 @@ class _ToExamplesFn(beam.DoFn):
         self._rows_read.inc(batch.num_rows)
         if batch.num_rows == 0:
             return
-        result = conform_batch(batch, self._plan, file=element.file, first_row=element.first_row,
-                               text_lists=element.text_lists)
+        result = conform_batch(
+            batch, self._plan, file=element.file, first_row=element.first_row, text_lists=element.text_lists
+        )
         if result.rejected:
             if self._strict:
                 raise result.rejected[0].error()
@@ -74,8 +75,14 @@ class _ToExamplesFn(beam.DoFn):
             values = element.batch.column(spec.column).take(pa.array(good)).to_pylist()
             which = assign_by_value(values, spec)
             for i in np.flatnonzero(which < 0).tolist():
-                bad = BadRow(element.file, element.first_row + int(good[i]) + 1, spec.column,
-                             "split", f"not one of the splits {list(spec.names)}", values[i])
+                bad = BadRow(
+                    element.file,
+                    element.first_row + int(good[i]) + 1,
+                    spec.column,
+                    "split",
+                    f"not one of the splits {list(spec.names)}",
+                    values[i],
+                )
                 if self._strict:
                     raise bad.error()
                 self._rows_rejected.inc()
@@ -83,8 +90,11 @@ class _ToExamplesFn(beam.DoFn):
                 record = element.batch.slice(int(good[i]), 1).to_pylist()[0]
                 yield beam.pvalue.TaggedOutput(REJECTED, rejected_line(bad, record))
         else:
-            keys = encoded if self._key_encoder is None else self._key_encoder.encode(
-                result.batch.select(self._key_columns))
+            keys = (
+                encoded
+                if self._key_encoder is None
+                else self._key_encoder.encode(result.batch.select(self._key_columns))
+            )
             which = assign_by_hash(keys, spec)
         for k, name in enumerate(spec.names):
             rows = np.flatnonzero(which == k)

@@ -39,8 +39,7 @@ def list_image_folder(root: str) -> ImageFolder:
 
         root = os.path.abspath(root)  # listed paths are then absolute, never re-resolved
     matches = FileSystems.match([f"{root}/**"])[0].metadata_list
-    found = sorted((m.path, m.size_in_bytes) for m in matches
-                   if m.path.lower().endswith(IMAGE_EXTENSIONS))
+    found = sorted((m.path, m.size_in_bytes) for m in matches if m.path.lower().endswith(IMAGE_EXTENSIONS))
     if not found:
         raise SourceError(f"no images ({', '.join(IMAGE_EXTENSIONS)}) under {root}")
     entries = []
@@ -69,13 +68,20 @@ def folder_schema(folder: ImageFolder) -> Schema:
     features = [
         Feature("image", DType.IMAGE, column="path", nulls=NullPolicy.REQUIRED),
         Feature("label", DType.STRING, nulls=NullPolicy.REQUIRED),
-        Feature("label_id", DType.INT64, nulls=NullPolicy.REQUIRED,
-                description="index of label in the sorted label vocabulary (metadata: labels)"),
+        Feature(
+            "label_id",
+            DType.INT64,
+            nulls=NullPolicy.REQUIRED,
+            description="index of label in the sorted label vocabulary (metadata: labels)",
+        ),
     ]
     if folder.splits:
         features.append(Feature("split", DType.STRING, nulls=NullPolicy.REQUIRED))
-    return Schema(tuple(features), origin="image folder",
-                  notes=(f"labels from parent folder names: {len(folder.labels)} labels",))
+    return Schema(
+        tuple(features),
+        origin="image folder",
+        notes=(f"labels from parent folder names: {len(folder.labels)} labels",),
+    )
 
 
 class _ListFolderFn(beam.DoFn):
@@ -88,8 +94,10 @@ class _ListFolderFn(beam.DoFn):
         folder = list_image_folder(root)
         if len(folder.entries) != self._expected:
             # Rows would be numbered against a different listing than the one checked at launch.
-            raise SourceError(f"{root}: {len(folder.entries)} images now, {self._expected} when "
-                              "the pipeline was built; the folder changed during the run")
+            raise SourceError(
+                f"{root}: {len(folder.entries)} images now, {self._expected} when "
+                "the pipeline was built; the folder changed during the run"
+            )
         yield from chunk_entries(folder, self._batch_size, self._batch_bytes)
 
 
@@ -103,12 +111,14 @@ class _FolderBatchFn(beam.DoFn):
 
     def process(self, chunk: tuple[int, list[tuple[str, str, str]]]) -> Iterator[SourceBatch]:
         first, entries = chunk
-        batch = pa.RecordBatch.from_pydict({
-            "path": pa.array([e[0] for e in entries], pa.string()),
-            "label": pa.array([e[1] for e in entries], pa.string()),
-            "label_id": pa.array([self._ids[e[1]] for e in entries], pa.int64()),
-            "split": pa.array([e[2] for e in entries], pa.string()),
-        })
+        batch = pa.RecordBatch.from_pydict(
+            {
+                "path": pa.array([e[0] for e in entries], pa.string()),
+                "label": pa.array([e[1] for e in entries], pa.string()),
+                "label_id": pa.array([self._ids[e[1]] for e in entries], pa.int64()),
+                "split": pa.array([e[2] for e in entries], pa.string()),
+            }
+        )
         yield SourceBatch(self._root, first, batch)
 
 
@@ -122,9 +132,7 @@ class ReadImageFolder(beam.PTransform):
     ToExamples, on the workers, through Beam's filesystems.
     """
 
-    def __init__(
-        self, folder: ImageFolder, *, batch_size: int = 256, batch_bytes: int = 64 << 20
-    ) -> None:
+    def __init__(self, folder: ImageFolder, *, batch_size: int = 256, batch_bytes: int = 64 << 20) -> None:
         super().__init__()
         self._folder = folder
         self._batch_size = batch_size
@@ -134,8 +142,8 @@ class ReadImageFolder(beam.PTransform):
         batches = (
             pbegin
             | "Root" >> beam.Create([self._folder.root])
-            | "List" >> beam.ParDo(_ListFolderFn(len(self._folder.entries), self._batch_size,
-                                                 self._batch_bytes))
+            | "List"
+            >> beam.ParDo(_ListFolderFn(len(self._folder.entries), self._batch_size, self._batch_bytes))
             # (first row, [(path, label, split)]): file names only
             | "Spread" >> beam.Reshuffle()
             | "Read" >> beam.ParDo(_FolderBatchFn(self._folder.root, self._folder.labels))

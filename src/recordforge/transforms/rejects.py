@@ -41,7 +41,7 @@ def encode_value(value: Any) -> Any:
 def decode_value(value: Any) -> Any:
     """The inverse of `encode_value` for bytes, floats and decimals (dates stay ISO strings)."""
     if isinstance(value, dict) and len(value) == 1:
-        (tag, raw), = value.items()
+        ((tag, raw),) = value.items()
         if tag == "base64":
             return base64.b64decode(raw)
         if tag == "float":
@@ -56,11 +56,19 @@ def decode_value(value: Any) -> Any:
 
 
 def rejected_line(bad: BadRow, record: dict[str, Any] | None) -> str:
-    return json.dumps({
-        "file": bad.file, "row": bad.row, "column": bad.column, "rule": bad.rule,
-        "reason": bad.reason, "value": encode_value(bad.value),
-        "record": encode_value(record) if record is not None else None,
-    }, ensure_ascii=False, sort_keys=True)
+    return json.dumps(
+        {
+            "file": bad.file,
+            "row": bad.row,
+            "column": bad.column,
+            "rule": bad.rule,
+            "reason": bad.reason,
+            "value": encode_value(bad.value),
+            "record": encode_value(record) if record is not None else None,
+        },
+        ensure_ascii=False,
+        sort_keys=True,
+    )
 
 
 class WriteRejected(beam.PTransform):

@@ -27,8 +27,16 @@ __all__ = ["DEFAULT_SHARD_SIZE", "WriteShardsBySize", "parse_size"]
 
 _LOGGER = logging.getLogger(__name__)
 DEFAULT_SHARD_SIZE = 128 << 20  # TensorFlow's guidance: 100-200 MB per shard
-_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "KIB": 1 << 10, "MIB": 1 << 20,
-          "GIB": 1 << 30}
+_UNITS = {
+    "": 1,
+    "B": 1,
+    "KB": 10**3,
+    "MB": 10**6,
+    "GB": 10**9,
+    "KIB": 1 << 10,
+    "MIB": 1 << 20,
+    "GIB": 1 << 30,
+}
 
 
 def parse_size(text: str) -> int:
@@ -71,8 +79,7 @@ class _HashingFile:
 
 
 class _RollingWriteFn(beam.DoFn):
-    def __init__(self, tmp_dir: str, compression: str, level: int, max_bytes: int,
-                 max_records: int) -> None:
+    def __init__(self, tmp_dir: str, compression: str, level: int, max_bytes: int, max_records: int) -> None:
         self._tmp_dir = tmp_dir
         self._compression = compression
         self._level = level
@@ -87,7 +94,8 @@ class _RollingWriteFn(beam.DoFn):
 
         self._tmp = f"{self._tmp_dir}/{uuid.uuid4().hex}.part"
         self._file = _HashingFile(
-            FileSystems.create(self._tmp, compression_type=CompressionTypes.UNCOMPRESSED))
+            FileSystems.create(self._tmp, compression_type=CompressionTypes.UNCOMPRESSED)
+        )
         self._out: Any = self._file
         if self._compression != "none":
             self._out = _DeflateWriter(self._file, self._compression, self._level)
@@ -97,8 +105,7 @@ class _RollingWriteFn(beam.DoFn):
     def _close(self) -> _Part:
         assert self._file is not None
         self._out.close()  # flushes the deflate stream into the hashing file, then closes
-        part = _Part(self._tmp, self._records, self._file.bytes, self._file.hexdigest(),
-                     self._first_key)
+        part = _Part(self._tmp, self._records, self._file.bytes, self._file.hexdigest(), self._first_key)
         self._file = None
         return part
 
@@ -135,8 +142,10 @@ def _publish(parts: list[_Part], prefix: str, suffix: str, tmp_dir: str) -> list
     if FileSystems.exists(tmp_dir):
         FileSystems.delete([tmp_dir])
     _LOGGER.info("published %d shards as %s-*-of-%05d%s", n, prefix, n, suffix)
-    return [ShardInfo(path=f, records=p.records, bytes=p.bytes, sha256=p.sha256)
-            for f, p in zip(finals, parts, strict=True)]
+    return [
+        ShardInfo(path=f, records=p.records, bytes=p.bytes, sha256=p.sha256)
+        for f, p in zip(finals, parts, strict=True)
+    ]
 
 
 class WriteShardsBySize(beam.PTransform):
@@ -146,8 +155,9 @@ class WriteShardsBySize(beam.PTransform):
     size reaches `max_bytes` (it may exceed it by at most one batch's worth).
     """
 
-    def __init__(self, prefix: str, suffix: str, *, compression: str, level: int,
-                 max_bytes: int, max_records: int) -> None:
+    def __init__(
+        self, prefix: str, suffix: str, *, compression: str, level: int, max_bytes: int, max_records: int
+    ) -> None:
         super().__init__()
         self._prefix = prefix
         self._suffix = suffix
@@ -161,8 +171,12 @@ class WriteShardsBySize(beam.PTransform):
     def expand(self, batches: beam.PCollection[tuple[Any, pa.Array]]) -> beam.PCollection:
         return (
             batches
-            | "WriteParts" >> beam.ParDo(_RollingWriteFn(
-                self._tmp_dir, self._compression, self._level, self._max_bytes, self._max_records))
+            | "WriteParts"
+            >> beam.ParDo(
+                _RollingWriteFn(
+                    self._tmp_dir, self._compression, self._level, self._max_bytes, self._max_records
+                )
+            )
             # _Part: a temporary file with its record count, size and sha256
             | "CollectParts" >> beam.combiners.ToList()
             | "Publish" >> beam.FlatMap(_publish, self._prefix, self._suffix, self._tmp_dir)

@@ -124,9 +124,7 @@ class _TFRecordBatchSink(filebasedsink.FileBasedSink):
     """Beam's file-based sink machinery (temporary files, finalisation, shard names, retries),
     fed whole batches of serialized examples: framing is vectorised and deflate is ISA-L."""
 
-    def __init__(
-        self, prefix: str, suffix: str, num_shards: int, compression: str, level: int
-    ) -> None:
+    def __init__(self, prefix: str, suffix: str, num_shards: int, compression: str, level: int) -> None:
         super().__init__(
             prefix,
             coder=coders.BytesCoder(),  # unused: write_record takes whole batches
@@ -177,9 +175,17 @@ class WriteTFRecords(beam.PTransform):
     """
 
     def __init__(
-        self, output: str, *, compression: str = "gzip", num_shards: int = 0, sink: str = "fast",
-        compression_level: int = DEFAULT_LEVEL, deterministic: bool = False,
-        shard_size: int = DEFAULT_SHARD_SIZE, records_per_shard: int = 0, name: str = "data",
+        self,
+        output: str,
+        *,
+        compression: str = "gzip",
+        num_shards: int = 0,
+        sink: str = "fast",
+        compression_level: int = DEFAULT_LEVEL,
+        deterministic: bool = False,
+        shard_size: int = DEFAULT_SHARD_SIZE,
+        records_per_shard: int = 0,
+        name: str = "data",
     ) -> None:
         super().__init__()
         self._name = name
@@ -204,9 +210,7 @@ class WriteTFRecords(beam.PTransform):
         self._compression = compression
         self._num_shards = num_shards
 
-    def expand(
-        self, batches: beam.PCollection[tuple[Any, pa.Array]]
-    ) -> beam.PCollection[ShardInfo]:
+    def expand(self, batches: beam.PCollection[tuple[Any, pa.Array]]) -> beam.PCollection[ShardInfo]:
         prefix = shard_prefix(self._output, self._name)
         suffix = Compression.suffix(self._compression)
         if self._deterministic:
@@ -219,9 +223,7 @@ class WriteTFRecords(beam.PTransform):
             )
             written = (
                 batches
-                | "AssignShards" >> beam.Map(
-                    _assign_shard, beam.pvalue.AsSingleton(ranks), self._num_shards
-                )
+                | "AssignShards" >> beam.Map(_assign_shard, beam.pvalue.AsSingleton(ranks), self._num_shards)
                 # (shard, ((file, first_row), records))
                 | "GroupShards" >> beam.GroupByKey()
                 | "WriteShards" >> beam.ParDo(_WriteShardFn(writer))
@@ -236,7 +238,8 @@ class WriteTFRecords(beam.PTransform):
             written = (
                 batches
                 | "Records" >> beam.FlatMap(_records)
-                | "Write" >> beam.io.WriteToTFRecord(
+                | "Write"
+                >> beam.io.WriteToTFRecord(
                     prefix,
                     file_name_suffix=suffix,
                     num_shards=self._num_shards,
@@ -247,13 +250,15 @@ class WriteTFRecords(beam.PTransform):
         elif self._num_shards == 0:
             # The default: shards by size, described as they are written.
             return batches | "WriteBySize" >> WriteShardsBySize(
-                prefix, suffix, compression=self._compression, level=self._level,
-                max_bytes=self._shard_size, max_records=self._records_per_shard,
+                prefix,
+                suffix,
+                compression=self._compression,
+                level=self._level,
+                max_bytes=self._shard_size,
+                max_records=self._records_per_shard,
             )
         else:
-            sink = _TFRecordBatchSink(
-                prefix, suffix, self._num_shards, self._compression, self._level
-            )
+            sink = _TFRecordBatchSink(prefix, suffix, self._num_shards, self._compression, self._level)
             written = batches | "Values" >> beam.Map(_values) | "Write" >> beam.io.Write(sink)
         # path of each final shard
         return written | "Describe" >> beam.ParDo(_DescribeShardFn(self._compression))

@@ -56,8 +56,9 @@ def expand_patterns(patterns: Iterable[str]) -> list[_FileInfo]:
         if not files:
             raise SourceError(f"input pattern {pattern!r} matched no files")
         for m in sorted(files, key=lambda m: m.path):
-            out.setdefault(m.path, _FileInfo(m.path, m.size_in_bytes,
-                                             getattr(m, "last_updated_in_seconds", 0.0) or 0.0))
+            out.setdefault(
+                m.path, _FileInfo(m.path, m.size_in_bytes, getattr(m, "last_updated_in_seconds", 0.0) or 0.0)
+            )
     return list(out.values())
 
 
@@ -106,9 +107,7 @@ def _resolve_columns(columns: list[str], names: list[str], path: str) -> list[st
 
 
 class _ReadParquetFn(beam.DoFn):
-    def __init__(
-        self, columns: list[str] | None, batch_size: int, skip_unreadable: bool = False
-    ) -> None:
+    def __init__(self, columns: list[str] | None, batch_size: int, skip_unreadable: bool = False) -> None:
         self._columns = columns
         self._batch_size = batch_size
         self._skip = skip_unreadable
@@ -131,8 +130,9 @@ class _ReadParquetFn(beam.DoFn):
             raise
         except Exception as exn:
             if self._skip:
-                yield _unreadable(path, f"row group {group}: {exn}", row_group=group,
-                                  rows_read_before=first_row - start)
+                yield _unreadable(
+                    path, f"row group {group}: {exn}", row_group=group, rows_read_before=first_row - start
+                )
                 return
             raise SourceError(f"{path}: cannot read row group {group}: {exn}") from exn
 
@@ -147,8 +147,13 @@ class ReadParquet(beam.PTransform):
     """
 
     def __init__(
-        self, patterns: list[str], *, columns: list[str] | None = None, batch_size: int = 65536,
-        expanded: list[_FileInfo] | None = None, skip_unreadable: bool = False,
+        self,
+        patterns: list[str],
+        *,
+        columns: list[str] | None = None,
+        batch_size: int = 65536,
+        expanded: list[_FileInfo] | None = None,
+        skip_unreadable: bool = False,
     ) -> None:
         super().__init__()
         # `expanded`: the patterns' matches when the caller already listed them.
@@ -165,16 +170,17 @@ class ReadParquet(beam.PTransform):
         groups = (
             pbegin
             | "Files" >> beam.Create([f.path for f in self._files])
-            | "RowGroups" >> beam.ParDo(_ParquetRowGroupsFn(self._skip)).with_outputs(
-                UNREADABLE, main="groups")
+            | "RowGroups"
+            >> beam.ParDo(_ParquetRowGroupsFn(self._skip)).with_outputs(UNREADABLE, main="groups")
         )
         read = (
             groups.groups
             # (path, row_group, first_row): spread row groups over workers before reading.
             | "Spread" >> beam.Reshuffle()
-            | "Read" >> beam.ParDo(
-                _ReadParquetFn(self._columns, self._batch_size, self._skip)
-            ).with_outputs(UNREADABLE, main="batches")
+            | "Read"
+            >> beam.ParDo(_ReadParquetFn(self._columns, self._batch_size, self._skip)).with_outputs(
+                UNREADABLE, main="batches"
+            )
         )
         unreadable = (groups[UNREADABLE], read[UNREADABLE]) | "Unreadable" >> beam.Flatten()
         return {"batches": read.batches, UNREADABLE: unreadable}
@@ -191,7 +197,11 @@ def _empty_to_null(batch: pa.RecordBatch, columns: set[str]) -> pa.RecordBatch:
 
 class _ReadCsvFn(beam.DoFn):
     def __init__(
-        self, column_types: dict[str, pa.DataType], block_size: int, *, strict: bool = True,
+        self,
+        column_types: dict[str, pa.DataType],
+        block_size: int,
+        *,
+        strict: bool = True,
         skip_unreadable: bool = False,
     ) -> None:
         self._column_types = column_types
@@ -219,8 +229,11 @@ class _ReadCsvFn(beam.DoFn):
                     for c, t in self._column_types.items()
                 }
                 # As in the typed pass, an empty cell of a non-string column is a null.
-                nullable = {c for c, t in self._column_types.items()
-                            if not (pa.types.is_binary(t) or pa.types.is_string(t))}
+                nullable = {
+                    c
+                    for c, t in self._column_types.items()
+                    if not (pa.types.is_binary(t) or pa.types.is_string(t))
+                }
                 yield from self._read(path, text_types, skip=emitted, empty_is_null=nullable)
         except (pa.ArrowInvalid, OSError) as exn:
             if self._skip:
@@ -229,7 +242,11 @@ class _ReadCsvFn(beam.DoFn):
             raise SourceError(f"{path}: not a readable CSV file: {exn}") from exn
 
     def _read(
-        self, path: str, types: dict[str, pa.DataType], *, skip: int,
+        self,
+        path: str,
+        types: dict[str, pa.DataType],
+        *,
+        skip: int,
         empty_is_null: set[str] = frozenset(),  # type: ignore[assignment]
     ) -> Iterator[object]:
         """Yields the file's batches, leaving out its first `skip` rows, and rows with the wrong
@@ -245,9 +262,7 @@ class _ReadCsvFn(beam.DoFn):
             reader = pacsv.open_csv(
                 f,
                 read_options=pacsv.ReadOptions(block_size=self._block_size),
-                parse_options=pacsv.ParseOptions(
-                    newlines_in_values=True, invalid_row_handler=on_invalid
-                ),
+                parse_options=pacsv.ParseOptions(newlines_in_values=True, invalid_row_handler=on_invalid),
                 convert_options=pacsv.ConvertOptions(
                     column_types=types,
                     include_columns=list(types),
@@ -277,9 +292,14 @@ class _ReadCsvFn(beam.DoFn):
             return
         for row in rows:
             where = f"line {row.number}: " if row.number else ""
-            bad = BadRow(path, 0, "*", "csv_columns",
-                         f"{where}expected {row.expected_columns} columns, "
-                         f"found {row.actual_columns}", row.text)
+            bad = BadRow(
+                path,
+                0,
+                "*",
+                "csv_columns",
+                f"{where}expected {row.expected_columns} columns, found {row.actual_columns}",
+                row.text,
+            )
             if self._strict:
                 raise bad.error()
             yield beam.pvalue.TaggedOutput(REJECTED, rejected_line(bad, None))
@@ -295,9 +315,14 @@ class ReadCsv(beam.PTransform):
     """
 
     def __init__(
-        self, patterns: list[str], *, column_types: dict[str, pa.DataType],
-        block_size: int = 8 << 20, expanded: list[_FileInfo] | None = None,
-        strict: bool = True, skip_unreadable: bool = False,
+        self,
+        patterns: list[str],
+        *,
+        column_types: dict[str, pa.DataType],
+        block_size: int = 8 << 20,
+        expanded: list[_FileInfo] | None = None,
+        strict: bool = True,
+        skip_unreadable: bool = False,
     ) -> None:
         super().__init__()
         self._files = expanded if expanded is not None else expand_patterns(patterns)
@@ -315,9 +340,14 @@ class ReadCsv(beam.PTransform):
             pbegin
             | "Files" >> beam.Create([f.path for f in self._files])
             | "Spread" >> beam.Reshuffle()
-            | "Read" >> beam.ParDo(_ReadCsvFn(
-                self._column_types, self._block_size, strict=self._strict,
-                skip_unreadable=self._skip,
-            )).with_outputs(UNREADABLE, REJECTED, main="batches")
+            | "Read"
+            >> beam.ParDo(
+                _ReadCsvFn(
+                    self._column_types,
+                    self._block_size,
+                    strict=self._strict,
+                    skip_unreadable=self._skip,
+                )
+            ).with_outputs(UNREADABLE, REJECTED, main="batches")
         )
         return {"batches": read.batches, UNREADABLE: read[UNREADABLE], REJECTED: read[REJECTED]}

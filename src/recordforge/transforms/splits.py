@@ -31,9 +31,15 @@ def assign_by_hash(keys: pa.Array, spec: SplitSpec) -> np.ndarray:
     salt = spec.salt.encode()[:64]
     total = sum(spec.weights)
     buckets = np.fromiter(
-        (int.from_bytes(hashlib.blake2b(raw[rel[i] : rel[i + 1]], digest_size=8, key=salt)
-                        .digest(), "little") % total for i in range(len(keys))),
-        dtype=np.int64, count=len(keys),
+        (
+            int.from_bytes(
+                hashlib.blake2b(raw[rel[i] : rel[i + 1]], digest_size=8, key=salt).digest(), "little"
+            )
+            % total
+            for i in range(len(keys))
+        ),
+        dtype=np.int64,
+        count=len(keys),
     )
     bounds = np.cumsum(spec.weights)
     return np.searchsorted(bounds, buckets, side="right")
@@ -42,5 +48,10 @@ def assign_by_hash(keys: pa.Array, spec: SplitSpec) -> np.ndarray:
 def assign_by_value(values: list[object], spec: SplitSpec) -> np.ndarray:
     """The split index of each row from its value; -1 where the value names no declared split."""
     index = {name: i for i, name in enumerate(spec.names)}
-    return np.array([index.get(v.decode() if isinstance(v, bytes) else str(v), -1)
-                     if v is not None else -1 for v in values], dtype=np.int64)
+    return np.array(
+        [
+            index.get(v.decode() if isinstance(v, bytes) else str(v), -1) if v is not None else -1
+            for v in values
+        ],
+        dtype=np.int64,
+    )
