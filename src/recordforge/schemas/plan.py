@@ -11,7 +11,7 @@ import pyarrow as pa
 
 from recordforge.schemas.model import DType, ExampleKind, Feature, NullPolicy, Schema
 
-__all__ = ["Column", "Plan", "compile_schema", "feature_spec_entries", "value_type"]
+__all__ = ["TEXT_VALUE_TYPES", "Column", "Plan", "compile_schema", "feature_spec_entries", "value_type"]
 
 # The Arrow type of each kind's values after conforming, i.e. what the encoder receives.
 _KIND_TYPES: dict[ExampleKind, pa.DataType] = {
@@ -20,15 +20,19 @@ _KIND_TYPES: dict[ExampleKind, pa.DataType] = {
     ExampleKind.BYTES: pa.large_binary(),
 }
 
-# The Arrow type a CSV column is parsed as, so that parsing is exact (float64 is narrowed later,
-# with an overflow check, rather than rounded by the parser).
-_CSV_TYPES: dict[DType, pa.DataType] = {
+# The Arrow type text (a CSV cell, a value in a JSON list cell) is parsed as, straight to the
+# declared type so that parsing is exact (float64 is narrowed later, with an overflow check,
+# rather than rounded by the parser).
+TEXT_VALUE_TYPES: dict[DType, pa.DataType] = {
     DType.INT64: pa.int64(),
     DType.BOOL: pa.bool_(),
     DType.FLOAT32: pa.float32(),
     DType.FLOAT64: pa.float64(),
     DType.BYTES: pa.binary(),
     DType.STRING: pa.string(),
+}
+_CSV_TYPES: dict[DType, pa.DataType] = {
+    **TEXT_VALUE_TYPES,
     DType.DATE: pa.date32(),
     DType.DECIMAL: pa.string(),  # parsed exactly from the text later
     DType.IMAGE: pa.string(),  # a path

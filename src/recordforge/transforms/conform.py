@@ -19,7 +19,7 @@ from recordforge.encoding import binary_array
 from recordforge.errors import DataError, SourceError
 from recordforge.images import ImageOptions, load_images, manifest_dir
 from recordforge.schemas.model import DType, Feature, NullPolicy
-from recordforge.schemas.plan import Plan
+from recordforge.schemas.plan import TEXT_VALUE_TYPES, Plan
 from recordforge.transforms.casts import Failure, apply_ops, cast_values, check_values
 
 __all__ = ["BadRow", "Conformed", "conform_batch"]
@@ -317,7 +317,7 @@ def _flatten_nested(
 def _numeric_json_lists(col: pa.Array, f: Feature) -> pa.Array | None:
     """Vectorised parse of flat JSON arrays of numbers or booleans (`[1, 2.5]`): strip the
     brackets, split on commas, cast. None when any cell is not that simple (then: json.loads)."""
-    value_t = _JSON_VALUE_TYPES.get(f.dtype)
+    value_t = TEXT_VALUE_TYPES.get(f.dtype)
     if (
         value_t is None
         or len(f.shape) != 1
@@ -371,7 +371,7 @@ def _parse_json_lists(col: pa.Array, f: Feature, fails: _Failures) -> pa.Array:
         parsed.append(value)
     for i, reason in bad:
         fails.add(np.array([i]), f.source_column, "type", reason, col, np.array([i]))
-    value_t = _JSON_VALUE_TYPES.get(f.dtype)
+    value_t = TEXT_VALUE_TYPES.get(f.dtype)
     list_t = None
     if value_t is not None:
         list_t = pa.list_(pa.list_(value_t) if len(f.shape) == 2 else value_t)
@@ -392,18 +392,6 @@ def _parse_json_lists(col: pa.Array, f: Feature, fails: _Failures) -> pa.Array:
                 )
                 parsed[i] = None
         return pa.array(parsed, list_t)
-
-
-# JSON numbers and strings go straight to the declared type, as a typed CSV column would;
-# timestamps, dates and decimals are inferred from the JSON and cast like any source column.
-_JSON_VALUE_TYPES = {
-    DType.INT64: pa.int64(),
-    DType.BOOL: pa.bool_(),
-    DType.FLOAT32: pa.float32(),
-    DType.FLOAT64: pa.float64(),
-    DType.BYTES: pa.binary(),
-    DType.STRING: pa.string(),
-}
 
 
 def _apply_nulls(arr: pa.Array, f: Feature, fails: _Failures, col: pa.Array) -> pa.Array:

@@ -41,12 +41,9 @@ class FileInfo:
     modified: float = 0.0  # seconds since the epoch, as the filesystem reports it
 
 
-_FileInfo = FileInfo
-
-
-def expand_patterns(patterns: Iterable[str]) -> list[_FileInfo]:
+def expand_patterns(patterns: Iterable[str]) -> list[FileInfo]:
     """Expands every pattern now, at construction; one that matches nothing is an error."""
-    out: dict[str, _FileInfo] = {}
+    out: dict[str, FileInfo] = {}
     for pattern in patterns:
         try:
             result = FileSystems.match([pattern])[0]
@@ -57,7 +54,7 @@ def expand_patterns(patterns: Iterable[str]) -> list[_FileInfo]:
             raise SourceError(f"input pattern {pattern!r} matched no files")
         for m in sorted(files, key=lambda m: m.path):
             out.setdefault(
-                m.path, _FileInfo(m.path, m.size_in_bytes, getattr(m, "last_updated_in_seconds", 0.0) or 0.0)
+                m.path, FileInfo(m.path, m.size_in_bytes, getattr(m, "last_updated_in_seconds", 0.0) or 0.0)
             )
     return list(out.values())
 
@@ -152,7 +149,7 @@ class ReadParquet(beam.PTransform):
         *,
         columns: list[str] | None = None,
         batch_size: int = 65536,
-        expanded: list[_FileInfo] | None = None,
+        expanded: list[FileInfo] | None = None,
         skip_unreadable: bool = False,
     ) -> None:
         super().__init__()
@@ -163,7 +160,7 @@ class ReadParquet(beam.PTransform):
         self._skip = skip_unreadable
 
     @property
-    def files(self) -> list[_FileInfo]:
+    def files(self) -> list[FileInfo]:
         return self._files
 
     def expand(self, pbegin: beam.pvalue.PBegin) -> dict[str, beam.PCollection]:
@@ -320,7 +317,7 @@ class ReadCsv(beam.PTransform):
         *,
         column_types: dict[str, pa.DataType],
         block_size: int = 8 << 20,
-        expanded: list[_FileInfo] | None = None,
+        expanded: list[FileInfo] | None = None,
         strict: bool = True,
         skip_unreadable: bool = False,
     ) -> None:
@@ -332,7 +329,7 @@ class ReadCsv(beam.PTransform):
         self._block_size = block_size
 
     @property
-    def files(self) -> list[_FileInfo]:
+    def files(self) -> list[FileInfo]:
         return self._files
 
     def expand(self, pbegin: beam.pvalue.PBegin) -> dict[str, beam.PCollection]:
