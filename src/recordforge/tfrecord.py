@@ -17,6 +17,7 @@ from apache_beam.io.filesystems import FileSystems
 __all__ = [
     "Compression",
     "CorruptRecord",
+    "FileDigest",
     "detect_compression",
     "read_records",
     "ShardInfo",
@@ -225,16 +226,24 @@ class ShardInfo:
     sha256: str
 
 
+class FileDigest:
+    """Size and sha256 of a file's bytes, fed chunk by chunk (as `read_records`' `on_raw`)."""
+
+    def __init__(self) -> None:
+        self._sha = hashlib.sha256()
+        self.size = 0
+
+    def __call__(self, raw: bytes) -> None:
+        self._sha.update(raw)
+        self.size += len(raw)
+
+    def hexdigest(self) -> str:
+        return self._sha.hexdigest()
+
+
 def describe_shard(path: str, compression: str) -> ShardInfo:
     """Counts the records of a written shard and checksums its bytes, so that the manifest
     describes the files as they are on disk, not as the writer meant them to be."""
-    digest = hashlib.sha256()
-    size = 0
-
-    def on_raw(raw: bytes) -> None:
-        nonlocal size
-        digest.update(raw)
-        size += len(raw)
-
-    records = sum(1 for _ in read_records(path, compression, check_crc=False, on_raw=on_raw))
-    return ShardInfo(path=path, records=records, bytes=size, sha256=digest.hexdigest())
+    digest = FileDigest()
+    records = sum(1 for _ in read_records(path, compression, check_crc=False, on_raw=digest))
+    return ShardInfo(path=path, records=records, bytes=digest.size, sha256=digest.hexdigest())

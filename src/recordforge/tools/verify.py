@@ -3,7 +3,6 @@ every record parses with the feature spec, and the counts match the manifest."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import posixpath
@@ -12,6 +11,7 @@ from typing import Any
 
 from apache_beam.io.filesystems import FileSystems
 
+from recordforge.tfrecord import FileDigest
 from recordforge.tools.progress import Progress
 from recordforge.tools.records import CorruptRecord, parse_example, read_records
 
@@ -53,17 +53,10 @@ def _check_shard(args: tuple[str, dict[str, Any], str, dict[str, dict]]) -> tupl
     name = posixpath.basename(path)
     if not FileSystems.exists(path):
         return 0, [f"{name}: missing shard"]
-    digest = hashlib.sha256()
-    size = 0
-
-    def on_raw(raw: bytes) -> None:
-        nonlocal size
-        digest.update(raw)
-        size += len(raw)
-
+    digest = FileDigest()
     records = 0
     try:
-        for offset, raw in read_records(path, compression, on_raw=on_raw):
+        for offset, raw in read_records(path, compression, on_raw=digest):
             records += 1
             try:
                 bad = _spec_problems(parse_example(raw), spec)
@@ -78,8 +71,8 @@ def _check_shard(args: tuple[str, dict[str, Any], str, dict[str, dict]]) -> tupl
         problems.append(f"{name}: corrupt record at byte {exn.offset}: {exn}".replace(f"{path}: ", ""))
     except Exception as exn:  # a truncated or non-gzip stream
         problems.append(f"{name}: cannot be read as {compression}: {exn}")
-    if size != shard["bytes"]:
-        problems.append(f"{name}: size {size} bytes, the manifest says {shard['bytes']}")
+    if digest.size != shard["bytes"]:
+        problems.append(f"{name}: size {digest.size} bytes, the manifest says {shard['bytes']}")
     if digest.hexdigest() != shard["sha256"]:
         problems.append(
             f"{name}: sha256 {digest.hexdigest()[:16]}..., the manifest says {shard['sha256'][:16]}..."
