@@ -62,6 +62,8 @@ class ConvertConfig:
     split_key: str | None = None
     split_column: str | None = None
     split_salt: str = "recordforge"
+    preprocessing_fn: str | None = None
+    analyze_split: str | None = None
     command: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
@@ -107,6 +109,12 @@ class ConvertConfig:
                 problems.append(f"--splits: {exn}")
             if self.sink != "fast":
                 problems.append("--splits needs the fast sink")
+        if self.analyze_split and not self.splits:
+            problems.append("--analyze_split needs --splits")
+        if self.preprocessing_fn and ":" not in self.preprocessing_fn:
+            problems.append(
+                "--preprocessing_fn is path/to/module.py:function or package.module:function"
+            )
         if self.batch_size < 1:
             problems.append("--batch_size must be at least 1")
         if problems:
@@ -138,6 +146,8 @@ class ConvertConfig:
                 "split_key",
                 "split_column",
                 "split_salt",
+                "preprocessing_fn",
+                "analyze_split",
                 "compression_level",
                 "deterministic",
                 "max_rejected",
@@ -176,5 +186,7 @@ class ConvertConfig:
             split_key=opts.split_key,
             split_column=opts.split_column,
             split_salt=opts.split_salt,
+            preprocessing_fn=opts.preprocessing_fn,
+            analyze_split=opts.analyze_split,
             command=command,
         )

@@ -5,6 +5,8 @@ The data's path, in order:
     files  --Read-->  SourceBatch (pa.RecordBatch + file + first row)   [+ unreadable files]
            --ToExamples-->  ((file, first_row), pa.LargeBinaryArray of serialized tf.train.Examples)
                             [+ rejected rows as JSON lines --WriteRejected--> _rejected/*.jsonl]
+           --Preprocess-->  the same, transformed by tensorflow-transform      [only when the schema
+                            declares a `transform:` or --preprocessing_fn is given; + transform_fn/]
            --WriteTFRecords-->  ShardInfo per shard, measured on disk
            --WriteBundle-->  schema.pbtxt, schema.yaml, feature_spec.json, metadata.json, _SUCCESS
                              (after checking rows_read == rows_written + rows_rejected)
@@ -116,6 +118,25 @@ def build(pipeline: beam.Pipeline, config: ConvertConfig) -> beam.PCollection[st
     encoded = batches | "ToExamples" >> ToExamples(plan, strict=config.strict, splits=splits)
     # examples: ((file, first_row), pa.LargeBinaryArray of serialized tf.train.Examples)
     # rejected: one JSON line per bad row, with its file, row, column, rule and original values
+    examples = encoded.examples
+    bundle_plan, raw_plan, transform_written, temp_dirs = plan, None, None, ()
+    if plan.schema.has_transforms or config.preprocessing_fn:
+        # Imported only here: plain conversions never load TensorFlow or tensorflow-transform.
+        from recordforge.transforms.preprocess import AnalyzeAndTransform
+
+        fit_split = _fit_split(config, splits)
+        preprocess = AnalyzeAndTransform(
+            plan, config.output, preprocessing_fn=config.preprocessing_fn, fit_split=fit_split
+        )
+        transformed = examples | "Preprocess" >> preprocess
+        # examples: the same keys, transformed Examples; written: transform_fn/ is in place
+        examples, transform_written = transformed["examples"], transformed["written"]
+        bundle_plan, raw_plan, temp_dirs = preprocess.output_plan, plan, (preprocess.temp_dir,)
+        extra["transform"] = {
+            "declared": {f.name: f.transform.to_dict() for f in plan.features if f.transform},
+            "preprocessing_fn": config.preprocessing_fn,
+            "fit_on": fit_split or "all rows",
+        }
     rejected = [encoded[REJECTED]]
     if REJECTED in source:
         rejected.append(source[REJECTED])
@@ -140,12 +161,12 @@ def build(pipeline: beam.Pipeline, config: ConvertConfig) -> beam.PCollection[st
         )
 
     if splits is None:
-        shards = write(encoded.examples, config.output, "data", "WriteTFRecords")
+        shards = write(examples, config.output, "data", "WriteTFRecords")
     else:
         # One writer per split: {output}/{split}/{split}-SSSSS-of-NNNNN
         shards = [
             write(
-                encoded.examples | f"Select[{name}]" >> beam.Filter(_in_split, name),
+                examples | f"Select[{name}]" >> beam.Filter(_in_split, name),
                 f"{config.output.rstrip('/')}/{name}",
                 name,
                 f"WriteTFRecords[{name}]",
@@ -155,7 +176,9 @@ def build(pipeline: beam.Pipeline, config: ConvertConfig) -> beam.PCollection[st
     # ShardInfo: path, records, bytes, sha256 of each shard as written
     spec = BundleSpec(
         output=config.output,
-        plan=plan,
+        plan=bundle_plan,
+        raw_plan=raw_plan,
+        temp_dirs=temp_dirs,
         source_format=fmt,
         sources=tuple((f.path, f.size, f.modified) for f in files),
         compression=compression,
@@ -170,7 +193,21 @@ def build(pipeline: beam.Pipeline, config: ConvertConfig) -> beam.PCollection[st
         rejected_rules=rejected_lines | "RejectedRules" >> beam.Map(rule_of),
         unreadable=source[UNREADABLE],
         rejected_files=rejected_files,
+        transform_written=transform_written,
     )
+
+
+def _fit_split(config: ConvertConfig, splits: SplitSpec | None) -> str | None:
+    """The split analyzers are fitted on: --analyze_split, else `train`; None means all rows."""
+    if splits is None:
+        return None
+    name = config.analyze_split or "train"
+    if name not in splits.names:
+        raise RecordForgeError(
+            f"analyzers are fitted on the {name!r} split, which --splits does not have "
+            f"({', '.join(splits.names)}); name one with --analyze_split"
+        )
+    return name
 
 
 def _in_split(keyed: tuple[tuple[str, str, int], Any], name: str) -> bool:
@@ -249,6 +286,10 @@ def input_fingerprint(files: list[FileInfo], plan: Plan, config: ConvertConfig) 
         digest.update(f"{f.path}\0{f.size}\0{f.modified}\n".encode())
     digest.update(plan.fingerprint.encode())
     digest.update(json.dumps(config.settings(), sort_keys=True).encode())
+    module = (config.preprocessing_fn or "").rpartition(":")[0]
+    if module.endswith(".py"):  # the preprocessing code is an input too
+        with FileSystems.open(module) as f:
+            digest.update(f.read())
     return digest.hexdigest()
 
 
@@ -356,7 +397,8 @@ def read_arrow_schema(path: str, fmt: str) -> pa.Schema:
 
 _OURS = re.compile(
     r"^(data-\d{5}-of-\d{5}\.tfrecord(\.gz|\.zz)?|_tmp-[0-9a-f]+|_rejected|"
-    r"metadata\.json|feature_spec\.json|schema\.pbtxt|schema\.yaml)$"
+    r"metadata\.json|feature_spec\.json|schema\.pbtxt|schema\.yaml|"
+    r"raw_feature_spec\.json|transform_fn|transformed_metadata|metadata)$"
 )
 
 

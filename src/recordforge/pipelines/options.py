@@ -146,6 +146,18 @@ class ConvertOptions(PipelineOptions):
             help="Salt of the split hash, recorded in metadata.json.",
         )
         parser.add_argument(
+            "--preprocessing_fn",
+            default=None,
+            help="A tensorflow-transform preprocessing_fn, as path/to/module.py:function or "
+            "package.module:function. The records then hold what it returns plus the outputs of "
+            "the schema's `transform:` entries.",
+        )
+        parser.add_argument(
+            "--analyze_split",
+            default=None,
+            help="With --splits: the split analyzers are fitted on (default: train).",
+        )
+        parser.add_argument(
             "--span",
             default=None,
             help="For patterns (and --output) with {YYYY}, {MM}, {DD} or {SPAN}: latest (default "

@@ -8,6 +8,7 @@ import yaml
 from apache_beam.io.filesystems import FileSystems
 
 from recordforge.errors import SchemaError
+from recordforge.schemas.analyzers import Transform
 from recordforge.schemas.model import DType, Feature, NullPolicy, Op, Schema, feature_to_dict
 
 __all__ = ["load_schema", "schema_from_dict", "dump_schema"]
@@ -36,6 +37,7 @@ _KEYS = {
     "method",
     "quality",
     "channels",
+    "transform",
 }
 
 
@@ -131,6 +133,10 @@ def _feature_from_dict(entry: dict[str, Any]) -> tuple[Feature | None, list[str]
     for key in ("max_length", "scale"):
         if entry.get(key) is not None and (isinstance(entry[key], bool) or not isinstance(entry[key], int)):
             errs.append(f"`{key}` must be an integer")
+    transform = None
+    if entry.get("transform") is not None:
+        transform, transform_errs = Transform.from_dict(entry["transform"])
+        errs.extend(transform_errs)
     if dtype is None or nulls is None or not isinstance(name, str) or not name:
         return None, errs
     try:
@@ -156,6 +162,7 @@ def _feature_from_dict(entry: dict[str, Any]) -> tuple[Feature | None, list[str]
             method=entry.get("method"),
             quality=entry.get("quality"),
             channels=entry.get("channels"),
+            transform=transform,
             description=str(entry.get("description", "")),
         )
     except ValueError as exn:

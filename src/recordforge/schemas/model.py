@@ -8,6 +8,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from recordforge.schemas.analyzers import Transform, transform_problems
+
 __all__ = [
     "DType",
     "ExampleKind",
@@ -114,6 +116,7 @@ class Feature:
     method: str | None = None  # images: resize filter
     quality: int | None = None  # images: JPEG quality
     channels: int | None = None  # images: convert to 1 (L), 3 (RGB) or 4 (RGBA)
+    transform: Transform | None = None  # a full-pass analyzer, applied by tensorflow-transform
     description: str = ""
 
     def __post_init__(self) -> None:
@@ -133,6 +136,17 @@ class Feature:
         out.extend(self._type_problems())
         out.extend(self._image_problems())
         out.extend(self._check_problems())
+        if self.transform is not None:
+            out.extend(
+                transform_problems(
+                    self.transform,
+                    dtype=self.dtype.value,
+                    value_kind=self.value_kind.name.lower(),
+                    shape=self.shape,
+                    is_image=self.is_image,
+                    float64_bytes=self.float64_bytes,
+                )
+            )
         if self.nulls is NullPolicy.DEFAULT:
             if self.default is None:
                 out.append("`nulls: default` needs a `default:` value")
@@ -304,6 +318,13 @@ class Feature:
         return None if VARIABLE in self.shape else math.prod(self.shape)
 
     @property
+    def transformed_name(self) -> str | None:
+        """The feature a declared transform writes (None without one)."""
+        if self.transform is None:
+            return None
+        return self.transform.output or self.name
+
+    @property
     def row_lengths_name(self) -> str:
         return f"{self.name}.row_lengths"
 
@@ -352,9 +373,14 @@ class Schema:
         names = [f.name for f in self.features]
         names += [f.row_lengths_name for f in self.features if f.is_ragged]
         names += [f.part_name(p) for f in self.features if f.is_image for p in IMAGE_PARTS]
+        names += [f.transformed_name for f in self.features if f.transformed_name not in (None, f.name)]
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
             raise ValueError(f"duplicate feature names: {', '.join(dupes)}")
+
+    @property
+    def has_transforms(self) -> bool:
+        return any(f.transform is not None for f in self.features)
 
     @property
     def source_columns(self) -> tuple[str, ...]:
@@ -391,6 +417,8 @@ def feature_to_dict(f: Feature) -> dict[str, Any]:
     d.update({k: v for k, v in optional.items() if v is not None})
     if f.narrow:
         d["narrow"] = True
+    if f.transform is not None:
+        d["transform"] = f.transform.to_dict()
     if f.ops:
         d["ops"] = [op.value if arg is None else {op.value: arg} for op, arg in f.ops]
     return d

@@ -17,7 +17,16 @@ from recordforge.tools.records import CorruptRecord, parse_example, read_records
 
 __all__ = ["verify"]
 
-_BUNDLE_FILES = {"_SUCCESS", "metadata.json", "feature_spec.json", "schema.pbtxt", "schema.yaml"}
+_BUNDLE_FILES = {
+    "_SUCCESS",
+    "metadata.json",
+    "feature_spec.json",
+    "schema.pbtxt",
+    "schema.yaml",
+    "raw_feature_spec.json",
+}
+# Written by tensorflow-transform's own writers when the run had transforms.
+_TRANSFORM_FILES = ("transform_fn/saved_model.pb", "transformed_metadata/schema.pbtxt", "metadata/schema.pbtxt")
 _KINDS = {"int64": "int64", "float32": "float", "string": "bytes"}
 
 
@@ -100,6 +109,8 @@ def verify(path: str, *, workers: int | None = None) -> list[str]:
     on_disk = {posixpath.basename(m.path) for m in FileSystems.match([f"{out}/*"])[0].metadata_list}
     for extra in sorted(on_disk - listed - _BUNDLE_FILES - {"_rejected"}):
         problems.append(f"{extra}: extra file, not in the manifest")
+    if "transform" in meta:
+        problems.extend(f"{f}: missing" for f in _TRANSFORM_FILES if not FileSystems.exists(f"{out}/{f}"))
     total = 0
     progress = Progress("verify", len(shards))
     jobs = [(f"{out}/{s['file']}", s, meta["compression"], spec) for s in shards]

@@ -30,6 +30,8 @@ METADATA = "metadata.json"
 FEATURE_SPEC = "feature_spec.json"
 SCHEMA_PBTXT = "schema.pbtxt"
 SCHEMA_YAML = "schema.yaml"
+RAW_FEATURE_SPEC = "raw_feature_spec.json"
+TRANSFORMED_SCHEMA = "transformed_metadata/schema.pbtxt"
 
 
 @dataclass(frozen=True)
@@ -45,6 +47,15 @@ class BundleSpec:
     max_rejected: int = 0
     max_rejected_fraction: float = 0.0
     extra: dict[str, Any] | None = None  # source-specific facts (an image folder's labels)
+    # With tensorflow-transform: `plan` describes the transformed records, `raw_plan` the schema
+    # they were transformed from; `temp_dirs` are TFT's working files, deleted before publishing.
+    raw_plan: Plan | None = None
+    temp_dirs: tuple[str, ...] = ()
+
+    @property
+    def source_plan(self) -> Plan:
+        """The schema the input was read with."""
+        return self.raw_plan or self.plan
 
 
 def package_versions() -> dict[str, str]:
@@ -59,6 +70,8 @@ def package_versions() -> dict[str, str]:
         "protobuf",
         "isal",
         "tensorflow-metadata",
+        "tensorflow-transform",
+        "tensorflow",
         "pillow",
     ):
         try:
@@ -112,7 +125,7 @@ def _split_totals(spec: BundleSpec, shards: list[ShardInfo]) -> dict[str, Any]:
 def metadata_dict(spec: BundleSpec, shards: list[ShardInfo], counts: RunCounts) -> dict[str, Any]:
     shards = sorted(shards, key=lambda s: s.path)
     written = sum(s.records for s in shards)
-    schema = spec.plan.schema
+    schema = spec.source_plan.schema
     return {
         "recordforge_version": __version__,
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -121,7 +134,7 @@ def metadata_dict(spec: BundleSpec, shards: list[ShardInfo], counts: RunCounts) 
         "sources": [{"path": p, "bytes": b, "modified": m} for p, b, m in spec.sources],
         "versions": package_versions(),
         "schema_origin": schema.origin,
-        "schema_fingerprint": spec.plan.fingerprint,
+        "schema_fingerprint": spec.source_plan.fingerprint,
         "schema_notes": list(schema.notes),
         "columns": {f.name: f.source_column for f in schema.features},
         "null_policies": {f.name: f.nulls.value for f in schema.features},
@@ -178,6 +191,7 @@ def _write_bundle(
     unreadable: list[str],
     rejected_files: list[str],
     spec: BundleSpec,
+    transform_written: list[str] | None = None,  # only waited for
 ) -> str:
     rejected: dict[str, int] = {}
     for rule in rules:
@@ -193,14 +207,22 @@ def _write_bundle(
     _check_counts(spec, meta, counts)
     out = spec.output.rstrip("/")
     _drop_empty_rejected(out, rejected_files)
+    source = spec.source_plan
     files = {
         SCHEMA_PBTXT: tfmd_text(spec.plan).encode(),
-        SCHEMA_YAML: dump_schema(
-            spec.plan.schema, header=f"# RecordForge schema ({spec.plan.schema.origin})\n"
-        ).encode(),
+        SCHEMA_YAML: dump_schema(source.schema, header=f"# RecordForge schema ({source.schema.origin})\n").encode(),
         FEATURE_SPEC: json.dumps(spec.plan.feature_spec, indent=2).encode(),
         METADATA: json.dumps(meta, indent=2).encode(),
     }
+    if spec.raw_plan is not None:
+        # The transformed schema as TFT wrote it (with vocabulary sizes as domains), and the raw
+        # spec that serving parses raw Examples with before applying transform_fn.
+        with FileSystems.open(f"{out}/{TRANSFORMED_SCHEMA}") as f:
+            files[SCHEMA_PBTXT] = f.read()
+        files[RAW_FEATURE_SPEC] = json.dumps(spec.raw_plan.feature_spec, indent=2).encode()
+    existing = [t for t in spec.temp_dirs if FileSystems.exists(t)]
+    if existing:
+        FileSystems.delete(existing)
     for name, data in files.items():
         write_atomically(f"{out}/{name}", data)
     write_atomically(f"{out}/{SUCCESS}", b"")  # last: its presence means the rest is complete
@@ -230,7 +252,8 @@ class WriteBundle(beam.PTransform):
 
     In: the `ShardInfo`s of the written shards. Side inputs: `rows_in_batches` (one int), the
     rule of every rejected row, the JSON line of every unreadable file, the rejected files
-    written (publishing waits for them). Out: the output path,
+    written (publishing waits for them), and with tensorflow-transform the signal that
+    transform_fn/ is written. Out: the output path,
     once. Fails, publishing nothing, when rows_read != rows_written + rows_rejected or when more
     rows were rejected than the bounds allow (with the top reasons).
     """
@@ -243,6 +266,7 @@ class WriteBundle(beam.PTransform):
         rejected_rules: beam.PCollection[str],
         unreadable: beam.PCollection[str],
         rejected_files: beam.PCollection[str],
+        transform_written: beam.PCollection[str] | None = None,
     ) -> None:
         super().__init__()
         self._spec = spec
@@ -251,8 +275,12 @@ class WriteBundle(beam.PTransform):
         self._unreadable = unreadable
         # A side input, so that publishing waits for the rejected rows to be written.
         self._rejected_files = rejected_files
+        self._transform_written = transform_written
 
     def expand(self, shards: beam.PCollection[ShardInfo]) -> beam.PCollection[str]:
+        waits = {}
+        if self._transform_written is not None:
+            waits["transform_written"] = beam.pvalue.AsList(self._transform_written)
         return (
             shards
             | "CollectShards" >> beam.combiners.ToList()
@@ -264,5 +292,6 @@ class WriteBundle(beam.PTransform):
                 beam.pvalue.AsList(self._unreadable),
                 beam.pvalue.AsList(self._rejected_files),
                 spec=self._spec,
+                **waits,
             )
         )

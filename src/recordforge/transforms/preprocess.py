@@ -1,0 +1,181 @@
+"""AnalyzeAndTransform: full-pass preprocessing of encoded batches with tensorflow-transform.
+
+    ((split, file, first_row), raw Examples)
+        --decode (tfx-bsl, vectorised)-->  pa.RecordBatch + two passthrough key columns
+        --AnalyzeDataset (fitting split only)-->  transform_fn (a SavedModel)
+        --TransformDataset(output_record_batches=True)-->  transformed pa.RecordBatch
+        --ExampleEncoder-->  ((split, file, first_row), transformed Examples)
+
+Analyzers see exactly the raw records that a plain conversion would have written, decoded with
+the raw feature spec: serving, which parses raw Examples with the same spec and applies the same
+transform_fn, therefore sees what training saw. The key columns ride along as TFT passthrough
+columns, so every output batch keeps its split and position (the deterministic sink's order).
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import apache_beam as beam
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from recordforge.encoding import ExampleEncoder, binary_array
+from recordforge.schemas.plan import Plan, value_type
+from recordforge.schemas.preprocessing import (
+    build_preprocessing_fn,
+    load_user_fn,
+    output_plan,
+    raw_tf_spec,
+)
+
+__all__ = ["AnalyzeAndTransform", "TRANSFORM_FN", "TRANSFORMED_METADATA", "RAW_METADATA"]
+
+TRANSFORM_FN = "transform_fn"
+TRANSFORMED_METADATA = "transformed_metadata"
+RAW_METADATA = "metadata"  # where tft.TFTransformOutput looks for the raw schema
+_WHERE = "__recordforge_where"  # per row: b"split\0file"
+_ROW = "__recordforge_row"  # per row: its position, so an output batch knows its first row
+
+
+class _DecodeFn(beam.DoFn):
+    """Serialized raw Examples to the record batch TFT's tensor adapter reads, plus key columns."""
+
+    def __init__(self, raw_schema: bytes) -> None:
+        self._raw_schema = raw_schema
+
+    def setup(self) -> None:
+        from tfx_bsl.coders import example_coder
+
+        self._decoder = example_coder.ExamplesToRecordBatchDecoder(self._raw_schema)
+
+    def process(self, element: tuple[tuple[str, str, int], pa.Array]) -> Any:
+        (split, file, first_row), records = element
+        batch = self._decoder.DecodeBatch(records.to_pylist())
+        n = batch.num_rows
+        where = f"{split}\0{file}".encode()
+        offsets = pa.array(np.arange(n + 1, dtype=np.int64))
+        where_col = pa.LargeListArray.from_arrays(
+            offsets, binary_array(np.frombuffer(where * n, np.uint8), np.full(n, len(where)))
+        )
+        rows_col = pa.LargeListArray.from_arrays(offsets, pa.array(first_row + np.arange(n, dtype=np.int64)))
+        yield pa.RecordBatch.from_arrays(
+            [*batch.columns, where_col, rows_col],
+            schema=batch.schema.append(pa.field(_WHERE, where_col.type)).append(
+                pa.field(_ROW, rows_col.type)
+            ),
+        )
+
+
+def _in_split(batch: pa.RecordBatch, split: str) -> bool:
+    where = batch.column(_WHERE).values[0].as_py()
+    return where.split(b"\0", 1)[0] == split.encode()
+
+
+def _conformed(batch: pa.RecordBatch, plan: Plan) -> pa.RecordBatch:
+    """TFT's output columns (lists) in the types the encoder reads: scalars flattened, values
+    cast to int64 / float32 / bytes as tf.train.Example holds them."""
+    arrays = []
+    for feature, field in zip(plan.features, plan.arrow_schema, strict=True):
+        column = batch.column(feature.name)
+        values_type = value_type(feature)
+        if feature.is_scalar:
+            values = pc.list_flatten(column)
+            if len(values) != batch.num_rows:
+                raise ValueError(f"output {feature.name!r}: expected one value per record")
+            arrays.append(pc.cast(values, values_type, safe=False))
+        else:
+            arrays.append(pc.cast(column, field.type, safe=False))
+    return pa.RecordBatch.from_arrays(arrays, schema=plan.arrow_schema)
+
+
+class _EncodeFn(beam.DoFn):
+    def __init__(self, plan: Plan) -> None:
+        self._plan = plan
+
+    def setup(self) -> None:
+        self._encoder = ExampleEncoder(self._plan)
+
+    def process(self, element: tuple[pa.RecordBatch, dict[str, Any]]) -> Any:
+        batch, _ = element
+        if not batch.num_rows:
+            return
+        split, file = batch.column(_WHERE).values[0].as_py().decode().split("\0", 1)
+        first_row = batch.column(_ROW).values[0].as_py()
+        yield (split, file, first_row), self._encoder.encode(_conformed(batch, self._plan))
+
+
+def _write_raw_metadata(_: Any, raw_schema: bytes, path: str) -> str:
+    from tensorflow_metadata.proto.v0 import schema_pb2
+    from tensorflow_transform.tf_metadata import dataset_metadata, metadata_io
+
+    schema = schema_pb2.Schema.FromString(raw_schema)
+    metadata_io.write_metadata(dataset_metadata.DatasetMetadata(schema), path)
+    return path
+
+
+class AnalyzeAndTransform(beam.PTransform):
+    """Fits the preprocessing on one split (or everything) and applies it to every batch.
+
+    In: `((split, file, first_row), raw serialized Examples)`. Out: a dict with `examples`, the
+    same keys with transformed Examples, and `written`, one element once `transform_fn/`,
+    `transformed_metadata/` and the raw `metadata/` are under `output`. `output_plan` describes
+    the transformed records; it is known once the transform is applied (TFT traces the
+    preprocessing_fn then).
+    """
+
+    def __init__(
+        self,
+        raw_plan: Plan,
+        output: str,
+        *,
+        preprocessing_fn: str | None = None,
+        fit_split: str | None = None,
+    ) -> None:
+        super().__init__()
+        self._raw_plan = raw_plan
+        self._output = output.rstrip("/")
+        self._fn_ref = preprocessing_fn
+        self._fit_split = fit_split
+        self.output_plan: Plan | None = None
+        # TFT's working files (the transform_fn TransformDataset loads lives here too): deleted
+        # by the bundle step, once every shard is written.
+        self.temp_dir = f"{self._output}/_tmp-{uuid.uuid4().hex}"
+
+    def expand(self, examples: beam.PCollection) -> dict[str, beam.PCollection]:
+        import tensorflow_transform.beam as tft_beam
+        from tensorflow_transform.tf_metadata import schema_utils
+        from tfx_bsl.coders import example_coder
+        from tfx_bsl.tfxio import tensor_adapter, tensor_representation_util
+
+        raw_schema = schema_utils.schema_from_feature_spec(raw_tf_spec(self._raw_plan))
+        raw_bytes = raw_schema.SerializeToString()
+        arrow_schema = example_coder.ExamplesToRecordBatchDecoder(raw_bytes).ArrowSchema()
+        arrow_schema = arrow_schema.append(pa.field(_WHERE, pa.large_list(pa.large_binary())))
+        arrow_schema = arrow_schema.append(pa.field(_ROW, pa.large_list(pa.int64())))
+        adapter = tensor_adapter.TensorAdapterConfig(
+            arrow_schema, tensor_representation_util.InferTensorRepresentationsFromSchema(raw_schema)
+        )
+        user_fn = load_user_fn(self._fn_ref) if self._fn_ref else None
+        preprocessing_fn = build_preprocessing_fn(self._raw_plan, user_fn)
+
+        batches = examples | "Decode" >> beam.ParDo(_DecodeFn(raw_bytes))
+        fit = batches
+        if self._fit_split is not None:
+            fit = batches | f"Only[{self._fit_split}]" >> beam.Filter(_in_split, self._fit_split)
+        with tft_beam.Context(temp_dir=self.temp_dir, passthrough_keys={_WHERE, _ROW}):
+            transform_fn = (fit, adapter) | "Analyze" >> tft_beam.AnalyzeDataset(preprocessing_fn)
+            transformed, metadata = ((batches, adapter), transform_fn) | "Transform" >> (
+                tft_beam.TransformDataset(output_record_batches=True)
+            )
+            written = transform_fn | "WriteTransformFn" >> tft_beam.WriteTransformFn(self._output)
+        spec = schema_utils.schema_as_feature_spec(metadata.dataset_metadata.schema).feature_spec
+        self.output_plan = output_plan(spec, self._raw_plan)
+        written = written | "WriteRawMetadata" >> beam.Map(
+            _write_raw_metadata, raw_bytes, f"{self._output}/{RAW_METADATA}"
+        )
+        encoded = transformed | "Encode" >> beam.ParDo(_EncodeFn(self.output_plan))
+        return {"examples": encoded, "written": written}
+
