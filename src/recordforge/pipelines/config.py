@@ -112,9 +112,7 @@ class ConvertConfig:
         if self.analyze_split and not self.splits:
             problems.append("--analyze_split needs --splits")
         if self.preprocessing_fn and ":" not in self.preprocessing_fn:
-            problems.append(
-                "--preprocessing_fn is path/to/module.py:function or package.module:function"
-            )
+            problems.append("--preprocessing_fn is path/to/module.py:function or package.module:function")
         if self.batch_size < 1:
             problems.append("--batch_size must be at least 1")
         if problems:

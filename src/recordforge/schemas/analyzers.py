@@ -84,7 +84,7 @@ class Transform:
         known = ", ".join(a.value for a in Analyzer)
         if len(raw) != 1:
             return None, [*errs, f"`transform` needs exactly one of {known} (and optionally `output`)"]
-        (key, params), = raw.items()
+        ((key, params),) = raw.items()
         try:
             analyzer = Analyzer(key)
         except ValueError:
@@ -110,8 +110,15 @@ class Transform:
         return Transform(analyzer, tuple(sorted(params.items())), output), []
 
 
-def transform_problems(transform: Transform, *, dtype: str, value_kind: str, shape: tuple[int, ...],
-                       is_image: bool, float64_bytes: bool) -> list[str]:
+def transform_problems(
+    transform: Transform,
+    *,
+    dtype: str,
+    value_kind: str,
+    shape: tuple[int, ...],
+    is_image: bool,
+    float64_bytes: bool,
+) -> list[str]:
     """Why a feature of this type cannot take this transform (empty when it can)."""
     name = transform.analyzer.value
     if is_image:

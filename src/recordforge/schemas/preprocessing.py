@@ -173,4 +173,3 @@ def output_plan(transformed_spec: dict[str, Any], raw: Plan) -> Plan:
         if kept is not None and all(kept.get(k) == entry.get(k) for k in ("kind", "dtype", "shape")):
             spec_entries[name] = kept
     return dataclasses.replace(plan, feature_spec=spec_entries)
-

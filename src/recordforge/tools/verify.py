@@ -26,7 +26,11 @@ _BUNDLE_FILES = {
     "raw_feature_spec.json",
 }
 # Written by tensorflow-transform's own writers when the run had transforms.
-_TRANSFORM_FILES = ("transform_fn/saved_model.pb", "transformed_metadata/schema.pbtxt", "metadata/schema.pbtxt")
+_TRANSFORM_FILES = (
+    "transform_fn/saved_model.pb",
+    "transformed_metadata/schema.pbtxt",
+    "metadata/schema.pbtxt",
+)
 _KINDS = {"int64": "int64", "float32": "float", "string": "bytes"}
 
 

@@ -210,7 +210,9 @@ def _write_bundle(
     source = spec.source_plan
     files = {
         SCHEMA_PBTXT: tfmd_text(spec.plan).encode(),
-        SCHEMA_YAML: dump_schema(source.schema, header=f"# RecordForge schema ({source.schema.origin})\n").encode(),
+        SCHEMA_YAML: dump_schema(
+            source.schema, header=f"# RecordForge schema ({source.schema.origin})\n"
+        ).encode(),
         FEATURE_SPEC: json.dumps(spec.plan.feature_spec, indent=2).encode(),
         METADATA: json.dumps(meta, indent=2).encode(),
     }

@@ -178,4 +178,3 @@ class AnalyzeAndTransform(beam.PTransform):
         )
         encoded = transformed | "Encode" >> beam.ParDo(_EncodeFn(self.output_plan))
         return {"examples": encoded, "written": written}
-
