@@ -288,8 +288,11 @@ def input_fingerprint(files: list[FileInfo], plan: Plan, config: ConvertConfig) 
     digest.update(json.dumps(config.settings(), sort_keys=True).encode())
     module = (config.preprocessing_fn or "").rpartition(":")[0]
     if module.endswith(".py"):  # the preprocessing code is an input too
-        with FileSystems.open(module) as f:
-            digest.update(f.read())
+        try:
+            with FileSystems.open(module) as f:
+                digest.update(f.read())
+        except OSError as exn:
+            raise RecordForgeError(f"--preprocessing_fn: cannot load {module}: {exn}") from exn
     return digest.hexdigest()
 
 

@@ -104,6 +104,9 @@ def apply_transform(transform: Transform, x: Any, entry: dict[str, Any], output:
             frequency_threshold=transform.param("frequency_threshold"),
             num_oov_buckets=transform.param("num_oov_buckets", 0),
             vocab_filename=vocabulary_name(output),
+            # TFT's default text file silently drops empty strings and tokens holding a newline;
+            # this format keeps every token as it is.
+            file_format="tfrecord_gzip",
             name=_scope(output),
         )
     if a is Analyzer.HASH_STRINGS:
@@ -138,10 +141,28 @@ def build_preprocessing_fn(plan: Plan, user_fn: PreprocessingFn | None = None) -
                     f"--preprocessing_fn returns {', '.join(clash)}, which the schema's transforms "
                     "also write; rename one of them"
                 )
-            outputs.update(returned)
+            outputs.update({name: _widen(name, t) for name, t in returned.items()})
         return outputs
 
     return preprocessing_fn
+
+
+def _widen(name: str, tensor: Any) -> Any:
+    """Outputs in the types tf.train.Example holds: narrower integers and bools become int64,
+    half floats float32, without loss; float64 is refused rather than rounded in silence."""
+    dtype = tensor.dtype
+    if dtype in (tf.int64, tf.float32, tf.string):
+        return tensor
+    if dtype.is_integer or dtype == tf.bool:
+        return tf.cast(tensor, tf.int64)
+    if dtype in (tf.float16, tf.bfloat16):
+        return tf.cast(tensor, tf.float32)
+    if dtype == tf.float64:
+        raise RecordForgeError(
+            f"--preprocessing_fn output {name!r} is float64, which tf.train.Example cannot hold: "
+            "return tf.cast(x, tf.float32) to accept float32 precision, or tf.io.serialize_tensor(x)"
+        )
+    raise RecordForgeError(f"--preprocessing_fn output {name!r} has dtype {dtype.name}")
 
 
 _DTYPES = {tf.int64: DType.INT64, tf.float32: DType.FLOAT32, tf.string: DType.BYTES}

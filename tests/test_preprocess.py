@@ -1,0 +1,391 @@
+"""tensorflow-transform: analyzers checked against numpy, train/serve consistency, user functions.
+
+Every expected value is computed here, with numpy, from the source table and the rows of the
+fitting split; the records are read back with plain tf.data + tf.io.parse_example.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from recordforge.errors import RecordForgeError, SchemaError
+from recordforge.pipelines.convert import run
+from recordforge.tools.verify import verify
+
+N_TRAIN, N_EVAL = 2400, 600
+FRUITS = ["apple", "banana", "cherry", "damson", "elder", "fig", "grape", "kiwi"]
+
+SCHEMA = """
+features:
+  - {name: id, type: int64, nulls: required}
+  - {name: part, type: string, nulls: required}
+  - name: fruit
+    type: string
+    nulls: required
+    transform: {vocabulary: {top_k: 6, frequency_threshold: 120}, output: fruit_id}
+  - name: color
+    type: string
+    transform: {vocabulary: {num_oov_buckets: 2}, output: color_id}
+  - {name: x, type: float64, narrow: true, nulls: required, transform: {scale_to_z_score: {}, output: x_z}}
+  - {name: y, type: float32, transform: {scale_to_0_1: {}}}
+  - {name: k, type: int64, nulls: required, transform: {bucketize: {num_buckets: 4}, output: k_bucket}}
+  - {name: w, type: float64, encode: bytes, transform: {scale_to_z_score: {}, output: w_z}}
+  - {name: h, type: string, nulls: required, transform: {hash_strings: {hash_buckets: 50}, output: h_hash}}
+  - {name: tags, type: int64, shape: [-1]}
+"""
+
+
+def _table() -> pa.Table:
+    rng = np.random.default_rng(7)
+    n = N_TRAIN + N_EVAL
+    part = np.array(["train"] * N_TRAIN + ["eval"] * N_EVAL)
+    rng.shuffle(part)
+    # Train counts fixed so that the frequency threshold and a tie (cherry/damson) matter.
+    counts = {"apple": 800, "banana": 700, "cherry": 300, "damson": 300, "elder": 150, "fig": 48, "grape": 2}
+    counts["kiwi"] = N_TRAIN - sum(counts.values())
+    fruit_train = np.repeat(list(counts), list(counts.values()))
+    rng.shuffle(fruit_train)
+    fruit = np.empty(n, dtype=object)
+    fruit[part == "train"] = fruit_train
+    fruit[part == "eval"] = rng.choice(FRUITS + ["mango", "papaya"], N_EVAL)  # unseen in eval
+    colors = np.array(["red", "green", "blue", "plum", ""])  # "" is a real value, not a null
+    color = [None if i % 9 == 0 else str(c) for i, c in enumerate(rng.choice(colors, n))]
+    y = [None if i % 11 == 0 else float(v) for i, v in enumerate(rng.uniform(-3, 9, n).astype(np.float32))]
+    w = [None if i % 13 == 0 else float(v) for i, v in enumerate(rng.normal(1e6, 1e-3, n))]
+    return pa.table(
+        {
+            "id": np.arange(n),
+            "part": part,
+            "fruit": fruit.astype(str),
+            "color": pa.array(color, pa.string()),
+            "x": rng.normal(40.0, 12.0, n),
+            "y": pa.array(y, pa.float32()),
+            # distinct integers: quantile boundaries are data points
+            "k": rng.permutation(n) * 3 + 1,
+            "w": pa.array(w, pa.float64()),
+            "h": np.array([f"user-{i % 97}" for i in range(n)]),
+            "tags": pa.array([list(range(i % 4)) for i in range(n)], pa.list_(pa.int64())),
+        }
+    )
+
+
+@pytest.fixture(scope="module")
+def converted(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, pa.Table]:
+    root = tmp_path_factory.mktemp("tft")
+    table = _table()
+    pq.write_table(table, root / "t.parquet", row_group_size=700)
+    (root / "s.yaml").write_text(SCHEMA)
+    out = root / "out"
+    run(
+        [
+            f"--source={root / 't.parquet'}",
+            f"--schema={root / 's.yaml'}",
+            f"--output={out}",
+            "--splits=train=8,eval=2",
+            "--split_column=part",
+        ]
+    )
+    return out, table
+
+
+def read_split(out: Path, split: str | None = None) -> dict[str, list[Any]]:
+    """Records of one split (or all) with tf.data + tf.io.parse_example and the bundle's spec,
+    as {feature: one value list per record}."""
+    import tensorflow as tf
+
+    from recordforge.schemas.export import decode_parsed, to_tf_feature_spec
+
+    meta = json.loads((out / "metadata.json").read_text())
+    spec_json = json.loads((out / "feature_spec.json").read_text())
+    files = [
+        str(out / s["file"]) for s in meta["shards"] if split is None or s["file"].startswith(f"{split}/")
+    ]
+    ds = tf.data.TFRecordDataset(files, compression_type=meta["tf_compression_type"]).batch(100_000)
+    cols: dict[str, list[Any]] = {}
+    for batch in ds:
+        parsed = decode_parsed(tf.io.parse_example(batch, to_tf_feature_spec(spec_json)), spec_json)
+        for name, t in parsed.items():
+            if isinstance(t, tf.SparseTensor):
+                t = tf.RaggedTensor.from_sparse(t)
+                cols.setdefault(name, []).extend(np.asarray(r) for r in t.numpy())
+            else:
+                cols.setdefault(name, []).extend(np.asarray(v).reshape(-1) for v in t.numpy())
+    return cols
+
+
+def _by_id(cols: dict[str, list[Any]]) -> dict[str, dict[int, Any]]:
+    ids = [int(v[0]) for v in cols["id"]]
+    return {name: dict(zip(ids, values, strict=True)) for name, values in cols.items()}
+
+
+def _expected_vocabulary(values: list[str], top_k: int | None = None, threshold: int = 0) -> list[str]:
+    """TFT's order: most frequent first, ties broken by the larger token first."""
+    tokens, counts = np.unique(np.array(values, dtype=object).astype(bytes), return_counts=True)
+    ranked = sorted(
+        ((int(c), t) for t, c in zip(tokens, counts, strict=True) if c >= threshold), reverse=True
+    )
+    return [t.decode() for _, t in ranked[:top_k]]
+
+
+def test_vocabulary_ids_match_numpy(converted: tuple[Path, pa.Table]) -> None:
+    out, table = converted
+    rows = table.to_pydict()
+    train = [i for i, p in enumerate(rows["part"]) if p == "train"]
+    vocab = _expected_vocabulary([rows["fruit"][i] for i in train], top_k=6, threshold=120)
+    # kiwi (100) is cut by the threshold, not by top_k; damson and cherry tie at 300
+    assert vocab == ["apple", "banana", "damson", "cherry", "elder"]
+    records = _by_id(read_split(out))
+    for i, fruit in enumerate(rows["fruit"]):
+        expected = vocab.index(fruit) if fruit in vocab else -1  # out of vocabulary: -1
+        assert records["fruit_id"][i].tolist() == [expected], (i, fruit)
+        assert records["fruit"][i].tolist() == [fruit.encode()]  # the raw value kept beside it
+    # num_oov_buckets: known colours get their rank, absent stays absent
+    color_vocab = _expected_vocabulary([rows["color"][i] for i in train if rows["color"][i] is not None])
+    for i, color in enumerate(rows["color"]):
+        got = records["color_id"][i].tolist()
+        if color is None:
+            assert got == []
+        else:
+            assert got == [color_vocab.index(color)]
+    # the vocabulary file TFT wrote, readable by name for serving
+    import tensorflow_transform as tft
+
+    assert [t.decode() for t in tft.TFTransformOutput(str(out)).vocabulary_by_name("fruit_id")] == vocab
+
+
+def test_scaling_and_buckets_match_numpy(converted: tuple[Path, pa.Table]) -> None:
+    out, table = converted
+    rows = table.to_pydict()
+    is_train = np.array(rows["part"]) == "train"
+    records = _by_id(read_split(out))
+    n = len(rows["id"])
+
+    # z-score over the train rows: population variance, as TFT; x was narrowed to float32 first
+    x = np.array(rows["x"], dtype=np.float32).astype(np.float64)
+    expected = (x - x[is_train].mean()) / x[is_train].std()
+    got = np.array([records["x_z"][i][0] for i in range(n)])
+    np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-6)
+
+    # 0-1 scaling in place of y; absent values stay absent and are left out of min and max
+    y = np.array([np.nan if v is None else v for v in rows["y"]], dtype=np.float64)
+    lo, hi = np.nanmin(y[is_train]), np.nanmax(y[is_train])
+    for i in range(n):
+        if np.isnan(y[i]):
+            assert records["y"][i].size == 0
+        else:
+            np.testing.assert_allclose(records["y"][i], [(y[i] - lo) / (hi - lo)], rtol=1e-6, atol=1e-6)
+
+    # float64 kept as bytes: analysed at full precision (values 1e6 +- 1e-3: float32 would round them away)
+    w = np.array([np.nan if v is None else v for v in rows["w"]])
+    train_w = w[is_train & ~np.isnan(w)]
+    for i in range(n):
+        if np.isnan(w[i]):
+            assert records["w_z"][i].size == 0
+        else:
+            expected_w = (w[i] - train_w.mean()) / train_w.std()
+            np.testing.assert_allclose(records["w_z"][i], [expected_w], rtol=1e-5, atol=1e-5)
+
+    # quantile buckets: boundaries are the train values at ranks n/4, n/2, 3n/4
+    k = np.array(rows["k"])
+    ranked = np.sort(k[is_train])
+    boundaries = ranked[[N_TRAIN * q // 4 for q in (1, 2, 3)]]
+    expected_k = np.searchsorted(boundaries, k, side="right")
+    assert [int(records["k_bucket"][i][0]) for i in range(n)] == expected_k.tolist()
+    assert np.bincount(expected_k[is_train]).tolist() == [N_TRAIN // 4] * 4
+
+    # hash_strings is tf.strings.to_hash_bucket_fast (FarmHash), stable across runs and machines
+    import tensorflow as tf
+
+    hashed = tf.strings.to_hash_bucket_fast(rows["h"], 50).numpy()
+    assert [int(records["h_hash"][i][0]) for i in range(n)] == hashed.tolist()
+    # untouched features pass through unchanged
+    assert all(records["tags"][i].tolist() == rows["tags"][i] for i in range(n))
+
+
+def test_bundle_describes_transformed_records(converted: tuple[Path, pa.Table]) -> None:
+    out, _ = converted
+    assert verify(str(out)) == []
+    meta = json.loads((out / "metadata.json").read_text())
+    assert meta["rows_read"] == meta["rows_written"] == N_TRAIN + N_EVAL
+    assert meta["split_counts"] == {
+        "train": {"records": N_TRAIN, "shards": 1},
+        "eval": {"records": N_EVAL, "shards": 1},
+    }
+    assert meta["transform"]["fit_on"] == "train"
+    spec = json.loads((out / "feature_spec.json").read_text())
+    assert spec["fruit_id"] == {"kind": "FixedLenFeature", "dtype": "int64", "shape": []}
+    assert spec["x_z"] == {"kind": "FixedLenFeature", "dtype": "float32", "shape": []}
+    assert spec["y"] == {"kind": "VarLenFeature", "dtype": "float32"}
+    raw = json.loads((out / "raw_feature_spec.json").read_text())
+    assert raw["w"]["decode"]["raw"] == "float64"
+    # the transformed schema as TFT wrote it, with the vocabulary size as the domain
+    assert (out / "schema.pbtxt").read_text() == (out / "transformed_metadata" / "schema.pbtxt").read_text()
+    assert not list(out.glob("_tmp-*"))
+    import tensorflow_transform as tft
+
+    tft_out = tft.TFTransformOutput(str(out))
+    assert set(tft_out.transformed_feature_spec()) == set(spec)
+    assert set(tft_out.raw_feature_spec()) == set(raw)
+
+
+def _raw_example(rows: dict[str, list[Any]], i: int) -> bytes:
+    """A raw record built independently with the protobuf API, as a serving client would."""
+    from tensorflow.core.example import example_pb2
+
+    ex = example_pb2.Example()
+    f = ex.features.feature
+    f["id"].int64_list.value.append(rows["id"][i])
+    f["k"].int64_list.value.append(rows["k"][i])
+    f["x"].float_list.value.append(rows["x"][i])
+    for name in ("part", "fruit", "h"):
+        f[name].bytes_list.value.append(rows[name][i].encode())
+    if rows["color"][i] is not None:
+        f["color"].bytes_list.value.append(rows["color"][i].encode())
+    if rows["y"][i] is not None:
+        f["y"].float_list.value.append(rows["y"][i])
+    if rows["w"][i] is not None:
+        f["w"].bytes_list.value.append(struct.pack("<d", rows["w"][i]))
+    f["tags"].int64_list.value.extend(rows["tags"][i])
+    return ex.SerializeToString()
+
+
+def test_train_serve_consistency(converted: tuple[Path, pa.Table]) -> None:
+    """Raw rows through the saved transform_fn give exactly the values in the TFRecords."""
+    import tensorflow as tf
+    import tensorflow_transform as tft
+
+    out, table = converted
+    rows = table.to_pydict()
+    tft_out = tft.TFTransformOutput(str(out))
+    layer = tft_out.transform_features_layer()
+    serialized = tf.constant([_raw_example(rows, i) for i in range(len(rows["id"]))])
+    served = layer(tf.io.parse_example(serialized, tft_out.raw_feature_spec()))
+    records = _by_id(read_split(out))
+    assert set(served) == set(records)
+    for name, tensor in served.items():
+        if isinstance(tensor, tf.SparseTensor):
+            values = [np.asarray(r) for r in tf.RaggedTensor.from_sparse(tensor).numpy()]
+        else:
+            values = [np.asarray(v).reshape(-1) for v in tensor.numpy()]
+        for i, v in enumerate(values):
+            stored = records[name][i]
+            assert v.dtype == stored.dtype, (name, v.dtype, stored.dtype)
+            # floats compared by bit pattern, strings by their bytes
+            same = v.tolist() == stored.tolist() if v.dtype == object else v.tobytes() == stored.tobytes()
+            assert same, (name, i, v, stored)
+
+
+USER_FN = """
+import tensorflow as tf
+import tensorflow_transform as tft
+
+
+def preprocessing_fn(inputs):
+    return {
+        "id": inputs["id"],
+        "fruit_len": tf.strings.length(inputs["fruit"]),
+        "fruit_idx": tft.compute_and_apply_vocabulary(inputs["fruit"], top_k=2),
+    }
+"""
+
+
+def test_user_preprocessing_fn_with_schema_transforms(tmp_path: Path) -> None:
+    table = _table().slice(0, 500)
+    pq.write_table(table, tmp_path / "t.parquet")
+    (tmp_path / "fn.py").write_text(USER_FN)
+    (tmp_path / "s.yaml").write_text(
+        textwrap.dedent(
+            """
+            features:
+              - {name: id, type: int64, nulls: required}
+              - {name: fruit, type: string, nulls: required}
+              - {name: x, type: float64, narrow: true, nulls: required, transform: {scale_to_z_score: {}, output: x_z}}
+            """
+        )
+    )
+    out = tmp_path / "out"
+    meta = run(
+        [
+            f"--source={tmp_path / 't.parquet'}",
+            f"--schema={tmp_path / 's.yaml'}",
+            f"--output={out}",
+            f"--preprocessing_fn={tmp_path / 'fn.py'}:preprocessing_fn",
+        ]
+    )
+    assert meta["transform"]["fit_on"] == "all rows"
+    records = _by_id(read_split(out))
+    # exactly what the function returns, plus the schema's declared transform; raw x and fruit are gone
+    assert set(records) == {"id", "fruit_len", "fruit_idx", "x_z"}
+    rows = table.to_pydict()
+    vocab = _expected_vocabulary(rows["fruit"], top_k=2)
+    x = np.array(rows["x"], dtype=np.float32).astype(np.float64)
+    for i, fruit in enumerate(rows["fruit"]):
+        assert records["fruit_len"][i].tolist() == [len(fruit)]
+        assert records["fruit_idx"][i].tolist() == [vocab.index(fruit) if fruit in vocab else -1]
+        np.testing.assert_allclose(records["x_z"][i], [(x[i] - x.mean()) / x.std()], rtol=1e-6, atol=1e-6)
+
+
+def test_plain_conversion_never_imports_tensorflow_transform(tmp_path: Path) -> None:
+    pq.write_table(_table().slice(0, 100), tmp_path / "t.parquet")
+    code = textwrap.dedent(
+        f"""
+        import sys
+        from recordforge.pipelines.convert import run
+        run(["--source={tmp_path / "t.parquet"}", "--output={tmp_path / "out"}"])
+        print(sorted(m for m in sys.modules if m.split(".")[0] in ("tensorflow", "tensorflow_transform")))
+        """
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip().splitlines()[-1] == "[]", result.stdout
+
+
+@pytest.mark.parametrize(
+    ("entry", "message"),
+    [
+        ("{name: x, type: float32, transform: {vocabulary: {}}}", "applies to string or bytes"),
+        ("{name: s, type: string, transform: {scale_to_z_score: {}}}", "applies to numeric"),
+        ("{name: x, type: int64, transform: {bucketize: {}}}", "needs `num_buckets`"),
+        ("{name: x, type: int64, transform: {bucketize: {num_buckets: 0}}}", "must be positive"),
+        ("{name: s, type: string, transform: {vocabulary: {top_n: 3}}}", "no parameter 'top_n'"),
+        ("{name: s, type: string, transform: {tfidf: {}}}", "unknown transform 'tfidf'"),
+        ("{name: s, type: string, transform: {vocabulary: {}, output: x}}", "duplicate feature names: x"),
+    ],
+)
+def test_schema_errors_name_the_line(tmp_path: Path, entry: str, message: str) -> None:
+    from recordforge.schemas import load_schema
+
+    (tmp_path / "s.yaml").write_text(f"features:\n  - {{name: x, type: int64}}\n  - {entry}\n")
+    if entry.endswith("output: x}}"):
+        (tmp_path / "s.yaml").write_text(f"features:\n  - {{name: x, type: float32}}\n  - {entry}\n")
+    with pytest.raises(SchemaError, match=message):
+        load_schema(str(tmp_path / "s.yaml"))
+
+
+def test_bad_preprocessing_setups_fail_before_running(tmp_path: Path) -> None:
+    pq.write_table(_table().slice(0, 50), tmp_path / "t.parquet")
+    (tmp_path / "s.yaml").write_text(
+        "features:\n  - {name: id, type: int64, nulls: required, transform: {scale_to_0_1: {}}}\n"
+    )
+    base = [
+        f"--source={tmp_path / 't.parquet'}",
+        f"--schema={tmp_path / 's.yaml'}",
+        f"--output={tmp_path / 'o'}",
+    ]
+    with pytest.raises(RecordForgeError, match="'train' split, which --splits does not have"):
+        run([*base, "--splits=a=1,b=1"])
+    with pytest.raises(RecordForgeError, match="no function 'nope'"):
+        (tmp_path / "fn.py").write_text(USER_FN)
+        run([*base, f"--preprocessing_fn={tmp_path / 'fn.py'}:nope"])
+    with pytest.raises(RecordForgeError, match="cannot load"):
+        run([*base, f"--preprocessing_fn={tmp_path / 'missing.py'}:preprocessing_fn"])
