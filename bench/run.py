@@ -54,6 +54,21 @@ def _summary(samples: list[dict]) -> dict:
     }
 
 
+def _with_transforms(schema: str, out: str) -> None:
+    """The benchmark schema plus a vocabulary over s0 and a z-score of f0 (as `tft_census`)."""
+    import yaml
+
+    with open(schema) as f:
+        doc = yaml.safe_load(f)
+    for feature in doc["features"]:
+        if feature["name"] == "s0":
+            feature["transform"] = {"vocabulary": {}, "output": "s0_id"}
+        if feature["name"] == "f0":
+            feature["transform"] = {"scale_to_z_score": {}}
+    with open(out, "w") as f:
+        yaml.safe_dump(doc, f, sort_keys=False)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--rows", type=int, default=1_000_000)
@@ -86,6 +101,9 @@ def main() -> None:
             check=True,
             stdout=open(schema, "w"),
         )
+    tft_schema = os.path.join(w, "bench-schema-tft.yaml")
+    if not os.path.exists(tft_schema):
+        _with_transforms(schema, tft_schema)
     n, b = str(args.rows), str(args.baseline_rows)
     runs = {
         "tutorial": (
@@ -122,6 +140,14 @@ def main() -> None:
                 "--direct_num_workers",
                 "2",
             ],
+        ),
+        "tft_census": (
+            "TFT census-style: instance dicts, vocab + z-score, per-row coder",
+            ["tft_census", source, f"{w}/tft_census", b],
+        ),
+        "rf_tft": (
+            "recordforge, same vocab + z-score schema (TFT, record batches)",
+            ["recordforge", source, f"{w}/rf_tft", n, "--schema", tft_schema],
         ),
     }
     if args.images:
@@ -170,6 +196,9 @@ def main() -> None:
     if "rf_images" in results:
         ratio = results["rf_images"][1]["rows_per_s"] / results["tutorial_images"][1]["rows_per_s"]
         print(f"Images: recordforge vs the tutorial per-image approach: {ratio:.1f}x")
+    if "rf_tft" in results and "tft_census" in results:
+        ratio = results["rf_tft"][1]["rows_per_s"] / results["tft_census"][1]["rows_per_s"]
+        print(f"Vocabulary + z-score: recordforge vs TFT census-style: {ratio:.1f}x")
     if rf and "rf_csv" in results:
         print(f"Parquet vs CSV throughput: {rf['rows_per_s'] / results['rf_csv'][1]['rows_per_s']:.2f}x")
     if rf and args.memory_rows:

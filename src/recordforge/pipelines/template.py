@@ -34,6 +34,8 @@ _LABELS = {
     "split_key": ("Split key feature", r"^\S+$"),
     "split_column": ("Split name column", r"^.+$"),
     "split_salt": ("Split hash salt", r"^.*$"),
+    "preprocessing_fn": ("tensorflow-transform preprocessing_fn (module.py:function)", r"^\S+:\w+$"),
+    "analyze_split": ("Split the analyzers are fitted on", r"^[A-Za-z0-9_\-]+$"),
     "span": ("Span: latest, YYYY-MM-DD or a number", r"^(latest|\d{4}-\d{2}-\d{2}|\d+)$"),
     "if_changed": ("Skip when unchanged", "^(true|false)$"),
     "overwrite": ("Replace existing output", "^(true|false)$"),
