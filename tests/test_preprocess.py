@@ -310,7 +310,11 @@ def test_user_preprocessing_fn_with_schema_transforms(tmp_path: Path) -> None:
             features:
               - {name: id, type: int64, nulls: required}
               - {name: fruit, type: string, nulls: required}
-              - {name: x, type: float64, narrow: true, nulls: required, transform: {scale_to_z_score: {}, output: x_z}}
+              - name: x
+                type: float64
+                narrow: true
+                nulls: required
+                transform: {scale_to_z_score: {}, output: x_z}
             """
         )
     )
