@@ -133,6 +133,44 @@ def test_dataflow_dry_run_builds_the_job_graph(parquet_source: str) -> None:
     assert "use_runner_v2" in options.get_all_options()["experiments"]
 
 
+def test_dataflow_dry_run_with_tensorflow_transform(parquet_source: str, tmp_path: Path) -> None:
+    """The TFT stages (decode, analyze on the train split, transform, encode) build into the
+    Dataflow job graph; the preprocessing_fn is traced at construction, not on workers."""
+    from recordforge.pipelines.convert import read_arrow_schema
+    from recordforge.schemas import dump_schema, infer_schema, schema_from_dict
+
+    first = expand_patterns([parquet_source])[0].path
+    doc = infer_schema(read_arrow_schema(first, "parquet")).to_dict()
+    for feature in doc["features"]:
+        if feature["type"] == "string":
+            feature["transform"] = {"vocabulary": {"top_k": 10}, "output": f"{feature['name']}_id"}
+            break
+    (tmp_path / "s.yaml").write_text(dump_schema(schema_from_dict(doc)))
+    p = beam.Pipeline(options=PipelineOptions([*DATAFLOW, "--dry_run=True"]))
+    config = ConvertConfig(
+        sources=(parquet_source,),
+        # A local output: TFT creates its temporary folder while the graph is built, which on
+        # gs:// would need GCS (allowed for dry runs by the preflight check).
+        output=str(tmp_path / "out"),
+        schema_path=str(tmp_path / "s.yaml"),
+        splits="train=9,eval=1",
+    )
+    build(p, config)
+    assert p.run().state == "DONE"
+    names = {t.unique_name for t in p.runner.proto_pipeline.components.transforms.values()}
+    for label in [
+        "Preprocess/Decode",
+        "Preprocess/Only[train]",
+        "Preprocess/Analyze",
+        "Preprocess/Transform",
+        "Preprocess/WriteTransformFn",
+        "Preprocess/Encode",
+        "WriteTFRecords[train]",
+        "WriteTFRecords[eval]",
+    ]:
+        assert label in names, label
+
+
 def test_dataflow_dry_run_stages_the_package(parquet_source: str) -> None:
     options = PipelineOptions([*DATAFLOW, "--dry_run=True", f"--setup_file={ROOT / 'setup.py'}"])
     p = beam.Pipeline(options=options)

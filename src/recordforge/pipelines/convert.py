@@ -88,18 +88,19 @@ def build(pipeline: beam.Pipeline, config: ConvertConfig) -> beam.PCollection[st
             split_salt=splits.salt,
             split_key=splits.key_feature,
         )
-    if folder is not None:
-        read = ReadImageFolder(folder)
-    elif fmt == "parquet":
-        read = ReadParquet(
-            config.sources,
-            columns=columns,
-            batch_size=config.batch_size,
-            expanded=files,
-            skip_unreadable=config.skip_unreadable_files,
-        )
-    else:
-        read = ReadCsv(
+
+    def read() -> beam.PTransform:
+        if folder is not None:
+            return ReadImageFolder(folder)
+        if fmt == "parquet":
+            return ReadParquet(
+                config.sources,
+                columns=columns,
+                batch_size=config.batch_size,
+                expanded=files,
+                skip_unreadable=config.skip_unreadable_files,
+            )
+        return ReadCsv(
             config.sources,
             column_types=csv_types,
             expanded=files,
@@ -107,7 +108,7 @@ def build(pipeline: beam.Pipeline, config: ConvertConfig) -> beam.PCollection[st
             skip_unreadable=config.skip_unreadable_files,
         )
 
-    source = pipeline | "Read" >> read
+    source = pipeline | "Read" >> read()
     batches = source["batches"]
     # SourceBatch: a pa.RecordBatch with its file and first row
     rows_in_batches = (
@@ -125,8 +126,17 @@ def build(pipeline: beam.Pipeline, config: ConvertConfig) -> beam.PCollection[st
         from recordforge.transforms.preprocess import AnalyzeAndTransform
 
         fit_split = _fit_split(config, splits)
+        # The analyzers get a second read of the input rather than the main path's batches: the
+        # transform pass then streams, instead of holding every batch until analysis ends.
+        fit = (pipeline | "ReadForAnalysis" >> read())["batches"] | "ToExamplesForAnalysis" >> ToExamples(
+            plan, strict=config.strict, splits=splits
+        )
         preprocess = AnalyzeAndTransform(
-            plan, config.output, preprocessing_fn=config.preprocessing_fn, fit_split=fit_split
+            plan,
+            config.output,
+            fit=fit.examples,
+            preprocessing_fn=config.preprocessing_fn,
+            fit_split=fit_split,
         )
         transformed = examples | "Preprocess" >> preprocess
         # examples: the same keys, transformed Examples; written: transform_fn/ is in place

@@ -25,13 +25,14 @@ REJECTED = "rejected"
 
 
 class _ToExamplesFn(beam.DoFn):
-    def __init__(self, plan: Plan, strict: bool, splits: SplitSpec | None) -> None:
+    def __init__(self, plan: Plan, strict: bool, splits: SplitSpec | None, namespace: str) -> None:
         self._plan = plan
         self._strict = strict
         self._splits = splits
-        self._rows_read = Metrics.counter(NAMESPACE, "rows_read")
-        self._rows_encoded = Metrics.counter(NAMESPACE, "rows_encoded")
-        self._rows_rejected = Metrics.counter(NAMESPACE, "rows_rejected")
+        self._namespace = namespace
+        self._rows_read = Metrics.counter(namespace, "rows_read")
+        self._rows_encoded = Metrics.counter(namespace, "rows_encoded")
+        self._rows_rejected = Metrics.counter(namespace, "rows_rejected")
 
     def setup(self) -> None:
         self._encoder = ExampleEncoder(self._plan)
@@ -55,7 +56,7 @@ class _ToExamplesFn(beam.DoFn):
                 raise result.rejected[0].error()
             self._rows_rejected.inc(len(result.rejected))
             for bad, index in zip(result.rejected, result.rejected_rows.tolist(), strict=True):
-                Metrics.counter(NAMESPACE, f"rejected_{bad.rule}").inc()
+                Metrics.counter(self._namespace, f"rejected_{bad.rule}").inc()
                 record = batch.slice(index, 1).to_pylist()[0]
                 yield beam.pvalue.TaggedOutput(REJECTED, rejected_line(bad, record))
         if not result.batch.num_rows:
@@ -86,7 +87,7 @@ class _ToExamplesFn(beam.DoFn):
                 if self._strict:
                     raise bad.error()
                 self._rows_rejected.inc()
-                Metrics.counter(NAMESPACE, "rejected_split").inc()
+                Metrics.counter(self._namespace, "rejected_split").inc()
                 record = element.batch.slice(int(good[i]), 1).to_pylist()[0]
                 yield beam.pvalue.TaggedOutput(REJECTED, rejected_line(bad, record))
         else:
@@ -115,13 +116,21 @@ class ToExamples(beam.PTransform):
     Metrics: `recordforge/rows_read`, `rows_encoded`, `rows_rejected`, `rejected_<rule>`.
     """
 
-    def __init__(self, plan: Plan, *, strict: bool = True, splits: SplitSpec | None = None) -> None:
+    def __init__(
+        self,
+        plan: Plan,
+        *,
+        strict: bool = True,
+        splits: SplitSpec | None = None,
+        namespace: str = NAMESPACE,
+    ) -> None:
         super().__init__()
         self._plan = plan
         self._strict = strict
         self._splits = splits
+        self._namespace = namespace  # of the metrics; a second pass over the input counts apart
 
     def expand(self, batches: beam.PCollection[SourceBatch]) -> beam.pvalue.DoOutputsTuple:
         return batches | "Encode" >> beam.ParDo(
-            _ToExamplesFn(self._plan, self._strict, self._splits)
+            _ToExamplesFn(self._plan, self._strict, self._splits, self._namespace)
         ).with_outputs(REJECTED, main="examples")

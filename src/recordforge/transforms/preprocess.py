@@ -119,7 +119,9 @@ def _write_raw_metadata(_: Any, raw_schema: bytes, path: str) -> str:
 class AnalyzeAndTransform(beam.PTransform):
     """Fits the preprocessing on one split (or everything) and applies it to every batch.
 
-    In: `((split, file, first_row), raw serialized Examples)`. Out: a dict with `examples`, the
+    In: `((split, file, first_row), raw serialized Examples)`; `fit`, the same records from a
+    second read, feeds the analyzers when given (so that `In` streams through the transform
+    instead of waiting in memory for the analysis to end). Out: a dict with `examples`, the
     same keys with transformed Examples, and `written`, one element once `transform_fn/`,
     `transformed_metadata/` and the raw `metadata/` are under `output`. `output_plan` describes
     the transformed records; it is known once the transform is applied (TFT traces the
@@ -131,6 +133,7 @@ class AnalyzeAndTransform(beam.PTransform):
         raw_plan: Plan,
         output: str,
         *,
+        fit: beam.PCollection | None = None,
         preprocessing_fn: str | None = None,
         fit_split: str | None = None,
     ) -> None:
@@ -139,6 +142,7 @@ class AnalyzeAndTransform(beam.PTransform):
         self._output = output.rstrip("/")
         self._fn_ref = preprocessing_fn
         self._fit_split = fit_split
+        self._fit = fit
         self.output_plan: Plan | None = None
         # TFT's working files (the transform_fn TransformDataset loads lives here too): deleted
         # by the bundle step, once every shard is written.
@@ -163,6 +167,8 @@ class AnalyzeAndTransform(beam.PTransform):
 
         batches = examples | "Decode" >> beam.ParDo(_DecodeFn(raw_bytes))
         fit = batches
+        if self._fit is not None:
+            fit = self._fit | "DecodeForAnalysis" >> beam.ParDo(_DecodeFn(raw_bytes))
         if self._fit_split is not None:
             fit = batches | f"Only[{self._fit_split}]" >> beam.Filter(_in_split, self._fit_split)
         with tft_beam.Context(temp_dir=self.temp_dir, passthrough_keys={_WHERE, _ROW}):
