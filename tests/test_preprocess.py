@@ -393,3 +393,13 @@ def test_bad_preprocessing_setups_fail_before_running(tmp_path: Path) -> None:
         run([*base, f"--preprocessing_fn={tmp_path / 'fn.py'}:nope"])
     with pytest.raises(RecordForgeError, match="cannot load"):
         run([*base, f"--preprocessing_fn={tmp_path / 'missing.py'}:preprocessing_fn"])
+
+
+def test_ragged_and_image_features_are_refused_with_transforms() -> None:
+    from recordforge.schemas import DType, Feature, Schema, compile_schema
+    from recordforge.schemas.preprocessing import raw_tf_spec
+
+    for feature in (Feature("img", DType.IMAGE), Feature("r", DType.INT64, shape=(-1, -1))):
+        plan = compile_schema(Schema((feature, Feature("x", DType.INT64))))
+        with pytest.raises(RecordForgeError, match=f"{feature.name}: ragged lists and images"):
+            raw_tf_spec(plan)

@@ -63,10 +63,11 @@ def load_user_fn(ref: str) -> PreprocessingFn:
 def raw_tf_spec(plan: Plan) -> dict[str, Any]:
     """The tf.io parsing spec of the raw records, as TFT receives them."""
     ragged = [name for name, e in plan.feature_spec.items() if e["kind"] == "RaggedFeature"]
-    if ragged:
+    images = [f.name for f in plan.features if f.is_image]
+    if ragged or images:
         raise RecordForgeError(
-            f"ragged feature(s) {', '.join(ragged)} cannot go through tensorflow-transform yet; "
-            "declare them as [-1] lists or convert without transforms"
+            f"feature(s) {', '.join(ragged + images)}: ragged lists and images cannot go through "
+            "tensorflow-transform yet; convert them without transforms"
         )
     return to_tf_feature_spec(plan.feature_spec)
 
