@@ -51,7 +51,7 @@ from recordforge.transforms.sources import (
     ReadParquet,
     expand_patterns,
 )
-from recordforge.transforms.splits import SplitSpec
+from recordforge.transforms.splits import SplitSpec, in_split
 
 __all__ = ["build", "run", "DEFAULT_RUNNER"]
 
@@ -129,7 +129,7 @@ def build(pipeline: beam.Pipeline, config: ConvertConfig) -> beam.PCollection[st
         # The analyzers get a second read of the input rather than the main path's batches: the
         # transform pass then streams, instead of holding every batch until analysis ends.
         fit = (pipeline | "ReadForAnalysis" >> read())["batches"] | "ToExamplesForAnalysis" >> ToExamples(
-            plan, strict=config.strict, splits=splits
+            plan, strict=config.strict, splits=splits, namespace="recordforge.analysis"
         )
         preprocess = AnalyzeAndTransform(
             plan,
@@ -176,7 +176,7 @@ def build(pipeline: beam.Pipeline, config: ConvertConfig) -> beam.PCollection[st
         # One writer per split: {output}/{split}/{split}-SSSSS-of-NNNNN
         shards = [
             write(
-                examples | f"Select[{name}]" >> beam.Filter(_in_split, name),
+                examples | f"Select[{name}]" >> beam.Filter(in_split, name),
                 f"{config.output.rstrip('/')}/{name}",
                 name,
                 f"WriteTFRecords[{name}]",
@@ -218,10 +218,6 @@ def _fit_split(config: ConvertConfig, splits: SplitSpec | None) -> str | None:
             f"({', '.join(splits.names)}); name one with --analyze_split"
         )
     return name
-
-
-def _in_split(keyed: tuple[tuple[str, str, int], Any], name: str) -> bool:
-    return keyed[0][0] == name
 
 
 def _split_spec(config: ConvertConfig, plan: Plan) -> SplitSpec | None:

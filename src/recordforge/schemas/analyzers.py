@@ -16,7 +16,7 @@ import enum
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Analyzer", "Transform", "transform_problems", "OUTPUT_KINDS"]
+__all__ = ["Analyzer", "Transform", "transform_problems"]
 
 
 class Analyzer(enum.Enum):
@@ -38,15 +38,6 @@ _PARAMS: dict[Analyzer, dict[str, tuple[type, bool]]] = {
     Analyzer.SCALE_TO_0_1: {},
     Analyzer.BUCKETIZE: {"num_buckets": (int, True), "epsilon": (float, False)},
     Analyzer.HASH_STRINGS: {"hash_buckets": (int, True)},
-}
-
-# What the written feature holds: "int64" ids or "float32" scaled values.
-OUTPUT_KINDS: dict[Analyzer, str] = {
-    Analyzer.VOCABULARY: "int64",
-    Analyzer.SCALE_TO_Z_SCORE: "float32",
-    Analyzer.SCALE_TO_0_1: "float32",
-    Analyzer.BUCKETIZE: "int64",
-    Analyzer.HASH_STRINGS: "int64",
 }
 
 _MAY_BE_ZERO = ("frequency_threshold", "num_oov_buckets")

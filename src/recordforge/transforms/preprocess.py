@@ -30,6 +30,7 @@ from recordforge.schemas.preprocessing import (
     output_plan,
     raw_tf_spec,
 )
+from recordforge.transforms.splits import in_split
 
 __all__ = ["AnalyzeAndTransform", "TRANSFORM_FN", "TRANSFORMED_METADATA", "RAW_METADATA"]
 
@@ -67,11 +68,6 @@ class _DecodeFn(beam.DoFn):
                 pa.field(_ROW, rows_col.type)
             ),
         )
-
-
-def _in_split(batch: pa.RecordBatch, split: str) -> bool:
-    where = batch.column(_WHERE).values[0].as_py()
-    return where.split(b"\0", 1)[0] == split.encode()
 
 
 def _conformed(batch: pa.RecordBatch, plan: Plan) -> pa.RecordBatch:
@@ -166,11 +162,11 @@ class AnalyzeAndTransform(beam.PTransform):
         preprocessing_fn = build_preprocessing_fn(self._raw_plan, user_fn)
 
         batches = examples | "Decode" >> beam.ParDo(_DecodeFn(raw_bytes))
-        fit = batches
-        if self._fit is not None:
-            fit = self._fit | "DecodeForAnalysis" >> beam.ParDo(_DecodeFn(raw_bytes))
+        # Only the fitting split's records are decoded for the analyzers.
+        fit = examples if self._fit is None else self._fit
         if self._fit_split is not None:
-            fit = batches | f"Only[{self._fit_split}]" >> beam.Filter(_in_split, self._fit_split)
+            fit = fit | f"Only[{self._fit_split}]" >> beam.Filter(in_split, self._fit_split)
+        fit = fit | "DecodeForAnalysis" >> beam.ParDo(_DecodeFn(raw_bytes))
         with tft_beam.Context(temp_dir=self.temp_dir, passthrough_keys={_WHERE, _ROW}):
             transform_fn = (fit, adapter) | "Analyze" >> tft_beam.AnalyzeDataset(preprocessing_fn)
             transformed, metadata = ((batches, adapter), transform_fn) | "Transform" >> (

@@ -10,7 +10,7 @@ import pyarrow as pa
 
 from recordforge.encoding import binary_parts
 
-__all__ = ["SplitSpec", "assign_by_hash", "assign_by_value"]
+__all__ = ["SplitSpec", "assign_by_hash", "assign_by_value", "in_split"]
 
 
 @dataclass(frozen=True)
@@ -20,6 +20,11 @@ class SplitSpec:
     key_feature: str | None = None  # None: hash the whole serialized record
     column: str | None = None  # split names come from this source column instead
     salt: str = "recordforge"
+
+
+def in_split(keyed: tuple[tuple[str, str, int], object], name: str) -> bool:
+    """Whether a `((split, file, first_row), records)` element belongs to split `name`."""
+    return keyed[0][0] == name
 
 
 def assign_by_hash(keys: pa.Array, spec: SplitSpec) -> np.ndarray:
