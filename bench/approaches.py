@@ -14,6 +14,8 @@ import sys
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+# The baselines run on Beam's own local runner, as DirectRunner runs batch pipelines.
+BEAM_RUNNER = "apache_beam.runners.portability.fn_api_runner.FnApiRunner"
 
 
 def _size(pattern: str) -> int:
@@ -67,8 +69,6 @@ def tfx_style(source: str, output: str, rows: int) -> dict:
     import pyarrow.parquet as pq
     import tensorflow as tf
 
-    from recordforge.pipelines.convert import DEFAULT_RUNNER
-
     subset = os.path.join(output, "subset.parquet")
     os.makedirs(output, exist_ok=True)
     pq.write_table(pq.read_table(source).slice(0, rows), subset)
@@ -91,7 +91,7 @@ def tfx_style(source: str, output: str, rows: int) -> dict:
         return tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString()
 
     start = time.perf_counter()
-    with beam.Pipeline(runner=DEFAULT_RUNNER) as p:
+    with beam.Pipeline(runner=BEAM_RUNNER) as p:
         _ = (
             p
             | beam.io.ReadFromParquet(subset)
@@ -140,8 +140,6 @@ def tft_census(source: str, output: str, rows: int) -> dict:
     import tensorflow_transform as tft
     import tensorflow_transform.beam as tft_beam
 
-    from recordforge.pipelines.convert import DEFAULT_RUNNER
-
     subset = os.path.join(output, "subset.parquet")
     os.makedirs(output, exist_ok=True)
     table = pq.read_table(source).slice(0, rows)
@@ -175,7 +173,7 @@ def tft_census(source: str, output: str, rows: int) -> dict:
         return outputs
 
     start = time.perf_counter()
-    with beam.Pipeline(runner=DEFAULT_RUNNER) as p:
+    with beam.Pipeline(runner=BEAM_RUNNER) as p:
         with tft_beam.Context(temp_dir=os.path.join(output, "tmp")):
             raw = p | beam.io.ReadFromParquet(subset) | beam.Map(to_instance)
             (data, out_metadata), _ = (raw, metadata) | tft_beam.AnalyzeAndTransformDataset(preprocessing_fn)

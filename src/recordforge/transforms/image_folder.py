@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 
 import apache_beam as beam
@@ -31,15 +32,16 @@ class ImageFolder:
 def list_image_folder(root: str) -> ImageFolder:
     """Lists names only, never contents; no image found is an error. Called at construction (for
     the labels and to fail early) and again on a worker, so the listing is not in the job graph."""
-    from apache_beam.io.filesystems import FileSystems
-
     root = root.rstrip("/")
-    if "://" not in root:
-        import os
+    if "://" in root:
+        from apache_beam.io.filesystems import FileSystems
 
+        matches = FileSystems.match([f"{root}/**"])[0].metadata_list
+        listed = [(m.path, m.size_in_bytes) for m in matches]
+    else:
         root = os.path.abspath(root)  # listed paths are then absolute, never re-resolved
-    matches = FileSystems.match([f"{root}/**"])[0].metadata_list
-    found = sorted((m.path, m.size_in_bytes) for m in matches if m.path.lower().endswith(IMAGE_EXTENSIONS))
+        listed = _walk_local(root)
+    found = sorted((path, size) for path, size in listed if path.lower().endswith(IMAGE_EXTENSIONS))
     if not found:
         raise SourceError(f"no images ({', '.join(IMAGE_EXTENSIONS)}) under {root}")
     entries = []
@@ -49,6 +51,33 @@ def list_image_folder(root: str) -> ImageFolder:
         label = parts[-2] if len(parts) >= 2 and not (len(parts) == 2 and split) else ""
         entries.append((path, label, split))
     return ImageFolder(root, entries, [size for _, size in found])
+
+
+def _walk_local(root: str) -> list[tuple[str, int]]:
+    """(path, size) of every file under `root`, as Beam's local `**` match lists them (links to
+    files are listed, links to folders are not followed), at a fraction of its cost: one
+    scandir per folder and one stat per file (Beam's match spends ~20 us a file: 60k files took
+    over a second, twice per run)."""
+    found: list[tuple[str, int]] = []
+    folders = [root]
+    while folders:
+        folder = folders.pop()
+        try:
+            with os.scandir(folder) as it:
+                entries = list(it)
+        except FileNotFoundError:
+            continue
+        except OSError as exn:  # Beam's listing skips an unreadable folder; its images would vanish
+            raise SourceError(f"{folder}: cannot list this folder: {exn}") from exn
+        for entry in entries:
+            if entry.is_dir(follow_symlinks=False):
+                folders.append(entry.path)
+            elif entry.is_file():
+                try:
+                    found.append((entry.path, entry.stat().st_size))
+                except OSError:  # gone since the folder was read, or a dangling link
+                    pass
+    return found
 
 
 def chunk_entries(
@@ -132,7 +161,7 @@ class ReadImageFolder(beam.PTransform):
     ToExamples, on the workers, through Beam's filesystems.
     """
 
-    def __init__(self, folder: ImageFolder, *, batch_size: int = 256, batch_bytes: int = 64 << 20) -> None:
+    def __init__(self, folder: ImageFolder, *, batch_size: int = 4096, batch_bytes: int = 64 << 20) -> None:
         super().__init__()
         self._folder = folder
         self._batch_size = batch_size

@@ -1,0 +1,193 @@
+"""Local multi-process workers that start in milliseconds instead of seconds.
+
+`--direct_running_mode=multi_processing` makes Beam's FnApiRunner launch every worker as
+`python -m apache_beam.runners.worker.sdk_worker_main`: a fresh interpreter that spends ~1.5 s
+importing Beam (and pandas, pymongo, the GCP clients... that Beam's package pulls in) before it
+can take work, and ~0.4 s tearing down after. On a 2-core machine converting 1M rows in ~5 s,
+that start-up alone cancels what the second core gains.
+
+`LocalRunner` keeps Beam's runner and protocol as they are and changes only how a worker
+process comes to exist: just before the job runs, the driver forks a small fork server (Beam,
+Arrow and RecordForge are already imported in it). Beam's worker command line is swapped for a
+tiny client (`_attach.py`, ~20 ms) that hands its environment (control/logging endpoints,
+pipeline options, worker id) to the fork server, which forks a worker that runs Beam's own
+`sdk_worker_main` with it and reports the exit status back to the client. Beam sees an
+ordinary subprocess worker.
+
+Forking is only safe while no other thread could hold a lock the child inherits: the fork
+server is made only when the driver runs no other Python thread and has not loaded TensorFlow
+(whose native thread pools do not survive a fork). Otherwise, for instance a second pipeline in
+the same test process or a tensorflow-transform run, Beam's own worker command is used unchanged.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import select
+import shlex
+import shutil
+import signal
+import socket
+import struct
+import sys
+import tempfile
+import threading
+import traceback
+from typing import Any
+
+from apache_beam.portability import python_urns
+from apache_beam.runners.portability.fn_api_runner import FnApiRunner
+
+__all__ = ["LocalRunner", "BEAM_WORKER_COMMAND"]
+
+_LOGGER = logging.getLogger(__name__)
+
+# What FnApiRunner puts in the pipeline for multi_processing (fn_runner.py); matched exactly, so
+# that any other subprocess environment is left alone.
+BEAM_WORKER_COMMAND = f"{sys.executable} -m apache_beam.runners.worker.sdk_worker_main"
+_ATTACH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_attach.py")
+
+
+class LocalRunner(FnApiRunner):
+    """Beam's FnApiRunner (what DirectRunner uses for batch), with fork-started workers in
+    multi_processing mode. In-process runs are FnApiRunner's, untouched."""
+
+    def run_via_runner_api(self, pipeline_proto: Any, options: Any) -> Any:
+        envs = [
+            env
+            for env in pipeline_proto.components.environments.values()
+            if env.urn == python_urns.SUBPROCESS_SDK and env.payload == BEAM_WORKER_COMMAND.encode()
+        ]
+        if not envs:
+            return super().run_via_runner_api(pipeline_proto, options)
+        unsafe = _fork_unsafe()
+        if unsafe:
+            _LOGGER.info("multi_processing workers start as fresh processes: %s", unsafe)
+            return super().run_via_runner_api(pipeline_proto, options)
+        _LOGGER.info("multi_processing workers are forked from the driver")
+        with _ForkServer() as server:
+            for env in envs:
+                env.payload = server.command.encode()
+            return super().run_via_runner_api(pipeline_proto, options)
+
+
+def _fork_unsafe() -> str | None:
+    """Why forking this process now could hang a worker, or None when it is safe."""
+    if threading.active_count() > 1:
+        # Another thread may hold a lock (gRPC's, logging's) that the child would inherit held.
+        return "this process already runs other threads"
+    if "tensorflow" in sys.modules:
+        # TensorFlow starts native thread pools that a forked child cannot use (TFT pipelines).
+        return "TensorFlow is loaded in this process"
+    return None
+
+
+class _ForkServer:
+    """A forked copy of the driver, before any gRPC thread exists, that forks workers on request
+    over a Unix socket in a private temporary folder."""
+
+    def __enter__(self) -> _ForkServer:
+        self._dir = tempfile.mkdtemp(prefix="recordforge-workers-")
+        path = os.path.join(self._dir, "fork.sock")
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        listener.bind(path)
+        listener.listen(64)
+        driver = os.getpid()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:  # the fork server
+            code = 0
+            try:
+                _serve(listener, driver)
+            except BaseException:  # noqa: BLE001 - a child must never return into the driver
+                traceback.print_exc()
+                code = 1
+            finally:
+                os._exit(code)
+        listener.close()
+        self._pid = pid
+        self.command = f"{shlex.quote(sys.executable)} -S {shlex.quote(_ATTACH)} {shlex.quote(path)}"
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            os.kill(self._pid, signal.SIGTERM)
+            os.waitpid(self._pid, 0)
+        except (ProcessLookupError, ChildProcessError):
+            pass
+        shutil.rmtree(self._dir, ignore_errors=True)
+
+
+def _serve(listener: socket.socket, driver: int) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    while os.getppid() == driver:  # gone with the driver, whatever way it ended
+        ready, _, _ = select.select([listener], [], [], 0.5)
+        _reap()
+        if not ready:
+            continue
+        conn, _ = listener.accept()
+        env = _receive_env(conn)
+        if env is None:
+            conn.close()
+            continue
+        if os.fork() == 0:
+            listener.close()
+            _work(conn, env)  # never returns
+        conn.close()
+
+
+def _reap() -> None:
+    try:
+        while os.waitpid(-1, os.WNOHANG)[0]:
+            pass
+    except ChildProcessError:
+        pass
+
+
+def _receive_env(conn: socket.socket) -> dict[str, str] | None:
+    head = _recv_exactly(conn, 4)
+    if head is None:
+        return None
+    body = _recv_exactly(conn, struct.unpack(">I", head)[0])
+    return None if body is None else json.loads(body)
+
+
+def _recv_exactly(conn: socket.socket, n: int) -> bytes | None:
+    chunks, got = [], 0
+    while got < n:
+        chunk = conn.recv(n - got)
+        if not chunk:
+            return None
+        chunks.append(chunk)
+        got += len(chunk)
+    return b"".join(chunks)
+
+
+def _work(conn: socket.socket, env: dict[str, str]) -> None:
+    """Runs Beam's SDK harness with the client's environment, reports its status, and leaves
+    without interpreter teardown (the driver's atexit hooks are not this process's)."""
+    status = 1
+    try:
+        root = logging.getLogger()
+        for handler in list(root.handlers):  # the driver's; Beam adds the worker's own
+            root.removeHandler(handler)
+        os.environ.clear()
+        os.environ.update(env)
+        from apache_beam.runners.worker import sdk_worker_main
+
+        sdk_worker_main.main([])
+        status = 0
+    except BaseException:  # noqa: BLE001
+        traceback.print_exc()
+    finally:
+        try:
+            conn.sendall(bytes([status]))
+        except OSError:
+            pass
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(status)

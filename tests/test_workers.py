@@ -1,0 +1,100 @@
+"""Multi-process local runs: workers forked from the driver write what one in-process worker writes,
+fail the run as loudly, and leave no process behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+from collections import Counter
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from recordforge.pipelines.convert import run
+from recordforge.sampledata import taxi_table
+from recordforge.tfrecord import iter_records
+
+TWO_WORKERS = ["--direct_running_mode=multi_processing", "--direct_num_workers=2"]
+
+
+def _records(output: Path) -> Counter:
+    meta = json.loads((output / "metadata.json").read_text())
+    return Counter(r for s in meta["shards"] for r in iter_records(str(output / s["file"]), "gzip"))
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    """A fresh `recordforge convert` process: the way users run it, and the only kind of process
+    the fork server is made in (pytest's own may run threads)."""
+    return subprocess.run(
+        [sys.executable, "-m", "recordforge", "convert", *args], capture_output=True, text=True, timeout=300
+    )
+
+
+def _processes_mentioning(marker: str) -> list[int]:
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if marker.encode() in cmdline:
+            found.append(int(pid))
+    return found
+
+
+@pytest.fixture
+def source(tmp_path: Path) -> str:
+    src = tmp_path / "src"
+    src.mkdir()
+    for i in range(3):
+        pq.write_table(taxi_table(900, seed=i, first_id=i * 900), src / f"t{i}.parquet", row_group_size=200)
+    return str(src / "*.parquet")
+
+
+def test_forked_workers_write_what_one_worker_writes(source: str, tmp_path: Path) -> None:
+    run(["--source", source, "--output", str(tmp_path / "one"), "--batch_size", "128"])
+    two = tmp_path / "two"
+    proc = _cli("--source", source, "--output", str(two), "--batch_size", "128", *TWO_WORKERS)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "workers are forked from the driver" in proc.stderr
+    one_records = _records(tmp_path / "one")
+    assert sum(one_records.values()) == 2700
+    assert _records(two) == one_records  # every record, byte for byte
+    meta = json.loads((two / "metadata.json").read_text())
+    assert meta["num_records"] == 2700 and len(meta["shards"]) >= 1
+    # The fork server and its workers are gone with the run: no process names the output folder.
+    assert _processes_mentioning(str(two)) == []
+
+
+def test_a_bad_row_in_a_forked_worker_fails_the_run_naming_it(tmp_path: Path) -> None:
+    path = tmp_path / "bad.parquet"
+    pq.write_table(pa.table({"col": pa.array([1, 2, 3, None, 5] * 40, pa.int64())}), path, row_group_size=50)
+    schema = tmp_path / "schema.yaml"
+    schema.write_text("features:\n  - name: col\n    type: int64\n    nulls: required\n")
+    out = tmp_path / "out"
+    proc = _cli("--source", str(path), "--output", str(out), "--schema", str(schema), *TWO_WORKERS)
+    assert proc.returncode != 0
+    assert "workers are forked from the driver" in proc.stderr
+    assert str(path) in proc.stderr and "row 4" in proc.stderr and "'col'" in proc.stderr
+    assert not (out / "_SUCCESS").exists()
+    assert _processes_mentioning(str(out)) == []
+
+
+def test_with_other_threads_running_workers_start_fresh(source: str, tmp_path: Path, caplog) -> None:
+    # A thread that could hold a lock at fork time: the runner must not fork this process.
+    stop = threading.Event()
+    busy = threading.Thread(target=stop.wait, daemon=True)
+    busy.start()
+    try:
+        with caplog.at_level("INFO", logger="recordforge.pipelines.workers"):
+            run(["--source", source, "--output", str(tmp_path / "two"), "--batch_size", "128", *TWO_WORKERS])
+    finally:
+        stop.set()
+    assert "start as fresh processes: this process already runs other threads" in caplog.text
+    run(["--source", source, "--output", str(tmp_path / "one"), "--batch_size", "128"])
+    assert _records(tmp_path / "two") == _records(tmp_path / "one")
