@@ -216,3 +216,49 @@ def test_relative_folder_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.chdir(tmp_path)
     meta = run(["--format", "images", "--source", "digits/", "--output", "out"])
     assert meta["rows_written"] == meta["images"] == 20
+
+
+def test_workers_convert_the_listing_the_pipeline_was_built_on(tmp_path: Path) -> None:
+    """The folder is listed once at construction; workers sharing the driver's memory take that
+    listing (no second walk), so an image added after launch is not half-included."""
+    import apache_beam as beam
+
+    from recordforge.pipelines.config import ConvertConfig
+    from recordforge.pipelines.convert import DEFAULT_RUNNER, build
+    from recordforge.transforms import image_folder
+
+    written = mnist_folder(str(tmp_path / "digits"), per_class=2)
+    walks = []
+    real = image_folder.list_image_folder
+
+    def counting(root: str) -> image_folder.ImageFolder:
+        walks.append(root)
+        return real(root)
+
+    out = tmp_path / "out"
+    p = beam.Pipeline(runner=DEFAULT_RUNNER)
+    build(p, ConvertConfig(sources=(str(tmp_path / "digits"),), output=str(out), source_format="images"))
+    late = tmp_path / "digits" / "train" / "0" / "late.png"
+    Image.fromarray(np.zeros((28, 28), np.uint8), mode="L").save(late)
+    image_folder.list_image_folder = counting
+    try:
+        p.run().wait_until_finish()
+    finally:
+        image_folder.list_image_folder = real
+    assert walks == []  # the worker did not list the folder again
+    meta = json.loads((out / "metadata.json").read_text())
+    assert meta["num_records"] == meta["images"] == len(written)
+
+
+def test_a_worker_without_the_listing_lists_again_and_checks_it(tmp_path: Path) -> None:
+    from recordforge.errors import SourceError
+    from recordforge.transforms import image_folder
+
+    mnist_folder(str(tmp_path / "digits"), per_class=1)
+    folder = image_folder.list_image_folder(str(tmp_path / "digits"))
+    fn = image_folder._ListFolderFn(len(folder.entries), "not-in-this-process", 8, 1 << 20)
+    chunks = list(fn.process(folder.root))  # a fresh worker process: lists the folder itself
+    assert [e for _, entries in chunks for e in entries] == folder.entries
+    (tmp_path / "digits" / "train" / "0" / "00000.png").unlink()
+    with pytest.raises(SourceError, match="the folder changed during the run"):
+        list(fn.process(folder.root))
