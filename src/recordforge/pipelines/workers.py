@@ -121,9 +121,31 @@ class _ForkServer:
         shutil.rmtree(self._dir, ignore_errors=True)
 
 
+class _Stop(Exception):
+    pass
+
+
+def _stop(signum: int, frame: object) -> None:
+    raise _Stop
+
+
 def _serve(listener: socket.socket, driver: int) -> None:
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+    try:
+        _accept_loop(listener, driver)
+    except _Stop:
+        pass
+    # Wait for the workers (they end when the runner closes their control channel), so that
+    # none is left a zombie and their resource usage counts towards the driver's children.
+    try:
+        while True:
+            os.waitpid(-1, 0)
+    except ChildProcessError:
+        pass
+
+
+def _accept_loop(listener: socket.socket, driver: int) -> None:
     while os.getppid() == driver:  # gone with the driver, whatever way it ended
         ready, _, _ = select.select([listener], [], [], 0.5)
         _reap()
@@ -171,6 +193,7 @@ def _work(conn: socket.socket, env: dict[str, str]) -> None:
     """Runs Beam's SDK harness with the client's environment, reports its status, and leaves
     without interpreter teardown (the driver's atexit hooks are not this process's)."""
     status = 1
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the fork server's handler is not ours
     try:
         root = logging.getLogger()
         for handler in list(root.handlers):  # the driver's; Beam adds the worker's own
