@@ -16,6 +16,20 @@ from recordforge.pipelines.convert import DEFAULT_RUNNER  # noqa: E402
 
 
 @pytest.fixture
+def parquet_source(tmp_path: Any) -> str:
+    """Three Parquet files of 700 taxi rows each, in row groups of 300: a glob pattern."""
+    import pyarrow.parquet as pq
+
+    from recordforge.sampledata import taxi_table
+
+    src = tmp_path / "src"
+    src.mkdir()
+    for i in range(3):
+        pq.write_table(taxi_table(700, seed=i, first_id=i * 700), src / f"t{i}.parquet", row_group_size=300)
+    return str(src / "*.parquet")
+
+
+@pytest.fixture
 def pipeline() -> TestPipeline:
     return TestPipeline(runner=DEFAULT_RUNNER)
 

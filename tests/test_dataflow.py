@@ -13,7 +13,6 @@ from collections import Counter
 from pathlib import Path
 
 import apache_beam as beam
-import pyarrow.parquet as pq
 import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
 
@@ -22,7 +21,6 @@ from recordforge.pipelines.config import ConvertConfig
 from recordforge.pipelines.convert import build, dataflow_preflight, run
 from recordforge.pipelines.options import ConvertOptions
 from recordforge.pipelines.template import template_metadata
-from recordforge.sampledata import taxi_table
 from recordforge.tfrecord import iter_records
 from recordforge.transforms.sources import expand_patterns
 
@@ -80,15 +78,6 @@ def test_boolean_flags_take_template_style_values() -> None:
     view = PipelineOptions(["--deterministic=true", "--overwrite=false"]).view_as(ConvertOptions)
     assert view.deterministic is True and view.overwrite is False
     assert PipelineOptions(["--overwrite"]).view_as(ConvertOptions).overwrite is True
-
-
-@pytest.fixture
-def parquet_source(tmp_path: Path) -> str:
-    src = tmp_path / "src"
-    src.mkdir()
-    for i in range(3):
-        pq.write_table(taxi_table(700, seed=i, first_id=i * 700), src / f"t{i}.parquet", row_group_size=300)
-    return str(src / "*.parquet")
 
 
 def test_dataflow_dry_run_builds_the_job_graph(parquet_source: str) -> None:
@@ -244,22 +233,3 @@ def test_portable_runner_output_is_byte_identical(parquet_source: str, tmp_path:
     assert list(inproc) == [f"data-0000{i}-of-00003.tfrecord.gz" for i in range(3)]
     assert inproc == portable
     assert sum(_records(str(tmp_path / "inproc")).values()) == 2100
-
-
-def test_multi_processing_writes_the_same_records(parquet_source: str, tmp_path: Path) -> None:
-    run(["--source", parquet_source, "--output", str(tmp_path / "one"), "--batch_size", "256"])
-    run(
-        [
-            "--source",
-            parquet_source,
-            "--output",
-            str(tmp_path / "two"),
-            "--batch_size",
-            "256",
-            "--direct_running_mode=multi_processing",
-            "--direct_num_workers=2",
-        ]
-    )
-    one, two = _records(str(tmp_path / "one")), _records(str(tmp_path / "two"))
-    assert sum(one.values()) == 2100
-    assert one == two
