@@ -110,12 +110,15 @@ def test_dataflow_dry_run_builds_the_job_graph(parquet_source: str) -> None:
         "WriteTFRecords/WriteBySize/Publish",
         "WriteBundle",
         "WriteBundle/Write",
-        "RowsRead",
+        "RowsPerBatch",
     ]:
         assert label in names, label
-    # The only Create holds file paths; every other impulse is Beam's own singleton machinery.
+    # The only Create with data holds file paths; the others start the run-once steps (publish
+    # the shards, write the bundle) or are Beam's own singleton machinery.
     impulses = {n for n in names if n.endswith("/Impulse")}
-    assert impulses == {"Read/Files/Impulse"} | {n for n in impulses if "/DoOnce/" in n}
+    once = {"WriteTFRecords/WriteBySize/Once/Impulse", "WriteBundle/Once/Impulse"}
+    assert once <= impulses
+    assert impulses == {"Read/Files/Impulse"} | once | {n for n in impulses if "/DoOnce/" in n}
     envs = list(proto.components.environments.values())
     assert [e.urn for e in envs] == ["beam:env:docker:v1"]
     assert b"gcr.io/my-project/recordforge:1" in envs[0].payload

@@ -113,11 +113,9 @@ def build(pipeline: beam.Pipeline, config: ConvertConfig) -> beam.PCollection[st
     source = pipeline | "Read" >> read()
     batches = source["batches"]
     # SourceBatch: a pa.RecordBatch with its file and first row
-    rows_in_batches = (
-        batches
-        | "RowsPerBatch" >> beam.Map(lambda b: b.batch.num_rows)
-        | "RowsRead" >> beam.CombineGlobally(sum)
-    )
+    # Rows per batch, summed where the bundle is written: a global combine here would add two
+    # stages to the end of every run (on the local runner, a round trip to each worker apiece).
+    rows_per_batch = batches | "RowsPerBatch" >> beam.Map(lambda b: b.batch.num_rows)
     encoded = batches | "ToExamples" >> ToExamples(plan, strict=config.strict, splits=splits)
     # examples: ((file, first_row), pa.LargeBinaryArray of serialized tf.train.Examples)
     # rejected: one JSON line per bad row, with its file, row, column, rule and original values
@@ -201,7 +199,7 @@ def build(pipeline: beam.Pipeline, config: ConvertConfig) -> beam.PCollection[st
     )
     return shards | "WriteBundle" >> WriteBundle(
         spec,
-        rows_in_batches=rows_in_batches,
+        rows_per_batch=rows_per_batch,
         rejected_rules=rejected_lines | "RejectedRules" >> beam.Map(rule_of),
         unreadable=source[UNREADABLE],
         rejected_files=rejected_files,

@@ -185,8 +185,9 @@ def _check_counts(spec: BundleSpec, meta: dict[str, Any], counts: RunCounts) -> 
 
 
 def _write_bundle(
+    _: None,
     shards: list[ShardInfo],
-    rows_in_batches: int,
+    rows_per_batch: list[int],
     rules: list[str],
     unreadable: list[str],
     rejected_files: list[str],
@@ -199,7 +200,7 @@ def _write_bundle(
     # Rows the source itself rejected never became a batch; they were read all the same.
     source_rejected = rejected.get("csv_columns", 0)
     counts = RunCounts(
-        rows_read=rows_in_batches + source_rejected,
+        rows_read=sum(rows_per_batch) + source_rejected,
         rejected_by_rule=rejected,
         unreadable=tuple(json.loads(u) for u in sorted(unreadable)),
     )
@@ -252,19 +253,19 @@ def rule_of(line: str) -> str:
 class WriteBundle(beam.PTransform):
     """Writes schema.pbtxt, schema.yaml, feature_spec.json, metadata.json, then `_SUCCESS`.
 
-    In: the `ShardInfo`s of the written shards. Side inputs: `rows_in_batches` (one int), the
-    rule of every rejected row, the JSON line of every unreadable file, the rejected files
-    written (publishing waits for them), and with tensorflow-transform the signal that
-    transform_fn/ is written. Out: the output path,
-    once. Fails, publishing nothing, when rows_read != rows_written + rows_rejected or when more
-    rows were rejected than the bounds allow (with the top reasons).
+    In: the `ShardInfo`s of the written shards. Side inputs: `rows_per_batch` (the rows of
+    every source batch), the rule of every rejected row, the JSON line of every unreadable file,
+    the rejected files written (publishing waits for them), and with tensorflow-transform the
+    signal that transform_fn/ is written. Out: the output path, once. Fails, publishing nothing,
+    when rows_read != rows_written + rows_rejected or when more rows were rejected than the
+    bounds allow (with the top reasons).
     """
 
     def __init__(
         self,
         spec: BundleSpec,
         *,
-        rows_in_batches: beam.PCollection[int],
+        rows_per_batch: beam.PCollection[int],
         rejected_rules: beam.PCollection[str],
         unreadable: beam.PCollection[str],
         rejected_files: beam.PCollection[str],
@@ -272,7 +273,7 @@ class WriteBundle(beam.PTransform):
     ) -> None:
         super().__init__()
         self._spec = spec
-        self._rows = rows_in_batches
+        self._rows = rows_per_batch
         self._rules = rejected_rules
         self._unreadable = unreadable
         # A side input, so that publishing waits for the rejected rows to be written.
@@ -283,13 +284,16 @@ class WriteBundle(beam.PTransform):
         waits = {}
         if self._transform_written is not None:
             waits["transform_written"] = beam.pvalue.AsList(self._transform_written)
+        # Once, with everything as side inputs: one stage, where a global combine of the shards
+        # would add two (and a round trip to each local worker apiece).
         return (
-            shards
-            | "CollectShards" >> beam.combiners.ToList()
+            shards.pipeline
+            | "Once" >> beam.Create([None])
             | "Write"
             >> beam.Map(
                 _write_bundle,
-                beam.pvalue.AsSingleton(self._rows),
+                beam.pvalue.AsList(shards),
+                beam.pvalue.AsList(self._rows),
                 beam.pvalue.AsList(self._rules),
                 beam.pvalue.AsList(self._unreadable),
                 beam.pvalue.AsList(self._rejected_files),

@@ -131,7 +131,7 @@ class _RollingWriteFn(beam.DoFn):
             yield WindowedValue(self._close(), MIN_TIMESTAMP, [GlobalWindow()])
 
 
-def _publish(parts: list[_Part], prefix: str, suffix: str, tmp_dir: str) -> list[ShardInfo]:
+def _publish(_: None, parts: list[_Part], prefix: str, suffix: str, tmp_dir: str) -> list[ShardInfo]:
     """Names the parts in input order and moves them into place; leftovers of retried bundles
     go with the temporary folder."""
     parts = sorted(parts, key=lambda p: (p.first_key, p.tmp))
@@ -169,15 +169,14 @@ class WriteShardsBySize(beam.PTransform):
         self._tmp_dir = f"{prefix.rsplit('/', 1)[0]}/_tmp-{uuid.uuid4().hex[:12]}"
 
     def expand(self, batches: beam.PCollection[tuple[Any, pa.Array]]) -> beam.PCollection:
+        parts = batches | "WriteParts" >> beam.ParDo(
+            _RollingWriteFn(self._tmp_dir, self._compression, self._level, self._max_bytes, self._max_records)
+        )
+        # _Part: a temporary file with its record count, size and sha256. Published once, with
+        # the parts as a side input (one stage; a global combine would add two).
         return (
-            batches
-            | "WriteParts"
-            >> beam.ParDo(
-                _RollingWriteFn(
-                    self._tmp_dir, self._compression, self._level, self._max_bytes, self._max_records
-                )
-            )
-            # _Part: a temporary file with its record count, size and sha256
-            | "CollectParts" >> beam.combiners.ToList()
-            | "Publish" >> beam.FlatMap(_publish, self._prefix, self._suffix, self._tmp_dir)
+            batches.pipeline
+            | "Once" >> beam.Create([None])
+            | "Publish"
+            >> beam.FlatMap(_publish, beam.pvalue.AsList(parts), self._prefix, self._suffix, self._tmp_dir)
         )
