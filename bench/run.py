@@ -55,8 +55,12 @@ def _warm_page_cache(folder: str) -> None:
                 f.read()
 
 
+def _rate(sample: dict) -> float:
+    return sample["rows"] / sample["seconds"]
+
+
 def _summary(samples: list[dict]) -> dict:
-    rates = [s["rows"] / s["seconds"] for s in samples]
+    rates = [_rate(s) for s in samples]
     return {
         "rows_per_s": statistics.median(rates),
         "rows": samples[0]["rows"],
@@ -203,11 +207,15 @@ def main() -> None:
         f"{platform.python_version()}; table: {args.rows} rows (baselines: {args.baseline_rows} "
         f"per run); {args.repeats} runs each, medians"
     )
-    results = {}
-    for key, (label, cmd) in runs.items():
-        if "images" in key:
-            _warm_page_cache(cmd[1])
-        results[key] = (label, _summary([_run_child(cmd) for _ in range(args.repeats)]))
+    # Rounds: every approach once per round, so that a slow spell of this shared machine weighs on
+    # all approaches alike instead of on whichever ran during it; ratios are also given per round.
+    samples: dict[str, list[dict]] = {key: [] for key in runs}
+    for _ in range(args.repeats):
+        for key, (_, cmd) in runs.items():
+            if "images" in key:
+                _warm_page_cache(cmd[1])
+            samples[key].append(_run_child(cmd))
+    results = {key: (label, _summary(samples[key])) for key, (label, _) in runs.items()}
     base = results["tutorial"][1]["rows_per_s"]
     print(f"\n{'approach':64} {'rows':>9} {'rows/s':>9} {'vs tut.':>7} {'B/row':>6} {'RSS MB':>7}")
     for label, r in results.values():
@@ -216,27 +224,34 @@ def main() -> None:
             f"{r['bytes_per_row']:>6.1f} {r['peak_rss_mb']:>7.0f}   runs: {r['all']}"
         )
     rf = results.get("rf", (None, None))[1]
-    if rf and "rf_2w" in results:
-        print(f"\n2 workers vs 1: {results['rf_2w'][1]['rows_per_s'] / rf['rows_per_s']:.2f}x")
-    if "tutorial_images" in results:
-        tut = results["tutorial_images"][1]["rows_per_s"]
-        for key, workers in (("rf_images", "1 worker"), ("rf_images_2w", "2 workers")):
-            if key in results:
-                ratio = results[key][1]["rows_per_s"] / tut
-                print(f"Images ({args.images} PNGs), {workers}: {ratio:.1f}x the tutorial per-image approach")
-    if "rf_tft" in results and "tft_census" in results:
-        ratio = results["rf_tft"][1]["rows_per_s"] / results["tft_census"][1]["rows_per_s"]
-        print(f"Vocabulary + z-score: recordforge vs TFT census-style: {ratio:.1f}x")
-    if rf and "rf_csv" in results:
-        print(f"Parquet vs CSV throughput: {rf['rows_per_s'] / results['rf_csv'][1]['rows_per_s']:.2f}x")
+
+    def ratio(key: str, base: str, text: str, digits: int = 2) -> None:
+        if key in results and base in results:
+            rounds = [_rate(a) / _rate(b) for a, b in zip(samples[key], samples[base], strict=True)]
+            median = results[key][1]["rows_per_s"] / results[base][1]["rows_per_s"]
+            print(f"{text}: {median:.{digits}f}x (per round: {', '.join(f'{r:.{digits}f}' for r in rounds)})")
+
+    print()
+    ratio("rf_2w", "rf", "2 workers vs 1")
+    for key, workers in (("rf_images", "1 worker"), ("rf_images_2w", "2 workers")):
+        ratio(
+            key,
+            "tutorial_images",
+            f"Images ({args.images} PNGs), {workers} vs the tutorial per-image approach",
+            1,
+        )
+    ratio("rf_tft", "tft_census", "Vocabulary + z-score: recordforge vs TFT census-style", 1)
+    ratio("rf", "rf_csv", "Parquet vs CSV throughput")
     if rf and args.memory_rows:
         # At 5M rows the fixed costs (pipeline start-up, worker processes importing Beam) weigh
         # less: the same comparisons of memory and of one against two workers.
         big = ensure_table(os.path.join(w, f"table-{args.memory_rows}.parquet"), args.memory_rows)
         cmd = ["recordforge", big, f"{w}/rf_big", str(args.memory_rows), "--schema", schema]
-        one = _summary([_run_child(cmd) for _ in range(args.repeats)])
-        two_workers = [*cmd, *TWO_WORKERS]
-        two = _summary([_run_child(two_workers) for _ in range(args.repeats)])
+        big_samples: tuple[list[dict], list[dict]] = ([], [])
+        for _ in range(args.repeats):
+            big_samples[0].append(_run_child(cmd))
+            big_samples[1].append(_run_child([*cmd, *TWO_WORKERS]))
+        one, two = _summary(big_samples[0]), _summary(big_samples[1])
         print(
             f"Peak RSS, {args.memory_rows} rows vs {args.rows}: {one['peak_rss_mb']:.0f} MB vs "
             f"{rf['peak_rss_mb']:.0f} MB ({one['peak_rss_mb'] / rf['peak_rss_mb']:.2f}x)"

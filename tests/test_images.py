@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -256,9 +257,29 @@ def test_a_worker_without_the_listing_lists_again_and_checks_it(tmp_path: Path) 
 
     mnist_folder(str(tmp_path / "digits"), per_class=1)
     folder = image_folder.list_image_folder(str(tmp_path / "digits"))
-    fn = image_folder._ListFolderFn(len(folder.entries), "not-in-this-process", 8, 1 << 20)
+    fn = image_folder._ListFolderFn(len(folder.entries), "not-in-this-process", 8)
     chunks = list(fn.process(folder.root))  # a fresh worker process: lists the folder itself
-    assert [e for _, entries in chunks for e in entries] == folder.entries
+    assert [e for _, entries, _ in chunks for e in entries] == folder.entries
     (tmp_path / "digits" / "train" / "0" / "00000.png").unlink()
     with pytest.raises(SourceError, match="the folder changed during the run"):
         list(fn.process(folder.root))
+
+
+def test_folder_batches_are_bounded_in_file_bytes_on_the_worker(tmp_path: Path) -> None:
+    from recordforge.transforms import image_folder
+
+    written = mnist_folder(str(tmp_path / "digits"), per_class=3)
+    folder = image_folder.list_image_folder(str(tmp_path / "digits"))
+    assert folder.sizes is None  # a local listing takes names only
+    sizes = [os.path.getsize(path) for path, _, _ in folder.entries]
+    cap = max(sizes) * 3  # about three images a batch
+    fn = image_folder._FolderBatchFn(folder.root, folder.labels, cap)
+    fn.setup()
+    batches = [b for chunk in image_folder.chunk_entries(folder, batch_size=7) for b in fn.process(chunk)]
+    paths = [p for b in batches for p in b.batch.column("path").to_pylist()]
+    assert paths == [path for path, _, _ in folder.entries] and len(paths) == len(written)
+    for b in batches:
+        rows = range(b.first_row, b.first_row + b.batch.num_rows)
+        assert b.batch.column("path").to_pylist() == [folder.entries[i][0] for i in rows]
+        assert b.batch.num_rows == 1 or sum(sizes[i] for i in rows) <= cap
+    assert len(batches) > len(folder.entries) // 7  # the cap split chunks

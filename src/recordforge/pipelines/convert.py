@@ -254,7 +254,7 @@ def dataflow_preflight(options: PipelineOptions, config: ConvertConfig, files: l
         problems.append(f"Dataflow workers cannot read or write local paths: {', '.join(remote)}")
     if problems:
         raise RecordForgeError("cannot submit to Dataflow: " + "; ".join(problems))
-    total = sum(f.size for f in files)
+    total = sum(f.size or 0 for f in files)
     _LOGGER.warning("Dataflow job input: %d files, %.1f MB in all", len(files), total / 1e6)
 
 
@@ -276,7 +276,10 @@ def resolve_inputs(config: ConvertConfig) -> Inputs:
         plan = compile_schema(
             load_schema(config.schema_path) if config.schema_path else folder_schema(folder)
         )
-        return Inputs([FileInfo(folder.root, sum(folder.sizes))], "images", plan, folder)
+        # The folder stands as one input: its names' digest, its size where the listing gave it.
+        size = sum(folder.sizes) if folder.sizes is not None else None
+        info = FileInfo(folder.root, size, folder.modified, digest=folder.digest)
+        return Inputs([info], "images", plan, folder)
     files = expand_patterns(config.sources)
     fmt = _detect_format(files[0].path) if config.source_format in (None, "images") else config.source_format
     return Inputs(files, fmt, resolve_plan(config, fmt, files[0].path))
@@ -290,6 +293,8 @@ def input_fingerprint(files: list[FileInfo], plan: Plan, config: ConvertConfig) 
     digest = hashlib.sha256()
     for f in sorted(files, key=lambda f: f.path):
         digest.update(f"{f.path}\0{f.size}\0{f.modified}\n".encode())
+        if f.digest:
+            digest.update(f.digest.encode())
     digest.update(plan.fingerprint.encode())
     digest.update(json.dumps(config.settings(), sort_keys=True).encode())
     module = (config.preprocessing_fn or "").rpartition(":")[0]

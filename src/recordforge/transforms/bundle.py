@@ -41,7 +41,7 @@ class BundleSpec:
     output: str
     plan: Plan
     source_format: str
-    sources: tuple[tuple[str, int, float], ...]  # (path, size in bytes, modified)
+    sources: tuple[tuple[str, int | None, float], ...]  # (path, size in bytes or None, modified)
     compression: str
     command: tuple[str, ...] = ()
     max_rejected: int = 0

@@ -37,8 +37,9 @@ class SourceBatch:
 @dataclass(frozen=True)
 class FileInfo:
     path: str
-    size: int
+    size: int | None  # None: not listed (a local folder of images)
     modified: float = 0.0  # seconds since the epoch, as the filesystem reports it
+    digest: str = ""  # of the names, for an input that is a folder of files
 
 
 def expand_patterns(patterns: Iterable[str]) -> list[FileInfo]:
