@@ -257,9 +257,11 @@ def test_a_worker_without_the_listing_lists_again_and_checks_it(tmp_path: Path) 
 
     mnist_folder(str(tmp_path / "digits"), per_class=1)
     folder = image_folder.list_image_folder(str(tmp_path / "digits"))
-    fn = image_folder._ListFolderFn(len(folder.entries), "not-in-this-process", 8)
+    fn = image_folder._ListFolderFn(len(folder.entries), "not-in-this-process", 8, folder.labels)
     chunks = list(fn.process(folder.root))  # a fresh worker process: lists the folder itself
-    assert [e for _, entries, _ in chunks for e in entries] == folder.entries
+    rows = [tuple(r.values()) for _, batch, _ in chunks for r in batch.to_pylist()]
+    ids = {label: i for i, label in enumerate(folder.labels)}
+    assert rows == [(path, label, ids[label], split) for path, label, split in folder.entries]
     (tmp_path / "digits" / "train" / "0" / "00000.png").unlink()
     with pytest.raises(SourceError, match="the folder changed during the run"):
         list(fn.process(folder.root))
@@ -273,9 +275,9 @@ def test_folder_batches_are_bounded_in_file_bytes_on_the_worker(tmp_path: Path) 
     assert folder.sizes is None  # a local listing takes names only
     sizes = [os.path.getsize(path) for path, _, _ in folder.entries]
     cap = max(sizes) * 3  # about three images a batch
-    fn = image_folder._FolderBatchFn(folder.root, folder.labels, cap)
-    fn.setup()
-    batches = [b for chunk in image_folder.chunk_entries(folder, batch_size=7) for b in fn.process(chunk)]
+    fn = image_folder._FolderBatchFn(folder.root, cap)
+    chunks = image_folder.chunk_entries(folder, 7, folder.labels)
+    batches = [b for chunk in chunks for b in fn.process(chunk)]
     paths = [p for b in batches for p in b.batch.column("path").to_pylist()]
     assert paths == [path for path, _, _ in folder.entries] and len(paths) == len(written)
     for b in batches:
