@@ -35,13 +35,16 @@ class ImageFolder:
         entries: list[tuple[str, str, str]],
         sizes: list[int] | None = None,
         modified: float = 0.0,
+        *,
+        labels: list[str] | None = None,  # when the caller knows them: saves a pass
+        splits: list[str] | None = None,
     ) -> None:
         self.root = root
         self.entries = entries
         self.sizes = sizes
         self.modified = modified
-        self.labels = sorted({label for _, label, _ in entries})
-        self.splits = sorted({split for _, _, split in entries if split})
+        self.labels = labels if labels is not None else sorted({label for _, label, _ in entries})
+        self.splits = splits if splits is not None else sorted({s for _, _, s in entries if s})
         # Names this listing for workers that share the driver's memory (see _ListFolderFn).
         self.listing_id = uuid.uuid4().hex
 
@@ -65,10 +68,12 @@ def _remember(folder: ImageFolder) -> None:
 
 def list_image_folder(root: str) -> ImageFolder:
     """Lists names only, never contents; no image found is an error. Called at construction (for
-    the labels and to fail early) and again on a worker, so the listing is not in the job graph."""
+    the labels and to fail early) and again on a worker, so the listing is not in the job graph.
+    Entries are in folder order, then name order (a local folder) or path order (gs://)."""
     root = root.rstrip("/")
     sizes: list[int] | None = None
     modified = 0.0
+    by_folder: dict[str, list[str]] = {}  # folder -> names, in order
     if "://" in root:
         from apache_beam.io.filesystems import FileSystems
 
@@ -76,38 +81,42 @@ def list_image_folder(root: str) -> ImageFolder:
         listed = sorted(
             (m.path, m.size_in_bytes) for m in matches if m.path.lower().endswith(IMAGE_EXTENSIONS)
         )
-        found = [path for path, _ in listed]
+        for path, _ in listed:
+            folder, _, name = path.rpartition("/")
+            by_folder.setdefault(folder, []).append(name)
         sizes = [size for _, size in listed]
     else:
         root = os.path.abspath(root)  # listed paths are then absolute, never re-resolved
-        found, modified = _walk_local(root)
-        found.sort()
-    if not found:
+        by_folder, modified = _walk_local(root)
+        by_folder = {folder: sorted(by_folder[folder]) for folder in sorted(by_folder)}
+    entries: list[tuple[str, str, str]] = []
+    labels, splits = set(), set()
+    for folder, names in by_folder.items():
+        # Label and split are the same for a folder's files: worked out once, not per file.
+        parts = folder[len(root) + 1 :].split("/") if folder != root else []
+        split = parts[0] if len(parts) >= 2 and parts[0] in SPLIT_FOLDERS else ""
+        label = parts[-1] if parts and not (len(parts) == 1 and split) else ""
+        labels.add(label)
+        if split:
+            splits.add(split)
+        prefix = folder + "/"
+        entries += [(prefix + name, label, split) for name in names]
+    if not entries:
         raise SourceError(f"no images ({', '.join(IMAGE_EXTENSIONS)}) under {root}")
-    entries = []
-    by_folder: dict[str, tuple[str, str]] = {}  # folder -> (label, split), worked out once
-    for path in found:
-        folder = path.rpartition("/")[0]
-        label_split = by_folder.get(folder)
-        if label_split is None:
-            parts = folder[len(root) + 1 :].split("/") if folder != root else []
-            split = parts[0] if len(parts) >= 2 and parts[0] in SPLIT_FOLDERS else ""
-            label = parts[-1] if parts and not (len(parts) == 1 and split) else ""
-            label_split = by_folder[folder] = (label, split)
-        entries.append((path, *label_split))
-    return ImageFolder(root, entries, sizes, modified)
+    return ImageFolder(root, entries, sizes, modified, labels=sorted(labels), splits=sorted(splits))
 
 
-def _walk_local(root: str) -> tuple[list[str], float]:
-    """Paths of the image files under `root`, as Beam's local `**` match lists them (links to
-    files are listed, links to folders are not followed), at a fraction of its cost: one
-    scandir per folder, no call per file (Beam's match spends ~20 us a file). Also the latest
-    modification time of the folders."""
-    found: list[str] = []
+def _walk_local(root: str) -> tuple[dict[str, list[str]], float]:
+    """Names of the image files under `root` by folder, as Beam's local `**` match lists them
+    (links to files are listed, links to folders are not followed), at a fraction of its cost:
+    one scandir per folder, no call per file (Beam's match spends ~20 us a file). Also the
+    latest modification time of the folders."""
+    found: dict[str, list[str]] = {}
     modified = 0.0
     folders = [root]
     while folders:
         folder = folders.pop()
+        names: list[str] = []
         try:
             modified = max(modified, os.stat(folder).st_mtime)
             with os.scandir(folder) as it:
@@ -115,11 +124,13 @@ def _walk_local(root: str) -> tuple[list[str], float]:
                     if entry.is_dir(follow_symlinks=False):
                         folders.append(entry.path)
                     elif entry.name.lower().endswith(IMAGE_EXTENSIONS) and entry.is_file():
-                        found.append(entry.path)  # is_file: a dangling link is no image
+                        names.append(entry.name)  # is_file: a dangling link is no image
         except FileNotFoundError:
             continue
         except OSError as exn:  # Beam's listing skips an unreadable folder; its images would vanish
             raise SourceError(f"{folder}: cannot list this folder: {exn}") from exn
+        if names:
+            found[folder] = names
     return found, modified
 
 
