@@ -285,3 +285,33 @@ def test_folder_batches_are_bounded_in_file_bytes_on_the_worker(tmp_path: Path) 
         assert b.batch.column("path").to_pylist() == [folder.entries[i][0] for i in rows]
         assert b.batch.num_rows == 1 or sum(sizes[i] for i in rows) <= cap
     assert len(batches) > len(folder.entries) // 7  # the cap split chunks
+
+
+def test_a_remote_folder_listing_keeps_each_file_with_its_size(monkeypatch: pytest.MonkeyPatch) -> None:
+    from apache_beam.io.filesystem import FileMetadata, MatchResult
+    from apache_beam.io.filesystems import FileSystems
+
+    from recordforge.transforms import image_folder
+
+    listed = {  # an object store lists in path order: "A/0.png" < "A/B/..." < "A/z.png"
+        "gs://bucket/digits/A/0.png": 10,
+        "gs://bucket/digits/A/B/y.png": 20,
+        "gs://bucket/digits/A/z.png": 30,
+        "gs://bucket/digits/A/notes.txt": 40,
+        "gs://bucket/digits/train/C/x.jpg": 50,
+    }
+
+    def match(patterns: list[str]) -> list[MatchResult]:
+        assert patterns == ["gs://bucket/digits/**"]
+        return [MatchResult(patterns[0], [FileMetadata(p, s) for p, s in listed.items()])]
+
+    monkeypatch.setattr(FileSystems, "match", match)
+    folder = image_folder.list_image_folder("gs://bucket/digits/")
+    assert folder.entries == [
+        ("gs://bucket/digits/A/0.png", "A", ""),
+        ("gs://bucket/digits/A/z.png", "A", ""),
+        ("gs://bucket/digits/A/B/y.png", "B", ""),
+        ("gs://bucket/digits/train/C/x.jpg", "C", "train"),
+    ]
+    assert folder.sizes == [listed[path] for path, _, _ in folder.entries]
+    assert folder.labels == ["A", "B", "C"] and folder.splits == ["train"]

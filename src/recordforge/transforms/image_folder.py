@@ -69,26 +69,24 @@ def _remember(folder: ImageFolder) -> None:
 def list_image_folder(root: str) -> ImageFolder:
     """Lists names only, never contents; no image found is an error. Called at construction (for
     the labels and to fail early) and again on a worker, so the listing is not in the job graph.
-    Entries are in folder order, then name order (a local folder) or path order (gs://)."""
+    Entries are in folder order, then name order."""
     root = root.rstrip("/")
     sizes: list[int] | None = None
     modified = 0.0
     by_folder: dict[str, list[str]] = {}  # folder -> names, in order
+    size_of: dict[str, int] | None = None
     if "://" in root:
         from apache_beam.io.filesystems import FileSystems
 
         matches = FileSystems.match([f"{root}/**"])[0].metadata_list
-        listed = sorted(
-            (m.path, m.size_in_bytes) for m in matches if m.path.lower().endswith(IMAGE_EXTENSIONS)
-        )
-        for path, _ in listed:
+        size_of = {m.path: m.size_in_bytes for m in matches if m.path.lower().endswith(IMAGE_EXTENSIONS)}
+        for path in size_of:
             folder, _, name = path.rpartition("/")
             by_folder.setdefault(folder, []).append(name)
-        sizes = [size for _, size in listed]
     else:
         root = os.path.abspath(root)  # listed paths are then absolute, never re-resolved
         by_folder, modified = _walk_local(root)
-        by_folder = {folder: sorted(by_folder[folder]) for folder in sorted(by_folder)}
+    by_folder = {folder: sorted(by_folder[folder]) for folder in sorted(by_folder)}
     entries: list[tuple[str, str, str]] = []
     labels, splits = set(), set()
     for folder, names in by_folder.items():
@@ -101,6 +99,8 @@ def list_image_folder(root: str) -> ImageFolder:
             splits.add(split)
         prefix = folder + "/"
         entries += [(prefix + name, label, split) for name in names]
+    if size_of is not None:  # in the order of the entries (grouped by folder)
+        sizes = [size_of[path] for path, _, _ in entries]
     if not entries:
         raise SourceError(f"no images ({', '.join(IMAGE_EXTENSIONS)}) under {root}")
     return ImageFolder(root, entries, sizes, modified, labels=sorted(labels), splits=sorted(splits))
