@@ -236,3 +236,40 @@ def test_portable_runner_output_is_byte_identical(parquet_source: str, tmp_path:
     assert list(inproc) == [f"data-0000{i}-of-00003.tfrecord.gz" for i in range(3)]
     assert inproc == portable
     assert sum(_records(str(tmp_path / "inproc")).values()) == 2100
+
+
+@pytest.mark.parametrize("type_check", [False, True])
+def test_batches_and_records_get_coders_that_size_them_without_pickling(
+    tmp_path: Path, parquet_source: str, type_check: bool
+) -> None:
+    from recordforge.transforms.coders import ArrowArrayCoder, SourceBatchCoder
+
+    p = beam.Pipeline(options=PipelineOptions(pipeline_type_check=type_check))
+    build(p, ConvertConfig(sources=(parquet_source,), output=str(tmp_path / "out")))
+    proto, context = p.to_runner_api(return_context=True)
+    coders = {}
+    for transform in proto.components.transforms.values():
+        for tag, pcoll_id in transform.outputs.items():
+            coder = context.coders.get_by_id(proto.components.pcollections[pcoll_id].coder_id)
+            coders[(transform.unique_name, tag)] = coder
+    # The main outputs of the Parquet read and of the encoder (tag "None").
+    assert isinstance(coders[("Read/Read/ParDo(_ReadParquetFn)", "None")], SourceBatchCoder)
+    key, records = coders[("ToExamples/Encode/ParDo(_ToExamplesFn)", "None")].coders()
+    assert isinstance(records, ArrowArrayCoder)
+
+
+def test_batch_coders_round_trip_and_size_from_buffers() -> None:
+    import pyarrow as pa
+
+    from recordforge.transforms.coders import ArrowArrayCoder, SourceBatchCoder
+    from recordforge.transforms.sources import SourceBatch
+
+    batch = pa.record_batch({"x": pa.array([1, None, 3]), "s": pa.array([b"", b"\x00\xff", None])})
+    element = SourceBatch("gs://b/f.parquet", 7, batch, text_lists=True)
+    coder = SourceBatchCoder()
+    back = coder.decode(coder.encode(element))
+    assert back == element and back.batch.equals(batch)
+    assert coder.estimate_size(element) >= batch.nbytes
+    records = pa.array([b"\x0a\x00", b""], pa.large_binary())
+    assert ArrowArrayCoder().decode(ArrowArrayCoder().encode(records)).equals(records)
+    assert ArrowArrayCoder().estimate_size(records) == records.nbytes

@@ -8,15 +8,20 @@ from typing import Any
 import apache_beam as beam
 import numpy as np
 import pyarrow as pa
+from apache_beam import typehints
 from apache_beam.metrics import Metrics
 
 from recordforge.encoding import ExampleEncoder
 from recordforge.schemas.model import Schema
 from recordforge.schemas.plan import Plan, compile_schema
+from recordforge.transforms.coders import ArrowArrayCoder, declare_element_type
 from recordforge.transforms.conform import BadRow, conform_batch
 from recordforge.transforms.rejects import rejected_line
 from recordforge.transforms.sources import SourceBatch
 from recordforge.transforms.splits import SplitSpec, assign_by_hash, assign_by_value
+
+# The records of a batch: sized from their buffers, not by pickling them (see coders.py).
+beam.coders.registry.register_coder(pa.Array, ArrowArrayCoder)
 
 __all__ = ["NAMESPACE", "REJECTED", "ToExamples"]
 
@@ -131,6 +136,8 @@ class ToExamples(beam.PTransform):
         self._namespace = namespace  # of the metrics; a second pass over the input counts apart
 
     def expand(self, batches: beam.PCollection[SourceBatch]) -> beam.pvalue.DoOutputsTuple:
-        return batches | "Encode" >> beam.ParDo(
+        out = batches | "Encode" >> beam.ParDo(
             _ToExamplesFn(self._plan, self._strict, self._splits, self._namespace)
         ).with_outputs(REJECTED, main="examples")
+        declare_element_type(out.examples, typehints.Tuple[typehints.Any, pa.Array])
+        return out

@@ -13,6 +13,7 @@ import pyarrow as pa
 from recordforge.errors import SourceError
 from recordforge.images import IMAGE_EXTENSIONS
 from recordforge.schemas.model import DType, Feature, NullPolicy, Schema
+from recordforge.transforms.coders import declare_element_type
 from recordforge.transforms.sources import UNREADABLE, SourceBatch
 
 __all__ = ["ImageFolder", "ReadImageFolder", "SPLIT_FOLDERS", "folder_schema", "list_image_folder"]
@@ -259,5 +260,6 @@ class ReadImageFolder(beam.PTransform):
             | "Spread" >> beam.Reshuffle()
             | "Read" >> beam.ParDo(_FolderBatchFn(self._folder.root, self._batch_bytes))
         )
+        declare_element_type(batches, SourceBatch)
         unreadable = pbegin | "NoUnreadable" >> beam.Create([], reshuffle=False)
         return {"batches": batches, UNREADABLE: unreadable}

@@ -15,6 +15,7 @@ import pyarrow.parquet as pq
 from apache_beam.io.filesystems import FileSystems
 
 from recordforge.errors import SourceError
+from recordforge.transforms.coders import SourceBatchCoder, declare_element_type
 
 __all__ = ["ReadCsv", "ReadParquet", "SourceBatch", "expand_patterns", "UNREADABLE", "REJECTED"]
 
@@ -32,6 +33,9 @@ class SourceBatch:
     first_row: int  # 0-based index of batch's first row within the file
     batch: pa.RecordBatch
     text_lists: bool = False  # list features arrive as JSON text (CSV cells)
+
+
+beam.coders.registry.register_coder(SourceBatch, SourceBatchCoder)
 
 
 @dataclass(frozen=True)
@@ -181,7 +185,7 @@ class ReadParquet(beam.PTransform):
             )
         )
         unreadable = (groups[UNREADABLE], read[UNREADABLE]) | "Unreadable" >> beam.Flatten()
-        return {"batches": read.batches, UNREADABLE: unreadable}
+        return {"batches": declare_element_type(read.batches, SourceBatch), UNREADABLE: unreadable}
 
 
 def _empty_to_null(batch: pa.RecordBatch, columns: set[str]) -> pa.RecordBatch:
@@ -348,4 +352,5 @@ class ReadCsv(beam.PTransform):
                 )
             ).with_outputs(UNREADABLE, REJECTED, main="batches")
         )
-        return {"batches": read.batches, UNREADABLE: read[UNREADABLE], REJECTED: read[REJECTED]}
+        batches = declare_element_type(read.batches, SourceBatch)
+        return {"batches": batches, UNREADABLE: read[UNREADABLE], REJECTED: read[REJECTED]}
