@@ -197,12 +197,40 @@ class ExampleEncoder:
         n = batch.num_rows
         parts: list[pa.Array] = []
         total = np.zeros(n, dtype=np.int64)
+        # Columns of one bytes width on every row where present (the same number of fixed-width
+        # values: float scalars, fixed-length float lists) are laid out as a (rows, width)
+        # matrix each, with no per-row header work; a run of them becomes one part of the join.
+        fixed: list[tuple[np.ndarray, np.ndarray]] = []  # (rows x width, present)
+
+        def flush_fixed() -> None:
+            if not fixed:
+                return
+            rows = np.concatenate([m for m, _ in fixed], axis=1)
+            lens = sum(present * m.shape[1] for m, present in fixed)
+            if all(present.all() for _, present in fixed):
+                data = rows.reshape(-1)
+            else:
+                mask = np.concatenate([np.broadcast_to(p[:, None], m.shape) for m, p in fixed], axis=1)
+                data = rows[mask]
+            parts.append(binary_array(data, lens))
+            fixed.clear()
+
         for column, key in zip(self._columns, self._keys, strict=True):
             col = _column(batch.column(column.name), column.kind)
-            header, header_lens = self._entry_header(col, column, key, n)
-            parts.append(binary_array(header, header_lens))
+            header = _uniform_header(col, column, key)
+            if header is not None:
+                rows = np.empty((n, len(header) + int(col.payload_lens.max())), dtype=np.uint8)
+                rows[:, : len(header)] = np.frombuffer(header, np.uint8)
+                rows[col.present, len(header) :] = col.payload.reshape(int(col.present.sum()), -1)
+                fixed.append((rows, col.present))
+                total += col.present * rows.shape[1]
+                continue
+            flush_fixed()
+            header_data, header_lens = self._entry_header(col, column, key, n)
+            parts.append(binary_array(header_data, header_lens))
             parts.append(binary_array(col.payload, col.payload_lens))
             total += header_lens + col.payload_lens
+        flush_fixed()
         head = _Pieces(n)
         everyone = np.ones(n, dtype=bool)
         head.const(b"\x0a", everyone)  # Example.features
@@ -237,12 +265,44 @@ class ExampleEncoder:
         return pieces.compact()
 
 
+def _varint_bytes(value: int) -> bytes:
+    out = bytearray()
+    while value >= 0x80:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def _uniform_header(col: _Column, feature: Column, key: bytes) -> bytes | None:
+    """The entry header (as `_entry_header` lays it out) when it is the same bytes on every row
+    where the feature is present and the payloads there are all one length (the same number of
+    fixed-width values); None otherwise, and when the feature is absent from every row."""
+    present_lens = col.payload_lens[col.present]
+    if not len(present_lens):
+        return None
+    payload = int(present_lens[0])
+    if not (present_lens == payload).all():
+        return None
+    if feature.kind is ExampleKind.BYTES:
+        list_len, packed = payload, b""
+    else:
+        packed = b"\x0a" + _varint_bytes(payload) if payload else b""  # empty lists: no packed field
+        list_len = len(packed) + payload
+    feat_len = 1 + len(_varint_bytes(list_len)) + list_len
+    entry_len = len(key) + 1 + len(_varint_bytes(feat_len)) + feat_len
+    return (
+        b"\x0a"
+        + _varint_bytes(entry_len)
+        + key
+        + b"\x12"
+        + _varint_bytes(feat_len)
+        + bytes([_FEATURE_TAG[feature.kind]])
+        + _varint_bytes(list_len)
+        + packed
+    )
+
+
 def _key_prefix(name: str) -> bytes:
     raw = name.encode("utf-8")
-    out = bytearray(b"\x0a")
-    n = len(raw)
-    while n >= 0x80:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out) + raw
+    return b"\x0a" + _varint_bytes(len(raw)) + raw
