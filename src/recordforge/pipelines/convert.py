@@ -41,6 +41,7 @@ from recordforge.pipelines.options import ConvertOptions
 from recordforge.schemas import Plan, compile_schema, infer_schema, load_schema
 from recordforge.schemas.loader import dump_schema
 from recordforge.transforms.bundle import METADATA, SUCCESS, BundleSpec, WriteBundle, rule_of
+from recordforge.transforms.coders import declare_element_type
 from recordforge.transforms.examples import REJECTED, ToExamples
 from recordforge.transforms.image_folder import ReadImageFolder, folder_schema, list_image_folder
 from recordforge.transforms.rejects import WriteRejected
@@ -173,10 +174,15 @@ def build(pipeline: beam.Pipeline, config: ConvertConfig) -> beam.PCollection[st
     if splits is None:
         shards = write(examples, config.output, "data", "WriteTFRecords")
     else:
+
+        def select(name: str) -> beam.PCollection:
+            chosen = examples | f"Select[{name}]" >> beam.Filter(in_split, name)
+            return declare_element_type(chosen, examples.element_type)  # keeps the batches' coder
+
         # One writer per split: {output}/{split}/{split}-SSSSS-of-NNNNN
         shards = [
             write(
-                examples | f"Select[{name}]" >> beam.Filter(in_split, name),
+                select(name),
                 f"{config.output.rstrip('/')}/{name}",
                 name,
                 f"WriteTFRecords[{name}]",
