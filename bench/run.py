@@ -46,9 +46,9 @@ def _run_child(args: list[str]) -> dict:
 
 
 def _warm_page_cache(folder: str) -> None:
-    """Reads every file once before an approach's runs, so that its first run does not pay for a
-    cold disk (the 200k-file folder was seen evicted by the runs before it): every image run,
-    baseline or not, reads from memory."""
+    """Reads every file once before each image run, so that no run pays for a cold disk (the
+    200k-file folder was seen evicted by the runs before it): every image run, baseline or not,
+    reads from memory."""
     for dirpath, _, files in os.walk(folder):
         for name in files:
             with open(os.path.join(dirpath, name), "rb") as f:

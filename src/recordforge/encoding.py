@@ -197,9 +197,9 @@ class ExampleEncoder:
         n = batch.num_rows
         parts: list[pa.Array] = []
         total = np.zeros(n, dtype=np.int64)
-        # Columns of one bytes width on every row where present (the same number of fixed-width
-        # values: float scalars, fixed-length float lists) are laid out as a (rows, width)
-        # matrix each, with no per-row header work; a run of them becomes one part of the join.
+        # Columns of one bytes width on every row where present (float scalars, fixed-length
+        # lists, strings of one length) are laid out as a (rows, width) matrix each, with the
+        # header computed once; a run of them becomes one part of the join.
         fixed: list[tuple[np.ndarray, np.ndarray]] = []  # (rows x width, present)
 
         def flush_fixed() -> None:

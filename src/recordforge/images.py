@@ -95,9 +95,12 @@ def _channels(fmt: str, mode: str, info: dict) -> int:
     return 3
 
 
+_END_MARKERS = {"PNG": b"IEND\xaeB`\x82", "JPEG": b"\xff\xd9"}
+
+
 def _complete(data: bytes, fmt: str) -> bool:
     """Cheap end-of-file checks: a truncated PNG lacks its IEND chunk, a JPEG its EOI marker."""
-    end = {"PNG": b"IEND\xaeB`\x82", "JPEG": b"\xff\xd9"}.get(fmt)
+    end = _END_MARKERS.get(fmt)
     # Padding zeros after the end marker are tolerated; stripping copies, so only when present.
     return (
         end is None or data.endswith(end) or (data.endswith(b"\x00") and data.rstrip(b"\x00").endswith(end))

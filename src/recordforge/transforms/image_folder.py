@@ -34,18 +34,17 @@ class ImageFolder:
         self,
         root: str,
         entries: list[tuple[str, str, str]],
-        sizes: list[int] | None = None,
-        modified: float = 0.0,
-        *,
-        labels: list[str] | None = None,  # when the caller knows them: saves a pass
-        splits: list[str] | None = None,
+        labels: list[str],
+        splits: list[str],
+        sizes: list[int] | None,
+        modified: float,
     ) -> None:
         self.root = root
         self.entries = entries
+        self.labels = labels
+        self.splits = splits
         self.sizes = sizes
         self.modified = modified
-        self.labels = labels if labels is not None else sorted({label for _, label, _ in entries})
-        self.splits = splits if splits is not None else sorted({s for _, _, s in entries if s})
         # Names this listing for workers that share the driver's memory (see _ListFolderFn).
         self.listing_id = uuid.uuid4().hex
 
@@ -104,7 +103,7 @@ def list_image_folder(root: str) -> ImageFolder:
         sizes = [size_of[path] for path, _, _ in entries]
     if not entries:
         raise SourceError(f"no images ({', '.join(IMAGE_EXTENSIONS)}) under {root}")
-    return ImageFolder(root, entries, sizes, modified, labels=sorted(labels), splits=sorted(splits))
+    return ImageFolder(root, entries, sorted(labels), sorted(splits), sizes, modified)
 
 
 def _walk_local(root: str) -> tuple[dict[str, list[str]], float]:
