@@ -46,7 +46,7 @@ class ConvertConfig:
     source_format: str | None = None
     compression: str | None = None  # None: gzip, or none when the schema holds images
     num_shards: int = 0
-    batch_size: int = 65536
+    batch_size: int = 16384
     sink: str = "fast"
     shard_size: str | None = None
     records_per_shard: int = 0

@@ -93,8 +93,9 @@ def build(pipeline: beam.Pipeline, config: ConvertConfig) -> beam.PCollection[st
         )
 
     def read() -> beam.PTransform:
+        share = shares_work(pipeline.options)
         if folder is not None:
-            return ReadImageFolder(folder)
+            return ReadImageFolder(folder, share_work=share)
         if fmt == "parquet":
             return ReadParquet(
                 config.sources,
@@ -102,6 +103,7 @@ def build(pipeline: beam.Pipeline, config: ConvertConfig) -> beam.PCollection[st
                 batch_size=config.batch_size,
                 expanded=files,
                 skip_unreadable=config.skip_unreadable_files,
+                share_work=share,
             )
         return ReadCsv(
             config.sources,
@@ -109,6 +111,7 @@ def build(pipeline: beam.Pipeline, config: ConvertConfig) -> beam.PCollection[st
             expanded=files,
             strict=config.strict,
             skip_unreadable=config.skip_unreadable_files,
+            share_work=share,
         )
 
     source = pipeline | "Read" >> read()
@@ -211,6 +214,15 @@ def build(pipeline: beam.Pipeline, config: ConvertConfig) -> beam.PCollection[st
         rejected_files=rejected_files,
         transform_written=transform_written,
     )
+
+
+def shares_work(options: PipelineOptions) -> bool:
+    """Whether the workers share the input as they go (transforms/sharing.py): RecordForge's local
+    runner with several worker processes, the one runner that gives them a claims folder."""
+    runner = options.view_as(StandardOptions).runner
+    direct = options.view_as(DirectOptions)
+    ours = runner == DEFAULT_RUNNER or type(runner).__name__ == "LocalRunner"
+    return ours and direct.direct_running_mode == "multi_processing" and direct.direct_num_workers != 1
 
 
 def _fit_split(config: ConvertConfig, splits: SplitSpec | None) -> str | None:

@@ -90,8 +90,9 @@ class ConvertOptions(PipelineOptions):
         parser.add_argument(
             "--batch_size",
             type=int,
-            default=65536,
-            help="Rows per Arrow record batch moved between pipeline steps.",
+            default=16384,
+            help="Rows per Arrow record batch moved between pipeline steps (Parquet); also the "
+            "piece of a row group that local workers hand over to one another.",
         )
         parser.add_argument(
             "--deterministic",

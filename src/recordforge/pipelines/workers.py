@@ -22,6 +22,7 @@ the same test process or a tensorflow-transform run, Beam's own worker command i
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -35,10 +36,13 @@ import sys
 import tempfile
 import threading
 import traceback
+from collections.abc import Iterator
 from typing import Any
 
 from apache_beam.portability import python_urns
 from apache_beam.runners.portability.fn_api_runner import FnApiRunner
+
+from recordforge.transforms.sharing import SHARED_WORK_ENV
 
 __all__ = ["LocalRunner", "BEAM_WORKER_COMMAND"]
 
@@ -62,15 +66,33 @@ class LocalRunner(FnApiRunner):
         ]
         if not envs:
             return super().run_via_runner_api(pipeline_proto, options)
-        unsafe = _fork_unsafe()
-        if unsafe:
-            _LOGGER.info("multi_processing workers start as fresh processes: %s", unsafe)
-            return super().run_via_runner_api(pipeline_proto, options)
-        _LOGGER.info("multi_processing workers are forked from the driver")
-        with _ForkServer() as server:
-            for env in envs:
-                env.payload = server.command.encode()
-            return super().run_via_runner_api(pipeline_proto, options)
+        with _shared_work():
+            unsafe = _fork_unsafe()
+            if unsafe:
+                _LOGGER.info("multi_processing workers start as fresh processes: %s", unsafe)
+                return super().run_via_runner_api(pipeline_proto, options)
+            _LOGGER.info("multi_processing workers are forked from the driver")
+            with _ForkServer() as server:
+                for env in envs:
+                    env.payload = server.command.encode()
+                return super().run_via_runner_api(pipeline_proto, options)
+
+
+@contextlib.contextmanager
+def _shared_work() -> Iterator[None]:
+    """A claims folder for the run's workers (transforms/sharing.py), named in the environment
+    that they inherit, removed with its claims when the run ends."""
+    folder = tempfile.mkdtemp(prefix="recordforge-claims-")
+    previous = os.environ.get(SHARED_WORK_ENV)
+    os.environ[SHARED_WORK_ENV] = folder
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop(SHARED_WORK_ENV, None)
+        else:
+            os.environ[SHARED_WORK_ENV] = previous
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _fork_unsafe() -> str | None:

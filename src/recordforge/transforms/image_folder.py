@@ -14,6 +14,7 @@ from recordforge.errors import SourceError
 from recordforge.images import IMAGE_EXTENSIONS
 from recordforge.schemas.model import DType, Feature, NullPolicy, Schema
 from recordforge.transforms.coders import declare_element_type
+from recordforge.transforms.sharing import Claims, SharedItemsFn
 from recordforge.transforms.sources import UNREADABLE, SourceBatch
 
 __all__ = ["ImageFolder", "ReadImageFolder", "SPLIT_FOLDERS", "folder_schema", "list_image_folder"]
@@ -214,12 +215,19 @@ class _ListFolderFn(beam.DoFn):
         yield from chunk_entries(folder, self._batch_size, self._labels)
 
 
-class _FolderBatchFn(beam.DoFn):
-    def __init__(self, root: str, batch_bytes: int) -> None:
+class _FolderBatchFn(SharedItemsFn):
+    # Shared, a chunk is claimed whole: the images are read downstream, in the same fused stage.
+    def __init__(self, root: str, batch_bytes: int, scope: str = "") -> None:
+        super().__init__(scope)
         self._root = root
         self._batch_bytes = batch_bytes
 
-    def process(self, chunk: tuple[int, pa.RecordBatch, list[int] | None]) -> Iterator[SourceBatch]:
+    def name(self, chunk: tuple[int, pa.RecordBatch, list[int] | None]) -> str:
+        return str(chunk[0])  # its first row: unique in the listing
+
+    def read(
+        self, chunk: tuple[int, pa.RecordBatch, list[int] | None], claims: Claims | None
+    ) -> Iterator[SourceBatch]:
         first, batch, sizes = chunk
         if sizes is None:
             sizes = _local_sizes(batch.column("path").to_pylist())
@@ -235,18 +243,27 @@ class ReadImageFolder(beam.PTransform):
     and in file bytes),
     "unreadable": empty}. Labels are parent folder names, ids index the sorted label list; a
     top-level train/eval/validation/test folder gives the split. The image bytes are read by
-    ToExamples, on the workers, through Beam's filesystems.
+    ToExamples, on the workers, through Beam's filesystems. `share_work`: the workers of a local
+    multi-process run take the chunks of names as they go (sharing.py).
     """
 
-    def __init__(self, folder: ImageFolder, *, batch_size: int = 4096, batch_bytes: int = 64 << 20) -> None:
+    def __init__(
+        self,
+        folder: ImageFolder,
+        *,
+        batch_size: int = 4096,
+        batch_bytes: int = 64 << 20,
+        share_work: bool = False,
+    ) -> None:
         super().__init__()
         self._folder = folder
         self._batch_size = batch_size
         self._batch_bytes = batch_bytes
+        self._share = share_work
 
     def expand(self, pbegin: beam.pvalue.PBegin) -> dict[str, beam.PCollection]:
         _remember(self._folder)
-        batches = (
+        chunks = (
             pbegin
             | "Root" >> beam.Create([self._folder.root])
             | "List"
@@ -255,10 +272,11 @@ class ReadImageFolder(beam.PTransform):
                     len(self._folder.entries), self._folder.listing_id, self._batch_size, self._folder.labels
                 )
             )
-            # (first row, batch of (path, label, label_id, split), sizes or None): names only
-            | "Spread" >> beam.Reshuffle()
-            | "Read" >> beam.ParDo(_FolderBatchFn(self._folder.root, self._batch_bytes))
         )
+        # (first row, batch of (path, label, label_id, split), sizes or None): names only
+        read_fn = _FolderBatchFn(self._folder.root, self._batch_bytes, scope=uuid.uuid4().hex)
+        every = [beam.pvalue.AsList(chunks)] if self._share else []  # see sharing.py
+        batches = chunks | "Spread" >> beam.Reshuffle() | "Read" >> beam.ParDo(read_fn, *every)
         declare_element_type(batches, SourceBatch)
         unreadable = pbegin | "NoUnreadable" >> beam.Create([], reshuffle=False)
         return {"batches": batches, UNREADABLE: unreadable}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import uuid
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
@@ -16,6 +17,7 @@ from apache_beam.io.filesystems import FileSystems
 
 from recordforge.errors import SourceError
 from recordforge.transforms.coders import SourceBatchCoder, declare_element_type
+from recordforge.transforms.sharing import Claims, SharedItemsFn
 
 __all__ = ["ReadCsv", "ReadParquet", "SourceBatch", "expand_patterns", "UNREADABLE", "REJECTED"]
 
@@ -108,35 +110,65 @@ def _resolve_columns(columns: list[str], names: list[str], path: str) -> list[st
     return out
 
 
-class _ReadParquetFn(beam.DoFn):
-    def __init__(self, columns: list[str] | None, batch_size: int, skip_unreadable: bool = False) -> None:
+class _ReadParquetFn(SharedItemsFn):
+    def __init__(
+        self, columns: list[str] | None, batch_size: int, skip_unreadable: bool = False, scope: str = ""
+    ) -> None:
+        super().__init__(scope)
         self._columns = columns
         self._batch_size = batch_size
         self._skip = skip_unreadable
 
-    def process(self, element: tuple[str, int, int]) -> Iterator[object]:
+    def _batches(self, element: tuple[str, int, int]) -> Iterator[SourceBatch]:
         path, group, first_row = element
-        start = first_row
+        with FileSystems.open(path) as f:
+            pf = pq.ParquetFile(f)
+            columns = self._columns
+            if columns is not None:
+                columns = _resolve_columns(columns, pf.schema_arrow.names, path)
+            for batch in pf.iter_batches(batch_size=self._batch_size, row_groups=[group], columns=columns):
+                yield SourceBatch(path, first_row, batch)
+                first_row += batch.num_rows
+
+    def read(self, element: tuple[str, int, int], claims: Claims | None) -> Iterator[object]:
+        # Shared: each batch is claimed before it is yielded, from the first on; a worker that
+        # found its own part done may have claimed the last ones (`steal`).
+        path, group, _ = element
+        name = self.name(element)
+        rows = 0
         try:
-            with FileSystems.open(path) as f:
-                pf = pq.ParquetFile(f)
-                columns = self._columns
-                if columns is not None:
-                    columns = _resolve_columns(columns, pf.schema_arrow.names, path)
-                for batch in pf.iter_batches(
-                    batch_size=self._batch_size, row_groups=[group], columns=columns
-                ):
-                    yield SourceBatch(path, first_row, batch)
-                    first_row += batch.num_rows
+            for batch in self._batches(element):
+                if claims is not None and not claims.claim(f"{name}@{batch.first_row}"):
+                    break
+                yield batch
+                rows += batch.batch.num_rows
         except SourceError:
             raise
         except Exception as exn:
             if self._skip:
-                yield _unreadable(
-                    path, f"row group {group}: {exn}", row_group=group, rows_read_before=first_row - start
-                )
+                yield _unreadable(path, f"row group {group}: {exn}", row_group=group, rows_read_before=rows)
                 return
             raise SourceError(f"{path}: cannot read row group {group}: {exn}") from exn
+        finally:
+            if claims is not None:
+                claims.claim(f"{name}@done")
+
+    def steal(self, element: tuple[str, int, int], claims: Claims) -> Iterator[object]:
+        name = self.name(element)
+        if claims.claimed(f"{name}@done"):
+            return
+        try:
+            # Parquet decodes a row group from its start: the whole group is decoded to take
+            # its tail (a fraction of the time its reader still needs for it).
+            batches = list(self._batches(element))
+        except Exception:  # noqa: BLE001 - its reader meets the same error and reports it
+            return
+        # One at a time: a batch is encoded and written downstream before the next is claimed,
+        # so that thief and owner meet where they have done equal work.
+        for batch in reversed(batches):
+            if not claims.claim(f"{name}@{batch.first_row}"):
+                break
+            yield batch
 
 
 class ReadParquet(beam.PTransform):
@@ -145,7 +177,9 @@ class ReadParquet(beam.PTransform):
     In: a PBegin. Out: {"batches": `SourceBatch`es (a row group split into batches of at most
     `batch_size` rows), "unreadable": JSON lines}. Patterns are expanded at
     construction: one matching nothing raises SourceError. A file that cannot be read fails the
-    pipeline naming it, or with `skip_unreadable` is listed in "unreadable".
+    pipeline naming it, or with `skip_unreadable` is listed in "unreadable". `share_work`: the
+    workers of a local multi-process run share the row groups as they go (sharing.py) instead
+    of each reading a fixed part.
     """
 
     def __init__(
@@ -153,9 +187,10 @@ class ReadParquet(beam.PTransform):
         patterns: list[str],
         *,
         columns: list[str] | None = None,
-        batch_size: int = 65536,
+        batch_size: int = 16384,
         expanded: list[FileInfo] | None = None,
         skip_unreadable: bool = False,
+        share_work: bool = False,
     ) -> None:
         super().__init__()
         # `expanded`: the patterns' matches when the caller already listed them.
@@ -163,6 +198,7 @@ class ReadParquet(beam.PTransform):
         self._columns = columns
         self._batch_size = batch_size
         self._skip = skip_unreadable
+        self._share = share_work
 
     @property
     def files(self) -> list[FileInfo]:
@@ -175,14 +211,14 @@ class ReadParquet(beam.PTransform):
             | "RowGroups"
             >> beam.ParDo(_ParquetRowGroupsFn(self._skip)).with_outputs(UNREADABLE, main="groups")
         )
+        read_fn = _ReadParquetFn(self._columns, self._batch_size, self._skip, scope=uuid.uuid4().hex)
+        # With share_work, every worker also sees every row group (see sharing.py).
+        every = [beam.pvalue.AsList(groups.groups)] if self._share else []
         read = (
             groups.groups
             # (path, row_group, first_row): spread row groups over workers before reading.
             | "Spread" >> beam.Reshuffle()
-            | "Read"
-            >> beam.ParDo(_ReadParquetFn(self._columns, self._batch_size, self._skip)).with_outputs(
-                UNREADABLE, main="batches"
-            )
+            | "Read" >> beam.ParDo(read_fn, *every).with_outputs(UNREADABLE, main="batches")
         )
         unreadable = (groups[UNREADABLE], read[UNREADABLE]) | "Unreadable" >> beam.Flatten()
         return {"batches": declare_element_type(read.batches, SourceBatch), UNREADABLE: unreadable}
@@ -197,7 +233,7 @@ def _empty_to_null(batch: pa.RecordBatch, columns: set[str]) -> pa.RecordBatch:
     return pa.RecordBatch.from_arrays(arrays, names=batch.schema.names)
 
 
-class _ReadCsvFn(beam.DoFn):
+class _ReadCsvFn(SharedItemsFn):
     def __init__(
         self,
         column_types: dict[str, pa.DataType],
@@ -205,13 +241,16 @@ class _ReadCsvFn(beam.DoFn):
         *,
         strict: bool = True,
         skip_unreadable: bool = False,
+        scope: str = "",
     ) -> None:
+        super().__init__(scope)
         self._column_types = column_types
         self._block_size = block_size
         self._strict = strict
         self._skip = skip_unreadable
 
-    def process(self, path: str) -> Iterator[object]:
+    def read(self, path: str, claims: Claims | None) -> Iterator[object]:
+        # A file is the unit of sharing: it is read whole by one worker.
         emitted = 0
         try:
             try:
@@ -313,7 +352,8 @@ class ReadCsv(beam.PTransform):
     In: a PBegin. Out: {"batches": `SourceBatch`es with the given column types, "unreadable" and
     "rejected": JSON lines}. Patterns are expanded at construction. A file is read by one worker
     (quoted newlines make splitting unsafe). Rows with the wrong number of columns are rejected
-    (or fail the pipeline when `strict`).
+    (or fail the pipeline when `strict`). `share_work`: the workers of a local multi-process run
+    take the files as they go (sharing.py) instead of each reading a fixed part.
     """
 
     def __init__(
@@ -325,11 +365,13 @@ class ReadCsv(beam.PTransform):
         expanded: list[FileInfo] | None = None,
         strict: bool = True,
         skip_unreadable: bool = False,
+        share_work: bool = False,
     ) -> None:
         super().__init__()
         self._files = expanded if expanded is not None else expand_patterns(patterns)
         self._strict = strict
         self._skip = skip_unreadable
+        self._share = share_work
         self._column_types = column_types
         self._block_size = block_size
 
@@ -338,19 +380,20 @@ class ReadCsv(beam.PTransform):
         return self._files
 
     def expand(self, pbegin: beam.pvalue.PBegin) -> dict[str, beam.PCollection]:
+        paths = [f.path for f in self._files]
+        read_fn = _ReadCsvFn(
+            self._column_types,
+            self._block_size,
+            strict=self._strict,
+            skip_unreadable=self._skip,
+            scope=uuid.uuid4().hex,
+        )
+        every = [paths] if self._share else []  # every worker sees every file (sharing.py)
         read = (
             pbegin
-            | "Files" >> beam.Create([f.path for f in self._files])
+            | "Files" >> beam.Create(paths)
             | "Spread" >> beam.Reshuffle()
-            | "Read"
-            >> beam.ParDo(
-                _ReadCsvFn(
-                    self._column_types,
-                    self._block_size,
-                    strict=self._strict,
-                    skip_unreadable=self._skip,
-                )
-            ).with_outputs(UNREADABLE, REJECTED, main="batches")
+            | "Read" >> beam.ParDo(read_fn, *every).with_outputs(UNREADABLE, REJECTED, main="batches")
         )
         batches = declare_element_type(read.batches, SourceBatch)
         return {"batches": batches, UNREADABLE: read[UNREADABLE], REJECTED: read[REJECTED]}

@@ -1,0 +1,127 @@
+"""Work sharing between the worker processes of one local multi-process run.
+
+Beam's local runner hands each worker a fixed part of a stage's input (every other element, in
+the order they arrive) and has no dynamic rebalancing. When the parts are uneven (a file's last
+row group is smaller) or the workers run at different speeds (on a shared VM one core was seen
+running 25-60% slower than the other for a whole run), one worker idles at the end while the other
+still has whole work items queued: 0.3-0.6 s of a 3 s two-worker conversion.
+
+So a reading DoFn whose items are shared gets, besides its own part, the list of every item as a
+side input. It claims an item before reading it; when its own part is done (`finish_bundle`), it
+claims and reads the items no worker has started, and then takes the unread tail of items still
+being read (`SharedItemsFn.steal`). Claims are files created with O_EXCL in a folder that the
+runner (`pipelines/workers.py`) makes for the run and names in the environment: atomic between
+processes on one machine, whatever started them. Without that folder (in-process runs,
+Dataflow) every worker simply reads its own part.
+
+Exactly once: every piece of work is read only by the process whose claim created its file. A
+worker that fails fails the whole local run (Beam's local runner does not retry bundles), so a
+claim is never orphaned by a retry.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import apache_beam as beam
+from apache_beam.transforms.window import GlobalWindow
+from apache_beam.utils.timestamp import MIN_TIMESTAMP
+from apache_beam.utils.windowed_value import WindowedValue
+
+__all__ = ["SHARED_WORK_ENV", "Claims", "SharedItemsFn"]
+
+# The folder of this run's claims; set by LocalRunner for multi-process runs only.
+SHARED_WORK_ENV = "RECORDFORGE_SHARED_WORK"
+
+
+class Claims:
+    """Exclusive claims on named pieces of work, shared by the processes of one run."""
+
+    def __init__(self, folder: str) -> None:
+        self._folder = folder
+        os.makedirs(folder, exist_ok=True)
+
+    @classmethod
+    def for_scope(cls, scope: str) -> Claims | None:
+        """The claims of one transform in this run, or None when the run shares no work."""
+        root = os.environ.get(SHARED_WORK_ENV)
+        return cls(os.path.join(root, scope)) if root else None
+
+    def claim(self, name: str) -> bool:
+        """True for the one caller, in any process, that claims `name` first."""
+        try:
+            os.close(os.open(os.path.join(self._folder, name), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        except FileExistsError:
+            return False
+        return True
+
+    def claimed(self, name: str) -> bool:
+        return os.path.exists(os.path.join(self._folder, name))
+
+
+def _item_name(item: Any) -> str:
+    """A file name for a work item (tuples of paths and numbers: their repr is stable)."""
+    return hashlib.sha1(repr(item).encode()).hexdigest()
+
+
+def _windowed(outputs: Iterable[Any]) -> Iterator[Any]:
+    # finish_bundle's outputs carry their window explicitly; the pipeline is globally windowed.
+    for out in outputs:
+        if isinstance(out, beam.pvalue.TaggedOutput):
+            yield beam.pvalue.TaggedOutput(out.tag, WindowedValue(out.value, MIN_TIMESTAMP, [GlobalWindow()]))
+        else:
+            yield WindowedValue(out, MIN_TIMESTAMP, [GlobalWindow()])
+
+
+class SharedItemsFn(beam.DoFn):
+    """Base of a DoFn over work items that a local run's workers share (see the module).
+
+    Subclasses implement `read(item, claims)`, which yields the item's outputs and, when the item
+    is split into pieces, claims each piece before yielding it and stops at the first piece it
+    fails to claim; and may implement `steal(item, claims)`, which claims and yields the last
+    unclaimed pieces of an item another worker is reading. Without a side input (sharing off) or
+    claims folder, `process` is a plain call of `read`.
+    """
+
+    def __init__(self, scope: str) -> None:
+        self._scope = scope  # unique per transform: two reads of one file claim separately
+
+    def setup(self) -> None:
+        self._claims = Claims.for_scope(self._scope)
+
+    def start_bundle(self) -> None:
+        self._items: list[Any] | None = None
+
+    def process(self, item: Any, all_items: list[Any] | None = None) -> Iterator[Any]:
+        claims = self._claims if all_items is not None else None
+        if claims is None:
+            yield from self.read(item, None)
+            return
+        self._items = all_items
+        if claims.claim(self.name(item)):
+            yield from self.read(item, claims)
+
+    def finish_bundle(self) -> Iterator[Any]:
+        claims, items = self._claims, self._items
+        if claims is None or not items:
+            return
+        # Items nobody started, from the end of the list: the other workers read theirs from the
+        # start of their parts.
+        for item in reversed(items):
+            if claims.claim(self.name(item)):
+                yield from _windowed(self.read(item, claims))
+        for item in reversed(items):
+            yield from _windowed(self.steal(item, claims))
+
+    def name(self, item: Any) -> str:
+        """The item's claim name: unique among this transform's items, the same in every worker."""
+        return _item_name(item)
+
+    def read(self, item: Any, claims: Claims | None) -> Iterator[Any]:
+        raise NotImplementedError
+
+    def steal(self, item: Any, claims: Claims) -> Iterator[Any]:
+        return iter(())

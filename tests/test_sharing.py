@@ -1,0 +1,179 @@
+"""Work sharing between local workers: every row is read exactly once, whoever reads it, and a worker
+that is done early takes over work the others have not reached."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import subprocess
+import sys
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from apache_beam.utils.windowed_value import WindowedValue
+
+from recordforge.pipelines.convert import run
+from recordforge.tfrecord import iter_records
+from recordforge.transforms.image_folder import _FolderBatchFn
+from recordforge.transforms.sharing import SHARED_WORK_ENV, Claims
+from recordforge.transforms.sources import SourceBatch, _ReadCsvFn, _ReadParquetFn
+
+TWO_WORKERS = ["--direct_running_mode=multi_processing", "--direct_num_workers=2"]
+
+
+def _claim_all(folder: str, names: list[str], queue: Any) -> None:
+    claims = Claims(folder)
+    queue.put([n for n in names if claims.claim(n)])
+
+
+def test_each_name_is_claimed_by_exactly_one_process(tmp_path: Path) -> None:
+    names = [f"item-{i}" for i in range(300)]
+    ctx = multiprocessing.get_context("fork")
+    queue = ctx.Queue()
+    procs = [ctx.Process(target=_claim_all, args=(str(tmp_path), names, queue)) for _ in range(4)]
+    for p in procs:
+        p.start()
+    won = [queue.get(timeout=60) for _ in procs]
+    for p in procs:
+        p.join(timeout=60)
+    assert Counter(n for w in won for n in w) == Counter(names)  # each once, none missing
+    assert Claims(str(tmp_path)).claimed("item-7") and not Claims(str(tmp_path)).claimed("other")
+
+
+def _workers(fn_factory: Any, n: int, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> list[Any]:
+    """`n` DoFn instances of one transform, as n worker processes would hold them."""
+    monkeypatch.setenv(SHARED_WORK_ENV, str(tmp_path / "claims"))
+    fns = [fn_factory() for _ in range(n)]
+    for fn in fns:
+        fn.setup()
+        fn.start_bundle()
+    return fns
+
+
+def _values(outputs: Iterator[Any]) -> Iterator[Any]:
+    for out in outputs:
+        yield out.value if isinstance(out, WindowedValue) else out
+
+
+def _ids(batches: list[SourceBatch]) -> list[int]:
+    return [i for b in batches for i in b.batch.column("id").to_pylist()]
+
+
+def test_an_idle_worker_takes_the_tail_of_a_row_group_being_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "t.parquet"
+    pq.write_table(pa.table({"id": pa.array(range(1000), pa.int64())}), path, row_group_size=400)
+    items = [(str(path), 0, 0), (str(path), 1, 400), (str(path), 2, 800)]
+    a, b = _workers(lambda: _ReadParquetFn(None, 50, scope="s"), 2, monkeypatch, tmp_path)
+    # a holds row group 0 and has read 3 of its 8 batches when b is done with row group 1.
+    a_out = a.process(items[0], items)
+    got_a = [next(a_out) for _ in range(3)]
+    got_b = list(b.process(items[1], items))
+    assert _ids(got_b) == list(range(400, 800))
+    # b's end of bundle: row group 2 (nobody started it), then batches of row group 0 from its
+    # end, one at a time while a goes on from its side.
+    b_end = _values(b.finish_bundle())
+    got_b += [next(b_end) for _ in range(4)]  # all of row group 2 (200 rows)
+    assert _ids(got_b[-4:]) == list(range(800, 1000))
+    running = [(a_out, got_a), (b_end, got_b)]
+    while running:  # a batch each in turn, as two equally fast workers would
+        for gen, got in list(running):
+            batch = next(gen, None)
+            if batch is None:
+                running.remove((gen, got))
+            else:
+                got.append(batch)
+    assert list(_values(a.finish_bundle())) == []  # nothing left for a
+    assert sorted(_ids(got_a) + _ids(got_b)) == list(range(1000))  # every row once
+    # They met in the middle of what was left: a took batches 3-5, b batches 7 and 6.
+    assert sorted(set(_ids(got_b)) & set(range(400))) == list(range(300, 400))
+    assert _ids(got_a) == list(range(300))
+    first_rows = {b.first_row: b.batch.num_rows for b in got_a + got_b}
+    assert all(first_rows[r] == 50 for r in range(0, 1000, 50))  # batches keep their rows' place
+
+
+def test_without_a_claims_folder_each_worker_reads_its_own_part(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "t.parquet"
+    pq.write_table(pa.table({"id": pa.array(range(100), pa.int64())}), path, row_group_size=50)
+    items = [(str(path), 0, 0), (str(path), 1, 50)]
+    monkeypatch.delenv(SHARED_WORK_ENV, raising=False)
+    fn = _ReadParquetFn(None, 20, scope="s")
+    fn.setup()
+    fn.start_bundle()
+    assert _ids(list(fn.process(items[0], items))) == list(range(50))
+    assert list(fn.finish_bundle()) == []  # nothing taken over: row group 1 is someone else's
+
+
+def test_csv_files_and_image_chunks_are_claimed_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    files = []
+    for i in range(3):
+        files.append(str(tmp_path / f"f{i}.csv"))
+        Path(files[-1]).write_text("id\n" + "".join(f"{i * 10 + k}\n" for k in range(10)))
+    a, b = _workers(lambda: _ReadCsvFn({"id": pa.int64()}, 1 << 20, scope="c"), 2, monkeypatch, tmp_path)
+    got_a = list(a.process(files[0], files))
+    got_b = list(b.process(files[1], files)) + list(_values(b.finish_bundle()))  # and file 2
+    got_a += list(_values(a.finish_bundle()))
+    assert sorted(_ids(got_a)) == list(range(10)) and sorted(_ids(got_b)) == list(range(10, 30))
+
+    def chunk(first: int) -> tuple[int, pa.RecordBatch, list[int]]:
+        paths = [f"img{first + k}.png" for k in range(4)]
+        return first, pa.record_batch({"path": paths}), [100] * 4
+
+    chunks = [chunk(0), chunk(4), chunk(8), chunk(12)]
+    c, d = _workers(lambda: _FolderBatchFn("/root", 1 << 20, scope="i"), 2, monkeypatch, tmp_path)
+    got_c = list(c.process(chunks[0], chunks)) + list(c.process(chunks[2], chunks))
+    got_d = list(d.process(chunks[1], chunks)) + list(_values(d.finish_bundle()))
+    got_c += list(_values(c.finish_bundle()))
+    assert [b.first_row for b in got_c] == [0, 8] and [b.first_row for b in got_d] == [4, 12]
+    # A chunk that another worker claimed in its end of bundle is not read again by its owner.
+    e, f = _workers(lambda: _FolderBatchFn("/root", 1 << 20, scope="j"), 2, monkeypatch, tmp_path)
+    assert [b.first_row for b in e.process(chunks[0], chunks)] == [0]
+    assert sorted(b.first_row for b in _values(e.finish_bundle())) == [4, 8, 12]
+    assert list(f.process(chunks[1], chunks)) == [] and list(f.finish_bundle()) == []
+
+
+def _records(output: Path) -> tuple[Counter, list[int]]:
+    meta = json.loads((output / "metadata.json").read_text())
+    records = Counter(r for s in meta["shards"] for r in iter_records(str(output / s["file"]), "gzip"))
+    return records, sorted(s["records"] for s in meta["shards"])
+
+
+def test_two_workers_share_an_uneven_file(tmp_path: Path) -> None:
+    # One big row group and three small ones: the worker given two small ones is done long before
+    # the one reading the big group, and takes over the end of it.
+    path = tmp_path / "uneven.parquet"
+    writer = pq.ParquetWriter(path, pa.schema([("id", pa.int64()), ("v", pa.float64())]))
+    start = 0
+    for rows in (40000, 10, 10, 10):
+        ids = pa.array(range(start, start + rows), pa.int64())
+        writer.write_table(
+            pa.table({"id": ids, "v": pa.array([i * 0.5 for i in range(start, start + rows)])})
+        )
+        start += rows
+    writer.close()
+    args = ["--source", str(path), "--batch_size", "100"]
+    run([*args, "--output", str(tmp_path / "one")])
+    two = tmp_path / "two"
+    proc = subprocess.run(
+        [sys.executable, "-m", "recordforge", "convert", *args, "--output", str(two), *TWO_WORKERS],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    one_records, _ = _records(tmp_path / "one")
+    two_records, shard_rows = _records(two)
+    assert sum(one_records.values()) == 40030
+    assert two_records == one_records  # every record once, byte for byte
+    # Each worker writes its own shard: without sharing they would hold 40010 and 20 rows.
+    assert len(shard_rows) == 2 and shard_rows[0] > 1000, shard_rows
