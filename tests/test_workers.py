@@ -15,6 +15,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from recordforge.pipelines.convert import run
+from recordforge.pipelines.workers import LocalRunner
 from recordforge.tfrecord import iter_records
 
 TWO_WORKERS = ["--direct_running_mode=multi_processing", "--direct_num_workers=2"]
@@ -88,3 +89,20 @@ def test_with_other_threads_running_workers_start_fresh(parquet_source: str, tmp
     assert "start as fresh processes: this process already runs other threads" in caplog.text
     run([*args, "--output", str(tmp_path / "one")])
     assert _records(tmp_path / "two") == _records(tmp_path / "one")
+
+
+def _sampling_period(_: object) -> int:
+    from apache_beam.runners.worker import statesampler
+
+    return statesampler.get_current_tracker().sampling_period_ms
+
+
+def test_bundles_sample_their_state_promptly_and_the_swap_is_undone() -> None:
+    import apache_beam as beam
+    from apache_beam.runners.worker import statesampler
+    from apache_beam.testing.util import assert_that, equal_to
+
+    original = statesampler.StateSampler
+    with beam.Pipeline(runner=LocalRunner()) as p:
+        assert_that(p | beam.Create([0]) | beam.Map(_sampling_period), equal_to([20]))
+    assert statesampler.StateSampler is original
