@@ -3,7 +3,7 @@
 Beam's local runner hands each worker a fixed part of a stage's input (every other element, in
 the order they arrive) and has no dynamic rebalancing. When the parts are uneven (a file's last
 row group is smaller) or the workers run at different speeds (on a shared VM one core was seen
-running 25-60% slower than the other for a whole run), one worker idles at the end while the other
+running 20-50% slower than the other for a whole run), one worker idles at the end while the other
 still has whole work items queued: 0.3-0.6 s of a 3 s two-worker conversion.
 
 So a reading DoFn whose items are shared gets, besides its own part, the list of every item as a
