@@ -18,7 +18,7 @@ import pytest
 from apache_beam.utils.windowed_value import WindowedValue
 
 from recordforge.pipelines.convert import run
-from recordforge.tfrecord import iter_records
+from recordforge.tfrecord import detect_compression, iter_records
 from recordforge.transforms.image_folder import _FolderBatchFn
 from recordforge.transforms.sharing import SHARED_WORK_ENV, Claims
 from recordforge.transforms.sources import SourceBatch, _ReadCsvFn, _ReadParquetFn
@@ -144,7 +144,8 @@ def test_csv_files_and_image_chunks_are_claimed_whole(
 
 def _records(output: Path) -> tuple[Counter, list[int]]:
     meta = json.loads((output / "metadata.json").read_text())
-    records = Counter(r for s in meta["shards"] for r in iter_records(str(output / s["file"]), "gzip"))
+    paths = [str(output / s["file"]) for s in meta["shards"]]
+    records = Counter(r for p in paths for r in iter_records(p, detect_compression(p)))
     return records, sorted(s["records"] for s in meta["shards"])
 
 
@@ -177,3 +178,23 @@ def test_two_workers_share_an_uneven_file(tmp_path: Path) -> None:
     assert two_records == one_records  # every record once, byte for byte
     # Each worker writes its own shard: without sharing they would hold 40010 and 20 rows.
     assert len(shard_rows) == 2 and shard_rows[0] > 1000, shard_rows
+
+
+def test_two_workers_share_an_image_folder(tmp_path: Path) -> None:
+    from recordforge.sampledata import mnist_folder
+
+    written = mnist_folder(str(tmp_path / "digits"), per_class=350)  # two chunks: 4096 and 104 names
+    args = ["--source", str(tmp_path / "digits"), "--format", "images"]
+    run([*args, "--output", str(tmp_path / "one")])
+    two = tmp_path / "two"
+    proc = subprocess.run(
+        [sys.executable, "-m", "recordforge", "convert", *args, "--output", str(two), *TWO_WORKERS],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    one_records, _ = _records(tmp_path / "one")
+    two_records, _ = _records(two)
+    assert sum(one_records.values()) == len(written) == 4200
+    assert two_records == one_records  # every image once, byte for byte
