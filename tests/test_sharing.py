@@ -149,6 +149,23 @@ def _records(output: Path) -> tuple[Counter, list[int]]:
     return records, sorted(s["records"] for s in meta["shards"])
 
 
+def _one_and_two_workers(args: list[str], tmp_path: Path) -> tuple[Counter, Counter, list[int]]:
+    """Records written by one in-process worker and by two forked ones (in a fresh process, the
+    only kind that forks), and the two-worker run's rows per shard."""
+    run([*args, "--output", str(tmp_path / "one")])
+    two = tmp_path / "two"
+    proc = subprocess.run(
+        [sys.executable, "-m", "recordforge", "convert", *args, "--output", str(two), *TWO_WORKERS],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    one_records, _ = _records(tmp_path / "one")
+    two_records, shard_rows = _records(two)
+    return one_records, two_records, shard_rows
+
+
 def test_two_workers_share_an_uneven_file(tmp_path: Path) -> None:
     # One big row group and three small ones: the worker given two small ones is done long before
     # the one reading the big group, and takes over the end of it.
@@ -163,17 +180,7 @@ def test_two_workers_share_an_uneven_file(tmp_path: Path) -> None:
         start += rows
     writer.close()
     args = ["--source", str(path), "--batch_size", "100"]
-    run([*args, "--output", str(tmp_path / "one")])
-    two = tmp_path / "two"
-    proc = subprocess.run(
-        [sys.executable, "-m", "recordforge", "convert", *args, "--output", str(two), *TWO_WORKERS],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    one_records, _ = _records(tmp_path / "one")
-    two_records, shard_rows = _records(two)
+    one_records, two_records, shard_rows = _one_and_two_workers(args, tmp_path)
     assert sum(one_records.values()) == 40030
     assert two_records == one_records  # every record once, byte for byte
     # Each worker writes its own shard: without sharing they would hold 40010 and 20 rows.
@@ -185,16 +192,6 @@ def test_two_workers_share_an_image_folder(tmp_path: Path) -> None:
 
     written = mnist_folder(str(tmp_path / "digits"), per_class=350)  # two chunks: 4096 and 104 names
     args = ["--source", str(tmp_path / "digits"), "--format", "images"]
-    run([*args, "--output", str(tmp_path / "one")])
-    two = tmp_path / "two"
-    proc = subprocess.run(
-        [sys.executable, "-m", "recordforge", "convert", *args, "--output", str(two), *TWO_WORKERS],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    one_records, _ = _records(tmp_path / "one")
-    two_records, _ = _records(two)
+    one_records, two_records, _ = _one_and_two_workers(args, tmp_path)
     assert sum(one_records.values()) == len(written) == 4200
     assert two_records == one_records  # every image once, byte for byte
