@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+import pickle
 import subprocess
 import sys
 from collections import Counter
@@ -45,10 +46,10 @@ def test_each_name_is_claimed_by_exactly_one_process(tmp_path: Path) -> None:
     assert Claims(str(tmp_path)).claimed("item-7") and not Claims(str(tmp_path)).claimed("other")
 
 
-def _workers(fn_factory: Any, n: int, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> list[Any]:
-    """`n` DoFn instances of one transform, as n worker processes would hold them."""
+def _workers(fn: Any, n: int, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> list[Any]:
+    """`n` copies of one DoFn, as n worker processes would unpickle it."""
     monkeypatch.setenv(SHARED_WORK_ENV, str(tmp_path / "claims"))
-    fns = [fn_factory() for _ in range(n)]
+    fns = [pickle.loads(pickle.dumps(fn)) for _ in range(n)]
     for fn in fns:
         fn.setup()
         fn.start_bundle()
@@ -70,7 +71,7 @@ def test_an_idle_worker_takes_the_tail_of_a_row_group_being_read(
     path = tmp_path / "t.parquet"
     pq.write_table(pa.table({"id": pa.array(range(1000), pa.int64())}), path, row_group_size=400)
     items = [(str(path), 0, 0), (str(path), 1, 400), (str(path), 2, 800)]
-    a, b = _workers(lambda: _ReadParquetFn(None, 50, scope="s"), 2, monkeypatch, tmp_path)
+    a, b = _workers(_ReadParquetFn(None, 50), 2, monkeypatch, tmp_path)
     # a holds row group 0 and has read 3 of its 8 batches when b is done with row group 1.
     a_out = a.process(items[0], items)
     got_a = [next(a_out) for _ in range(3)]
@@ -105,7 +106,7 @@ def test_without_a_claims_folder_each_worker_reads_its_own_part(
     pq.write_table(pa.table({"id": pa.array(range(100), pa.int64())}), path, row_group_size=50)
     items = [(str(path), 0, 0), (str(path), 1, 50)]
     monkeypatch.delenv(SHARED_WORK_ENV, raising=False)
-    fn = _ReadParquetFn(None, 20, scope="s")
+    fn = _ReadParquetFn(None, 20)
     fn.setup()
     fn.start_bundle()
     assert _ids(list(fn.process(items[0], items))) == list(range(50))
@@ -119,7 +120,7 @@ def test_csv_files_and_image_chunks_are_claimed_whole(
     for i in range(3):
         files.append(str(tmp_path / f"f{i}.csv"))
         Path(files[-1]).write_text("id\n" + "".join(f"{i * 10 + k}\n" for k in range(10)))
-    a, b = _workers(lambda: _ReadCsvFn({"id": pa.int64()}, 1 << 20, scope="c"), 2, monkeypatch, tmp_path)
+    a, b = _workers(_ReadCsvFn({"id": pa.int64()}, 1 << 20), 2, monkeypatch, tmp_path)
     got_a = list(a.process(files[0], files))
     got_b = list(b.process(files[1], files)) + list(_values(b.finish_bundle()))  # and file 2
     got_a += list(_values(a.finish_bundle()))
@@ -130,13 +131,13 @@ def test_csv_files_and_image_chunks_are_claimed_whole(
         return first, pa.record_batch({"path": paths}), [100] * 4
 
     chunks = [chunk(0), chunk(4), chunk(8), chunk(12)]
-    c, d = _workers(lambda: _FolderBatchFn("/root", 1 << 20, scope="i"), 2, monkeypatch, tmp_path)
+    c, d = _workers(_FolderBatchFn("/root", 1 << 20), 2, monkeypatch, tmp_path)
     got_c = list(c.process(chunks[0], chunks)) + list(c.process(chunks[2], chunks))
     got_d = list(d.process(chunks[1], chunks)) + list(_values(d.finish_bundle()))
     got_c += list(_values(c.finish_bundle()))
     assert [b.first_row for b in got_c] == [0, 8] and [b.first_row for b in got_d] == [4, 12]
     # A chunk that another worker claimed in its end of bundle is not read again by its owner.
-    e, f = _workers(lambda: _FolderBatchFn("/root", 1 << 20, scope="j"), 2, monkeypatch, tmp_path)
+    e, f = _workers(_FolderBatchFn("/root", 1 << 20), 2, monkeypatch, tmp_path)
     assert [b.first_row for b in e.process(chunks[0], chunks)] == [0]
     assert sorted(b.first_row for b in _values(e.finish_bundle())) == [4, 8, 12]
     assert list(f.process(chunks[1], chunks)) == [] and list(f.finish_bundle()) == []

@@ -38,6 +38,7 @@ from apache_beam.options.pipeline_options import (
 from recordforge.errors import RecordForgeError, SourceError
 from recordforge.pipelines.config import ConvertConfig, format_from_path, parse_splits
 from recordforge.pipelines.options import ConvertOptions
+from recordforge.pipelines.workers import LocalRunner
 from recordforge.schemas import Plan, compile_schema, infer_schema, load_schema
 from recordforge.schemas.loader import dump_schema
 from recordforge.transforms.bundle import METADATA, SUCCESS, BundleSpec, WriteBundle, rule_of
@@ -221,7 +222,7 @@ def shares_work(options: PipelineOptions) -> bool:
     runner with several worker processes, the one runner that gives them a claims folder."""
     runner = options.view_as(StandardOptions).runner
     direct = options.view_as(DirectOptions)
-    ours = runner == DEFAULT_RUNNER or type(runner).__name__ == "LocalRunner"
+    ours = runner == DEFAULT_RUNNER or isinstance(runner, LocalRunner)
     return ours and direct.direct_running_mode == "multi_processing" and direct.direct_num_workers != 1
 
 

@@ -217,8 +217,8 @@ class _ListFolderFn(beam.DoFn):
 
 class _FolderBatchFn(SharedItemsFn):
     # Shared, a chunk is claimed whole: the images are read downstream, in the same fused stage.
-    def __init__(self, root: str, batch_bytes: int, scope: str = "") -> None:
-        super().__init__(scope)
+    def __init__(self, root: str, batch_bytes: int) -> None:
+        super().__init__()
         self._root = root
         self._batch_bytes = batch_bytes
 
@@ -274,7 +274,7 @@ class ReadImageFolder(beam.PTransform):
             )
         )
         # (first row, batch of (path, label, label_id, split), sizes or None): names only
-        read_fn = _FolderBatchFn(self._folder.root, self._batch_bytes, scope=uuid.uuid4().hex)
+        read_fn = _FolderBatchFn(self._folder.root, self._batch_bytes)
         every = [beam.pvalue.AsList(chunks)] if self._share else []  # see sharing.py
         batches = chunks | "Spread" >> beam.Reshuffle() | "Read" >> beam.ParDo(read_fn, *every)
         declare_element_type(batches, SourceBatch)

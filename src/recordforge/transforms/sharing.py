@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import uuid
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -86,8 +87,10 @@ class SharedItemsFn(beam.DoFn):
     claims folder, `process` is a plain call of `read`.
     """
 
-    def __init__(self, scope: str) -> None:
-        self._scope = scope  # unique per transform: two reads of one file claim separately
+    def __init__(self) -> None:
+        # Unique per DoFn made, the same in every worker (they get it pickled): two reads of one
+        # file, by two transforms, claim apart.
+        self._scope = uuid.uuid4().hex
 
     def setup(self) -> None:
         self._claims = Claims.for_scope(self._scope)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import logging
-import uuid
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
@@ -111,10 +110,8 @@ def _resolve_columns(columns: list[str], names: list[str], path: str) -> list[st
 
 
 class _ReadParquetFn(SharedItemsFn):
-    def __init__(
-        self, columns: list[str] | None, batch_size: int, skip_unreadable: bool = False, scope: str = ""
-    ) -> None:
-        super().__init__(scope)
+    def __init__(self, columns: list[str] | None, batch_size: int, skip_unreadable: bool = False) -> None:
+        super().__init__()
         self._columns = columns
         self._batch_size = batch_size
         self._skip = skip_unreadable
@@ -211,7 +208,7 @@ class ReadParquet(beam.PTransform):
             | "RowGroups"
             >> beam.ParDo(_ParquetRowGroupsFn(self._skip)).with_outputs(UNREADABLE, main="groups")
         )
-        read_fn = _ReadParquetFn(self._columns, self._batch_size, self._skip, scope=uuid.uuid4().hex)
+        read_fn = _ReadParquetFn(self._columns, self._batch_size, self._skip)
         # With share_work, every worker also sees every row group (see sharing.py).
         every = [beam.pvalue.AsList(groups.groups)] if self._share else []
         read = (
@@ -241,9 +238,8 @@ class _ReadCsvFn(SharedItemsFn):
         *,
         strict: bool = True,
         skip_unreadable: bool = False,
-        scope: str = "",
     ) -> None:
-        super().__init__(scope)
+        super().__init__()
         self._column_types = column_types
         self._block_size = block_size
         self._strict = strict
@@ -386,7 +382,6 @@ class ReadCsv(beam.PTransform):
             self._block_size,
             strict=self._strict,
             skip_unreadable=self._skip,
-            scope=uuid.uuid4().hex,
         )
         every = [paths] if self._share else []  # every worker sees every file (sharing.py)
         read = (
