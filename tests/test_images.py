@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 from pathlib import Path
 
 import numpy as np
@@ -315,3 +316,75 @@ def test_a_remote_folder_listing_keeps_each_file_with_its_size(monkeypatch: pyte
     ]
     assert folder.sizes == [listed[path] for path, _, _ in folder.entries]
     assert folder.labels == ["A", "B", "C"] and folder.splits == ["train"]
+
+
+def test_a_column_of_images_loads_as_process_image_loads_each(tmp_path: Path) -> None:
+    """The batch path (numpy over PNG headers, one read loop) against `process_image` one image at a
+    time: the same bytes, header values, format and reason, for every kind of row."""
+    import pyarrow as pa
+
+    from recordforge.images import ImageOptions, load_image_column, process_image
+
+    rng = np.random.default_rng(1)
+    variants: dict[str, bytes] = {}
+    for name, px, fmt in [
+        ("gray", rng.integers(0, 256, (9, 7), dtype=np.uint8), "PNG"),
+        ("rgb", rng.integers(0, 256, (300, 2, 3), dtype=np.uint8), "PNG"),
+        ("rgba", rng.integers(0, 256, (4, 70000 // 16, 4), dtype=np.uint8), "PNG"),  # > one read
+        ("deep", rng.integers(0, 65536, (6, 5), dtype=np.uint16), "PNG"),
+        ("jpeg", rng.integers(0, 256, (16, 16, 3), dtype=np.uint8), "JPEG"),
+        ("gif", rng.integers(0, 256, (6, 6), dtype=np.uint8), "GIF"),
+    ]:
+        variants[name] = _save(tmp_path / f"{name}.img", px, fmt)
+    buf = io.BytesIO()
+    Image.fromarray(rng.integers(0, 4, (5, 5), dtype=np.uint8), mode="P").save(buf, format="PNG")
+    variants["palette"] = buf.getvalue()
+    buf = io.BytesIO()
+    Image.fromarray(rng.integers(0, 4, (5, 5), dtype=np.uint8), mode="P").save(
+        buf, format="PNG", transparency=0
+    )
+    variants["palette_alpha"] = buf.getvalue()
+    rgb = variants["rgb"]
+    variants |= {
+        "padded": rgb + b"\0\0\0",
+        "truncated": rgb[:-1],
+        "header_only": rgb[:40],
+        "short": rgb[:20],
+        "empty": b"",
+        "text": b"not an image at all, but long enough to have a header" * 2,
+        "bad_colour_type": rgb[:25] + b"\x05" + rgb[26:],
+    }
+    for name, data in variants.items():
+        (tmp_path / f"{name}.img").write_bytes(data)
+    (tmp_path / "folder.img").mkdir()
+    names = [*variants, "missing", "folder", None] * 3
+    paths = [None if n is None else str(tmp_path / f"{n}.img") for n in names]
+    as_bytes = [None if n is None or n not in variants else variants[n] for n in names]
+
+    for column in (pa.array(paths, pa.string()), pa.array(as_bytes, pa.binary())):
+        for opts in (ImageOptions(), ImageOptions(encode="png", channels=3)):
+            got = load_image_column(column, "", opts)
+            for i, item in enumerate(column.to_pylist()):
+                if item is None:
+                    assert not got.present[i] and i not in got.errors
+                    continue
+                try:
+                    data = item if isinstance(item, bytes) else Path(item).read_bytes()
+                    want = process_image(data, opts)
+                except (OSError, ValueError) as exn:
+                    assert not got.present[i] and got.data[i].as_py() is None
+                    reason = re.sub("0x[0-9a-f]+", "", got.errors[i])  # Pillow names a BytesIO by address
+                    if isinstance(exn, ValueError):
+                        assert reason == re.sub("0x[0-9a-f]+", "", str(exn))
+                    else:
+                        assert reason.startswith(f"cannot read {item!r}: ")
+                    continue
+                assert got.present[i] and i not in got.errors
+                assert got.data[i].as_py() == want.data
+                assert (got.height[i], got.width[i], got.channels[i]) == (
+                    want.height,
+                    want.width,
+                    want.channels,
+                )
+                assert got.format[i].as_py() == want.format.encode()
+            assert got.format.null_count == got.data.null_count == (~got.present).sum()

@@ -16,10 +16,18 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
+import pyarrow as pa
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
-__all__ = ["ImageOptions", "ImageResult", "load_images", "process_image", "resolve"]
+__all__ = [
+    "ImageColumn",
+    "ImageOptions",
+    "ImageResult",
+    "load_image_column",
+    "process_image",
+    "resolve",
+]
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".gif", ".bmp", ".webp")
 _THREADS = 16  # remote reads are I/O: overlap them (GCS latency is tens of milliseconds)
@@ -209,33 +217,183 @@ def process_image(data: bytes, opts: ImageOptions) -> ImageResult:
         raise ValueError(f"not a readable image: {exn}") from exn
 
 
-def _load_one(item: str | bytes, base_dir: str, opts: ImageOptions) -> ImageResult | str:
-    try:
-        data = item if isinstance(item, bytes) else _read(resolve(item, base_dir))
-    except Exception as exn:
-        return f"cannot read {item!r}: {exn}"
-    try:
-        return process_image(data, opts)
-    except ValueError as exn:
-        return str(exn)
+@dataclass(frozen=True)
+class ImageColumn:
+    """A column of images, loaded: one entry per row; `present` marks the rows that hold an image
+    (the others are nulls, or errors with their reason)."""
+
+    data: pa.Array  # large_binary: the bytes to write; null where there is no image
+    height: np.ndarray  # int64; 0 where there is no image (so are width and channels)
+    width: np.ndarray
+    channels: np.ndarray
+    format: pa.Array  # large_binary ("png", "jpeg", ...); null where there is no image
+    present: np.ndarray  # bool
+    errors: dict[int, str]  # row -> why it holds no image (unreadable, not an image, truncated)
 
 
-def load_images(
-    items: list[str | bytes | None], base_dir: str, opts: ImageOptions
-) -> list[ImageResult | str | None]:
-    """For each path (or bytes): an ImageResult, an error message, or None for a null."""
-    todo = [(i, v) for i, v in enumerate(items) if v is not None]
-    out: list[ImageResult | str | None] = [None] * len(items)
-    if not todo:
-        return out
-    remote = any(isinstance(v, str) and "://" in resolve(v, base_dir) for _, v in todo[:1])
-    if not remote:
-        # Local files: threads only add GIL contention (measured 3x slower); read in order.
-        for i, v in todo:
-            out[i] = _load_one(v, base_dir, opts)
-        return out
-    with ThreadPoolExecutor(max_workers=min(_THREADS, len(todo))) as pool:
-        results = pool.map(lambda iv: _load_one(iv[1], base_dir, opts), todo)
-        for (i, _), result in zip(todo, results, strict=True):
-            out[i] = result
+def load_image_column(col: pa.Array, base_dir: str, opts: ImageOptions) -> ImageColumn:
+    """Every image of a column of paths (relative ones against `base_dir`) or of encoded bytes,
+    with its header values.
+
+    Batch-wise where it counts: local files are read in one tight loop, their bytes gathered into
+    one Arrow buffer, and the headers of whole non-palette PNGs read with numpy over the batch
+    (~1 us an image in all, against ~5 us through `process_image` one by one). Every other image
+    (JPEG, palette PNG, any other format, or all of them when re-encoding) goes through
+    `process_image`; the results are the same either way.
+    """
+    from recordforge.encoding import binary_array, binary_parts
+
+    n = len(col)
+    valid = (
+        np.array(col.is_valid().to_numpy(zero_copy_only=False), bool) if col.null_count else np.ones(n, bool)
+    )
+    errors: dict[int, str] = {}
+    if pa.types.is_binary(col.type) or pa.types.is_large_binary(col.type):
+        encoded = col.cast(pa.large_binary())
+    else:
+        data = _read_all(col.to_pylist(), base_dir, errors)
+        valid[list(errors)] = False
+        lengths = np.fromiter(map(len, data), np.int64, n)
+        encoded = binary_array(np.frombuffer(b"".join(data), np.uint8), lengths, valid=valid)
+    offsets, buf = binary_parts(encoded)
+    height, width, channels = (np.zeros(n, np.int64) for _ in range(3))
+    formats = {"png": 0}  # format -> its index in `fmt`
+    fmt = np.zeros(n, np.int64)
+    fast = valid & _whole_pngs(offsets, buf) if opts.encode is None else np.zeros(n, bool)
+    height[fast], width[fast], channels[fast] = _png_values(offsets[:-1][fast], buf)
+    replaced: dict[int, bytes] = {}
+    for i in np.flatnonzero(valid & ~fast).tolist():
+        try:
+            r = process_image(buf[offsets[i] : offsets[i + 1]].tobytes(), opts)
+        except ValueError as exn:
+            errors[i] = str(exn)
+            continue
+        height[i], width[i], channels[i] = r.height, r.width, r.channels
+        fmt[i] = formats.setdefault(r.format, len(formats))
+        if opts.encode is not None:
+            replaced[i] = r.data
+    present = valid.copy()
+    present[list(errors)] = False
+    if replaced or not present.all():
+        encoded = _rebuild(encoded, replaced, present)
+    return ImageColumn(
+        data=encoded,
+        height=height,
+        width=width,
+        channels=channels,
+        format=pa.array([f.encode() for f in formats], pa.large_binary()).take(pa.array(fmt, mask=~present)),
+        present=present,
+        errors=errors,
+    )
+
+
+def _read_all(items: list[str | None], base_dir: str, errors: dict[int, str]) -> list[bytes]:
+    """The bytes of every path (b"" for a null, or for a file that cannot be read: its reason
+    goes to `errors`). Local files in order, remote ones on threads."""
+    paths = [None if p is None else resolve(p, base_dir) for p in items]
+    if any("://" in p for p in paths if p is not None):
+        with ThreadPoolExecutor(max_workers=min(_THREADS, len(paths))) as pool:
+            loaded = list(pool.map(_read_or_error, paths))
+    else:
+        loaded = _read_local(paths)
+    out: list[bytes] = []
+    for i, data in enumerate(loaded):
+        if isinstance(data, bytes):
+            out.append(data)
+        else:
+            errors[i] = f"cannot read {items[i]!r}: {data}"
+            out.append(b"")
     return out
+
+
+def _read_or_error(path: str | None) -> bytes | Exception:
+    if path is None:
+        return b""
+    try:
+        return _read(path)
+    except Exception as exn:
+        return exn
+
+
+def _read_local(paths: list[str | None]) -> list[bytes | Exception]:
+    """`_read` inlined for a batch of local paths: three system calls a small file and little else
+    (the calls are ~2.5 us; a function call per file would add ~1 us)."""
+    out: list[bytes | Exception] = []
+    append, open_, read, close = out.append, os.open, os.read, os.close
+    flags = os.O_RDONLY | os.O_CLOEXEC
+    for path in paths:
+        if path is None:
+            append(b"")
+            continue
+        try:
+            fd = open_(path, flags)
+        except (OSError, ValueError) as exn:  # ValueError: a NUL in the path
+            append(exn)
+            continue
+        try:
+            data = read(fd, _READ_SIZE)
+            if len(data) == _READ_SIZE:  # see _read: only a large file takes a second call
+                chunks = [data]
+                while chunk := read(fd, _READ_SIZE):
+                    chunks.append(chunk)
+                data = b"".join(chunks)
+            append(data)
+        except OSError as exn:  # a folder, an I/O error
+            append(exn)
+        finally:
+            close(fd)
+    return out
+
+
+_PNG_START = np.frombuffer(_PNG_SIGNATURE + b"\0\0\0\0IHDR", np.uint8)  # the length is not checked
+_PNG_START_CHECKED = np.array([i for i in range(16) if not 8 <= i < 12])
+_PNG_END = np.frombuffer(_END_MARKERS["PNG"], np.uint8)
+_PNG_FAST_TYPES = np.zeros(256, bool)
+_PNG_FAST_TYPES[list(_PNG_CHANNELS)] = True
+_PNG_CHANNELS_BY_TYPE = np.zeros(256, np.int64)
+_PNG_CHANNELS_BY_TYPE[list(_PNG_CHANNELS)] = list(_PNG_CHANNELS.values())
+
+
+def _whole_pngs(offsets: np.ndarray, buf: np.ndarray) -> np.ndarray:
+    """Which elements `_png_header` reads without a chunk walk (colour types other than palette)
+    and `_complete` finds ending in IEND: the same tests, on every element at once."""
+    starts, ends = offsets[:-1], offsets[1:]
+    ok = ends - starts >= 33
+    at = starts[ok]
+    head = buf[at[:, None] + _PNG_START_CHECKED]
+    tail = buf[ends[ok][:, None] - len(_PNG_END) + np.arange(len(_PNG_END))]
+    ok[ok] = (
+        (head == _PNG_START[_PNG_START_CHECKED]).all(axis=1)
+        & (tail == _PNG_END).all(axis=1)
+        & _PNG_FAST_TYPES[buf[at + 25]]
+    )
+    return ok
+
+
+def _png_values(starts: np.ndarray, buf: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(height, width, channels) from the IHDR chunks at `starts`: big-endian uint32s at 20 and 16,
+    the colour type at 25."""
+
+    def be32(at: np.ndarray) -> np.ndarray:
+        b = buf[at[:, None] + np.arange(4)].astype(np.int64)
+        return (b[:, 0] << 24) | (b[:, 1] << 16) | (b[:, 2] << 8) | b[:, 3]
+
+    return be32(starts + 20), be32(starts + 16), _PNG_CHANNELS_BY_TYPE[buf[starts + 25]]
+
+
+def _rebuild(encoded: pa.Array, replaced: dict[int, bytes], present: np.ndarray) -> pa.Array:
+    """`encoded` with re-encoded rows swapped in and rows without an image made null."""
+    from recordforge.encoding import binary_array, binary_parts
+
+    offsets, buf = binary_parts(encoded)
+    if not replaced:  # only nulls to add: the same bytes, a new validity
+        lengths = np.where(present, np.diff(offsets), 0)
+        keep = np.repeat(present, np.diff(offsets))
+        return binary_array(buf[offsets[0] : offsets[-1]][keep], lengths, valid=present)
+    parts = [
+        (replaced.get(i, buf[offsets[i] : offsets[i + 1]].tobytes()) if present[i] else b"")
+        for i in range(len(present))
+    ]
+    return binary_array(
+        np.frombuffer(b"".join(parts), np.uint8), np.fromiter(map(len, parts), np.int64), valid=present
+    )

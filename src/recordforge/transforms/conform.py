@@ -17,7 +17,7 @@ import pyarrow.compute as pc
 
 from recordforge.encoding import binary_array
 from recordforge.errors import DataError, SourceError
-from recordforge.images import ImageOptions, load_images, manifest_dir
+from recordforge.images import ImageOptions, load_image_column, manifest_dir
 from recordforge.schemas.model import DType, Feature, NullPolicy
 from recordforge.schemas.plan import TEXT_VALUE_TYPES, Plan
 from recordforge.transforms.casts import Failure, apply_ops, cast_values, check_values
@@ -241,26 +241,20 @@ def _conform_image(col: pa.Array, f: Feature, fails: _Failures) -> list[pa.Array
     opts = ImageOptions(
         resize=f.resize, method=f.method, encode=f.encode, quality=f.quality, channels=f.channels
     )
-    results = load_images(col.to_pylist(), manifest_dir(fails.file), opts)
-    n = len(results)
-    data: list[bytes | None] = [None] * n
-    parts = {p: [None] * n for p in ("height", "width", "channels", "format")}
-    for i, r in enumerate(results):
-        if isinstance(r, str):
-            fails.add(np.array([i]), f.source_column, "image", r, col, np.array([i]))
-        elif r is not None:
-            data[i] = r.data
-            parts["height"][i], parts["width"][i], parts["channels"][i] = r.height, r.width, r.channels
-            parts["format"][i] = r.format.encode()
+    images = load_image_column(col, manifest_dir(fails.file), opts)
+    for i, reason in sorted(images.errors.items()):
+        fails.add(np.array([i]), f.source_column, "image", reason, col, np.array([i]))
     if f.nulls is NullPolicy.REQUIRED:
-        missing = np.array([i for i, r in enumerate(results) if r is None], dtype=np.int64)
+        missing = np.flatnonzero(~images.present)
+        missing = np.array([i for i in missing.tolist() if i not in images.errors], dtype=np.int64)
         fails.add(missing, f.source_column, "null", "null in a feature with `nulls: required`", col, missing)
+    absent = ~images.present
     return [
-        pa.array(data, pa.large_binary()),
-        pa.array(parts["height"], pa.int64()),
-        pa.array(parts["width"], pa.int64()),
-        pa.array(parts["channels"], pa.int64()),
-        pa.array(parts["format"], pa.large_binary()),
+        images.data,
+        pa.array(images.height, mask=absent),
+        pa.array(images.width, mask=absent),
+        pa.array(images.channels, mask=absent),
+        images.format,
     ]
 
 
