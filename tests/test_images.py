@@ -285,6 +285,8 @@ def test_folder_batches_are_bounded_in_file_bytes_on_the_worker(tmp_path: Path) 
         rows = range(b.first_row, b.first_row + b.batch.num_rows)
         assert b.batch.column("path").to_pylist() == [folder.entries[i][0] for i in rows]
         assert b.batch.num_rows == 1 or sum(sizes[i] for i in rows) <= cap
+        # The worker read them as it cut the batches: the bytes travel with the paths.
+        assert b.read["path"].to_pylist() == [Path(folder.entries[i][0]).read_bytes() for i in rows]
     assert len(batches) > len(folder.entries) // 7  # the cap split chunks
 
 
@@ -388,3 +390,44 @@ def test_a_column_of_images_loads_as_process_image_loads_each(tmp_path: Path) ->
                 )
                 assert got.format[i].as_py() == want.format.encode()
             assert got.format.null_count == got.data.null_count == (~got.present).sum()
+
+
+def test_a_folder_image_that_cannot_be_read_or_decoded_is_rejected_by_its_path(tmp_path: Path) -> None:
+    """The worker reads a local folder's files itself; one gone since the listing, or not a whole
+    PNG, is a rejected row that names the file (its bytes are not copied into the dead letters)."""
+    import apache_beam as beam
+
+    from recordforge.pipelines.config import ConvertConfig
+    from recordforge.pipelines.convert import DEFAULT_RUNNER, build
+
+    written = mnist_folder(str(tmp_path / "digits"), per_class=2)
+    truncated = tmp_path / "digits" / "train" / "3" / "00000.png"
+    truncated.write_bytes(truncated.read_bytes()[:-20])
+    out = tmp_path / "out"
+    p = beam.Pipeline(runner=DEFAULT_RUNNER)
+    config = ConvertConfig(
+        sources=(str(tmp_path / "digits"),), output=str(out), source_format="images", max_rejected=2
+    )
+    build(p, config)
+    gone = tmp_path / "digits" / "test" / "7" / "00000.png"
+    gone.unlink()  # after the listing: the worker finds it missing
+    p.run().wait_until_finish()
+    meta = json.loads((out / "metadata.json").read_text())
+    assert (meta["rows_read"], meta["rows_written"], meta["rows_rejected"]) == (
+        len(written),
+        len(written) - 2,
+        2,
+    )
+    rejected = sorted(
+        (json.loads(x) for f in (out / "_rejected").glob("*.jsonl") for x in f.read_text().splitlines()),
+        key=lambda r: r["value"],
+    )
+    assert [(r["value"], r["rule"], r["column"]) for r in rejected] == [
+        (str(gone), "image", "path"),
+        (str(truncated), "image", "path"),
+    ]
+    assert rejected[0]["reason"].startswith(f"cannot read {str(gone)!r}: [Errno 2]")
+    assert rejected[1]["reason"] == "truncated PNG file"
+    assert rejected[1]["record"] == {"path": str(truncated), "label": "3", "label_id": 3, "split": "train"}
+    kept = {p for p, _ in written} - {str(gone), str(truncated)}
+    assert len(_records(out)) == len(kept)

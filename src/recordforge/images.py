@@ -11,6 +11,7 @@ import io
 import os
 import posixpath
 import struct
+from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -26,6 +27,7 @@ __all__ = [
     "ImageResult",
     "load_image_column",
     "process_image",
+    "read_local_files",
     "resolve",
 ]
 
@@ -231,9 +233,12 @@ class ImageColumn:
     errors: dict[int, str]  # row -> why it holds no image (unreadable, not an image, truncated)
 
 
-def load_image_column(col: pa.Array, base_dir: str, opts: ImageOptions) -> ImageColumn:
+def load_image_column(
+    col: pa.Array, base_dir: str, opts: ImageOptions, *, read: pa.Array | None = None
+) -> ImageColumn:
     """Every image of a column of paths (relative ones against `base_dir`) or of encoded bytes,
-    with its header values.
+    with its header values. `read`: the bytes of a column of paths, already read by the source
+    (null where it could not read a file: that file is tried again here, for the reason).
 
     Batch-wise where it counts: local files are read in one tight loop, their bytes gathered into
     one Arrow buffer, and the headers of whole non-palette PNGs read with numpy over the batch
@@ -241,20 +246,27 @@ def load_image_column(col: pa.Array, base_dir: str, opts: ImageOptions) -> Image
     (JPEG, palette PNG, any other format, or all of them when re-encoding) goes through
     `process_image`; the results are the same either way.
     """
-    from recordforge.encoding import binary_array, binary_parts
+    from recordforge.encoding import binary_parts
 
     n = len(col)
-    valid = (
-        np.array(col.is_valid().to_numpy(zero_copy_only=False), bool) if col.null_count else np.ones(n, bool)
-    )
+    valid = _valid(col)
     errors: dict[int, str] = {}
     if pa.types.is_binary(col.type) or pa.types.is_large_binary(col.type):
         encoded = col.cast(pa.large_binary())
+    elif read is None:
+        encoded = _binary(_read_all(col.to_pylist(), base_dir, errors))
     else:
-        data = _read_all(col.to_pylist(), base_dir, errors)
-        valid[list(errors)] = False
-        lengths = np.fromiter(map(len, data), np.int64, n)
-        encoded = binary_array(np.frombuffer(b"".join(data), np.uint8), lengths, valid=valid)
+        encoded = read.cast(pa.large_binary())
+        again = np.flatnonzero(valid & ~_valid(read)).tolist()
+        if again:
+            paths = col.to_pylist()
+            parts = encoded.to_pylist()
+            retried: dict[int, str] = {}
+            for i, data in zip(again, _read_all([paths[i] for i in again], base_dir, retried), strict=True):
+                parts[i] = data
+            errors = {again[j]: reason for j, reason in retried.items()}
+            encoded = _binary(parts)
+    valid[list(errors)] = False
     offsets, buf = binary_parts(encoded)
     height, width, channels = (np.zeros(n, np.int64) for _ in range(3))
     formats = {"png": 0}  # format -> its index in `fmt`
@@ -287,8 +299,15 @@ def load_image_column(col: pa.Array, base_dir: str, opts: ImageOptions) -> Image
     )
 
 
-def _read_all(items: list[str | None], base_dir: str, errors: dict[int, str]) -> list[bytes]:
-    """The bytes of every path (b"" for a null, or for a file that cannot be read: its reason
+def _valid(col: pa.Array) -> np.ndarray:
+    """A writable bool per element: not null."""
+    if not col.null_count:
+        return np.ones(len(col), bool)
+    return np.array(col.is_valid().to_numpy(zero_copy_only=False), bool)
+
+
+def _read_all(items: list[str | None], base_dir: str, errors: dict[int, str]) -> list[bytes | None]:
+    """The bytes of every path (None for a null, or for a file that cannot be read: its reason
     goes to `errors`). Local files in order, remote ones on threads."""
     paths = [None if p is None else resolve(p, base_dir) for p in items]
     if any("://" in p for p in paths if p is not None):
@@ -296,13 +315,13 @@ def _read_all(items: list[str | None], base_dir: str, errors: dict[int, str]) ->
             loaded = list(pool.map(_read_or_error, paths))
     else:
         loaded = _read_local(paths)
-    out: list[bytes] = []
+    out: list[bytes | None] = []
     for i, data in enumerate(loaded):
         if isinstance(data, bytes):
-            out.append(data)
+            out.append(data if items[i] is not None else None)
         else:
             errors[i] = f"cannot read {items[i]!r}: {data}"
-            out.append(b"")
+            out.append(None)
     return out
 
 
@@ -315,20 +334,19 @@ def _read_or_error(path: str | None) -> bytes | Exception:
         return exn
 
 
-def _read_local(paths: list[str | None]) -> list[bytes | Exception]:
-    """`_read` inlined for a batch of local paths: three system calls a small file and little else
-    (the calls are ~2.5 us; a function call per file would add ~1 us)."""
-    out: list[bytes | Exception] = []
-    append, open_, read, close = out.append, os.open, os.read, os.close
+def _read_local(paths: Iterable[str | None]) -> Iterator[bytes | Exception]:
+    """`_read` inlined for a run of local paths: three system calls a small file and little else
+    (the calls are ~2.5 us; a function call per file would add ~1 us). b"" for a None."""
+    open_, read, close = os.open, os.read, os.close
     flags = os.O_RDONLY | os.O_CLOEXEC
     for path in paths:
         if path is None:
-            append(b"")
+            yield b""
             continue
         try:
             fd = open_(path, flags)
         except (OSError, ValueError) as exn:  # ValueError: a NUL in the path
-            append(exn)
+            yield exn
             continue
         try:
             data = read(fd, _READ_SIZE)
@@ -337,12 +355,40 @@ def _read_local(paths: list[str | None]) -> list[bytes | Exception]:
                 while chunk := read(fd, _READ_SIZE):
                     chunks.append(chunk)
                 data = b"".join(chunks)
-            append(data)
         except OSError as exn:  # a folder, an I/O error
-            append(exn)
+            data = exn
         finally:
             close(fd)
-    return out
+        yield data
+
+
+def read_local_files(paths: list[str], batch_bytes: int) -> Iterator[tuple[int, pa.Array]]:
+    """(first, bytes) for consecutive runs of `paths` (local files) of at most `batch_bytes` of
+    data each (a bigger file alone): the bytes of each file, null where it cannot be read. The
+    files are read once, in order, and the runs cut as they are read, so that nothing but the
+    reading itself is spent on sizes."""
+    start, size, run = 0, 0, []
+    for data in _read_local(paths):
+        if not isinstance(data, bytes):
+            data = None
+        length = len(data) if data is not None else 0
+        if run and size + length > batch_bytes:
+            yield start, _binary(run)
+            start, size, run = start + len(run), 0, []
+        run.append(data)
+        size += length
+    if run:
+        yield start, _binary(run)
+
+
+def _binary(items: list[bytes | None]) -> pa.Array:
+    """A large_binary array of `items` (None: null), built from one join of the bytes."""
+    from recordforge.encoding import binary_array
+
+    valid = np.fromiter((x is not None for x in items), bool, len(items))
+    items = [x if x is not None else b"" for x in items] if not valid.all() else items
+    lengths = np.fromiter(map(len, items), np.int64, len(items))
+    return binary_array(np.frombuffer(b"".join(items), np.uint8), lengths, valid=valid)
 
 
 _PNG_START = np.frombuffer(_PNG_SIGNATURE + b"\0\0\0\0IHDR", np.uint8)  # the length is not checked

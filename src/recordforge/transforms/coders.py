@@ -43,7 +43,7 @@ class SourceBatchCoder(_SizedPickleCoder):
     """A `SourceBatch`: a record batch with its file and first row."""
 
     def estimate_size(self, value: Any) -> int:
-        return value.batch.nbytes + len(value.file) + 16
+        return value.batch.nbytes + sum(a.nbytes for a in value.read.values()) + len(value.file) + 16
 
 
 def declare_element_type(pcoll: beam.PCollection, element_type: Any) -> beam.PCollection:

@@ -84,15 +84,22 @@ def _rows_of(value_indices: np.ndarray, offsets: np.ndarray | None) -> np.ndarra
 
 
 def conform_batch(
-    batch: pa.RecordBatch, plan: Plan, *, file: str, first_row: int, text_lists: bool = False
+    batch: pa.RecordBatch,
+    plan: Plan,
+    *,
+    file: str,
+    first_row: int,
+    text_lists: bool = False,
+    read: dict[str, pa.Array] | None = None,
 ) -> Conformed:
     """Returns the batch's good rows with the plan's Arrow schema (one column per written feature,
     values cast to the encoder's types, nulls handled per policy) and its bad rows. Raises
     SourceError when a column is missing or has a type that can never hold its feature.
     `text_lists`: list features arrive as JSON text (CSV); otherwise a scalar column feeding a
-    list feature is read as lists of one value."""
+    list feature is read as lists of one value. `read`: image bytes the source has read, by the
+    column of their paths (SourceBatch.read)."""
     fails = _Failures(file, first_row)
-    arrays = [a for f in plan.features for a in _conform_feature(batch, f, fails, text_lists)]
+    arrays = [a for f in plan.features for a in _conform_feature(batch, f, fails, text_lists, read or {})]
     if not fails.rows:
         return Conformed(
             pa.RecordBatch.from_arrays(arrays, schema=plan.arrow_schema), [], np.zeros(0, np.int64)
@@ -149,11 +156,13 @@ def _flat_values(lists: pa.Array) -> pa.Array:
     return lists.values.slice(start, int(lists.offsets[-1].as_py()) - start)
 
 
-def _conform_feature(batch: pa.RecordBatch, f: Feature, fails: _Failures, text_lists: bool) -> list[pa.Array]:
+def _conform_feature(
+    batch: pa.RecordBatch, f: Feature, fails: _Failures, text_lists: bool, read: dict[str, pa.Array]
+) -> list[pa.Array]:
     col = _source_column(batch, f, fails.file)
     column = f.source_column
     if f.is_image:
-        return _conform_image(col, f, fails)
+        return _conform_image(col, f, fails, read.get(column))
     if f.is_scalar:
         if _is_list(col.type):
             raise SourceError(
@@ -225,9 +234,10 @@ def _conform_feature(batch: pa.RecordBatch, f: Feature, fails: _Failures, text_l
     return [out]
 
 
-def _conform_image(col: pa.Array, f: Feature, fails: _Failures) -> list[pa.Array]:
+def _conform_image(col: pa.Array, f: Feature, fails: _Failures, read: pa.Array | None) -> list[pa.Array]:
     """Paths (relative ones against the manifest's folder) or encoded bytes, to the image bytes
-    and its header values; an unreadable or undecodable image rejects its row (rule `image`)."""
+    and its header values; an unreadable or undecodable image rejects its row (rule `image`).
+    `read`: the paths' bytes, when the source has read them."""
     if not (
         pa.types.is_string(col.type)
         or pa.types.is_large_string(col.type)
@@ -241,7 +251,7 @@ def _conform_image(col: pa.Array, f: Feature, fails: _Failures) -> list[pa.Array
     opts = ImageOptions(
         resize=f.resize, method=f.method, encode=f.encode, quality=f.quality, channels=f.channels
     )
-    images = load_image_column(col, manifest_dir(fails.file), opts)
+    images = load_image_column(col, manifest_dir(fails.file), opts, read=read)
     for i, reason in sorted(images.errors.items()):
         fails.add(np.array([i]), f.source_column, "image", reason, col, np.array([i]))
     if f.nulls is NullPolicy.REQUIRED:

@@ -54,7 +54,12 @@ class _ToExamplesFn(beam.DoFn):
         if batch.num_rows == 0:
             return
         result = conform_batch(
-            batch, self._plan, file=element.file, first_row=element.first_row, text_lists=element.text_lists
+            batch,
+            self._plan,
+            file=element.file,
+            first_row=element.first_row,
+            text_lists=element.text_lists,
+            read=element.read,
         )
         if result.rejected:
             if self._strict:

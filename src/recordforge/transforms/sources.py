@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import apache_beam as beam
 import pyarrow as pa
@@ -34,6 +34,9 @@ class SourceBatch:
     first_row: int  # 0-based index of batch's first row within the file
     batch: pa.RecordBatch
     text_lists: bool = False  # list features arrive as JSON text (CSV cells)
+    # Image bytes the source has already read, by the name of the column of their paths (null
+    # where it could not read a file); rejected rows still show the path (image_folder.py).
+    read: dict[str, pa.Array] = field(default_factory=dict)
 
 
 beam.coders.registry.register_coder(SourceBatch, SourceBatchCoder)
