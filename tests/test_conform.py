@@ -51,7 +51,47 @@ def test_vectorised_json_lists_match_json_loads(dtype: str) -> None:
     assert got.to_pylist() == expected.to_pylist()
 
 
-@pytest.mark.parametrize("cell", ['["a"]', "[[1]]", "[1, x]", "{}", "[1,, 2]"])
+@pytest.mark.parametrize(
+    "cell",
+    [
+        '["a"]',
+        "[[1]]",
+        "[1, x]",
+        "{}",
+        "[1,, 2]",
+        "[1,]",
+        "[,1]",
+        "[1 2]",
+        "[1] x",
+        "[1][2]",
+        "[1",
+        "1]",
+        "2",
+    ],
+)
 def test_vectorised_json_lists_defer_anything_else(cell: str) -> None:
     feature = schema_from_dict({"features": [{"name": "x", "type": "int64", "shape": [-1]}]}).features[0]
     assert _numeric_json_lists(pa.array(["[1]", cell]), feature) is None
+
+
+def test_json_list_cells_parse_as_json_loads_reads_them() -> None:
+    """Whichever path a column takes (vectorised, or json.loads per cell when one cell is not
+    simple), valid cells give json.loads' values and invalid ones are rejected rows."""
+    from recordforge.transforms.conform import _Failures, _parse_json_lists
+
+    feature = schema_from_dict({"features": [{"name": "x", "type": "int64", "shape": [-1]}]}).features[0]
+    valid = ["[1, 2]", " [3,4] ", "[ ]", "[]", "[5,\t6]", "[\n7\n]", "[-8]", "", None, "  "]
+    for cells in (valid, [*valid, "[1,]", "[9] x"]):
+        fails = _Failures("f.csv", 0)
+        got = _parse_json_lists(pa.array(cells), feature, fails).to_pylist()
+        for i, cell in enumerate(cells):
+            if cell is None or not cell.strip():
+                assert got[i] is None
+                continue
+            try:
+                expected = json.loads(cell)
+            except ValueError:
+                assert got[i] is None and fails.rows[i].rule == "type"
+                continue
+            assert got[i] == expected and i not in fails.rows
+        assert len(fails.rows) == len(cells) - len(valid)

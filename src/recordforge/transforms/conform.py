@@ -353,8 +353,8 @@ def _numeric_json_lists(col: pa.Array, f: Feature) -> pa.Array | None:
 
 
 def _parse_json_lists(col: pa.Array, f: Feature, fails: _Failures) -> pa.Array:
-    """CSV cells of list features hold JSON arrays (`[1, 2]`); an empty cell is a null. Values are
-    converted straight to the declared type, as a typed CSV column would be."""
+    """CSV cells of list features hold JSON arrays (`[1, 2]`); an empty (or blank) cell is a null.
+    Values are converted straight to the declared type, as a typed CSV column would be."""
     fast = _numeric_json_lists(col, f)
     if fast is not None:
         return fast
@@ -362,7 +362,7 @@ def _parse_json_lists(col: pa.Array, f: Feature, fails: _Failures) -> pa.Array:
     bad: list[tuple[int, str]] = []
     for i, cell in enumerate(col.to_pylist()):
         value = None
-        if cell not in (None, ""):
+        if cell is not None and cell.strip(" \t\n\r"):  # a blank cell is a null, as on the fast path
             try:
                 value = json.loads(cell)
                 if not isinstance(value, list):
