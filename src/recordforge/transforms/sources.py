@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import json
 import logging
+import queue
+import threading
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import apache_beam as beam
 import pyarrow as pa
@@ -233,6 +236,55 @@ def _empty_to_null(batch: pa.RecordBatch, columns: set[str]) -> pa.RecordBatch:
     return pa.RecordBatch.from_arrays(arrays, names=batch.schema.names)
 
 
+_T = TypeVar("_T")
+_END = object()
+
+
+def read_ahead(items: Iterator[_T], depth: int = 2) -> Iterator[_T]:
+    """`items`, produced on a thread of their own up to `depth` ahead of the consumer. An exception
+    in the producer is raised here, after the items produced before it; a consumer that stops
+    early stops the producer (and closes `items`) before this generator ends."""
+    ahead: queue.Queue = queue.Queue(depth)
+    stop = threading.Event()
+
+    def produce() -> None:
+        try:
+            for item in items:
+                while not stop.is_set():
+                    try:
+                        ahead.put((item, None), timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+                if stop.is_set():
+                    return
+            ahead.put((_END, None))
+        except BaseException as exn:  # handed to the consumer, which raises it
+            ahead.put((_END, exn))
+        finally:
+            if stop.is_set() and hasattr(items, "close"):
+                items.close()
+
+    thread = threading.Thread(target=produce, name="recordforge-read-ahead", daemon=True)
+    thread.start()
+    try:
+        while True:
+            item, exn = ahead.get()
+            if exn is not None:
+                raise exn
+            if item is _END:
+                return
+            yield item
+    finally:
+        stop.set()
+        while thread.is_alive():  # let a producer blocked on a full queue see `stop`
+            try:
+                ahead.get(timeout=0.1)
+            except queue.Empty:
+                pass
+        thread.join()
+
+
 class _ReadCsvFn(SharedItemsFn):
     def __init__(
         self,
@@ -253,7 +305,10 @@ class _ReadCsvFn(SharedItemsFn):
         emitted = 0
         try:
             try:
-                for item in self._read(path, self._column_types, skip=0):
+                # Parsed ahead on a thread (Arrow's parser releases the GIL): the next block is
+                # parsed while this one is conformed and encoded, on a core that is otherwise idle
+                # with one worker (~0.9 s of a 1M-row file's ~6 s).
+                for item in read_ahead(self._read(path, self._column_types, skip=0)):
                     if isinstance(item, SourceBatch):
                         emitted += item.batch.num_rows
                     yield item
