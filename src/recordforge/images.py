@@ -429,10 +429,9 @@ def _rebuild(encoded: pa.Array, replaced: dict[int, bytes], present: np.ndarray)
         lengths = np.where(present, np.diff(offsets), 0)
         keep = np.repeat(present, np.diff(offsets))
         return binary_array(buf[offsets[0] : offsets[-1]][keep], lengths, valid=present)
-    parts = [
-        (replaced.get(i, buf[offsets[i] : offsets[i + 1]].tobytes()) if present[i] else b"")
-        for i in range(len(present))
-    ]
-    return binary_array(
-        np.frombuffer(b"".join(parts), np.uint8), np.fromiter(map(len, parts), np.int64), valid=present
+    return _binary(
+        [
+            replaced.get(i, buf[offsets[i] : offsets[i + 1]].tobytes()) if present[i] else None
+            for i in range(len(present))
+        ]
     )

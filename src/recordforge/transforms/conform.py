@@ -255,8 +255,7 @@ def _conform_image(col: pa.Array, f: Feature, fails: _Failures, read: pa.Array |
     for i, reason in sorted(images.errors.items()):
         fails.add(np.array([i]), f.source_column, "image", reason, col, np.array([i]))
     if f.nulls is NullPolicy.REQUIRED:
-        missing = np.flatnonzero(~images.present)
-        missing = np.array([i for i in missing.tolist() if i not in images.errors], dtype=np.int64)
+        missing = np.flatnonzero(~pc.is_valid(col).to_numpy(zero_copy_only=False))
         fails.add(missing, f.source_column, "null", "null in a feature with `nulls: required`", col, missing)
     absent = ~images.present
     return [

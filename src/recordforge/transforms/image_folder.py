@@ -206,7 +206,8 @@ class _ListFolderFn(beam.DoFn):
 
 
 class _FolderBatchFn(SharedItemsFn):
-    # Shared, a chunk is claimed whole: the images are read downstream, in the same fused stage.
+    # Shared, a chunk is claimed whole: its images are read here (local) or downstream in the
+    # same fused stage (object stores), by the worker that claimed it.
     def __init__(self, root: str, batch_bytes: int) -> None:
         super().__init__()
         self._root = root
