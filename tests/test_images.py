@@ -258,7 +258,7 @@ def test_a_worker_without_the_listing_lists_again_and_checks_it(tmp_path: Path) 
 
     mnist_folder(str(tmp_path / "digits"), per_class=1)
     folder = image_folder.list_image_folder(str(tmp_path / "digits"))
-    fn = image_folder._ListFolderFn(len(folder.entries), "not-in-this-process", 8, folder.labels)
+    fn = image_folder._ListFolderFn(folder.count, "not-in-this-process", 8, folder.labels)
     chunks = list(fn.process(folder.root))  # a fresh worker process: lists the folder itself
     rows = [tuple(r.values()) for _, batch, _ in chunks for r in batch.to_pylist()]
     ids = {label: i for i, label in enumerate(folder.labels)}
@@ -288,6 +288,59 @@ def test_folder_batches_are_bounded_in_file_bytes_on_the_worker(tmp_path: Path) 
         # The worker read them as it cut the batches: the bytes travel with the paths.
         assert b.read["path"].to_pylist() == [Path(folder.entries[i][0]).read_bytes() for i in rows]
     assert len(batches) > len(folder.entries) // 7  # the cap split chunks
+
+
+def test_a_local_folder_listing_is_by_folder_then_name_with_its_digest(tmp_path: Path) -> None:
+    """What the walk lists (links to files yes, links to folders not followed, a folder named like
+    an image is a folder, a dangling link is no image), in what order, labelled how; the digest is
+    the sha256 of the NUL-joined paths (kept stable: --if_changed compares it across versions)."""
+    import hashlib
+
+    from recordforge.transforms import image_folder
+
+    root = tmp_path / "pics"
+    png = np.zeros((2, 2), np.uint8)
+    for rel in [
+        "top.png",
+        "train/cat/b.png",
+        "train/cat/A.PNG",
+        "train/dog/x.jpeg",
+        "train/odd.png/c.png",
+        "test/cat/z.gif",
+        "train/solo.png",
+        "elsewhere/e.png",
+    ]:
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(png, mode="L").save(root / rel, format="PNG")
+    (root / "train/cat/notes.txt").write_text("not an image")
+    (root / "train/cat/link.png").symlink_to(root / "top.png")
+    (root / "train/cat/gone.png").symlink_to(root / "missing.png")
+    (root / "train/linked").symlink_to(root / "elsewhere", target_is_directory=True)
+
+    folder = image_folder.list_image_folder(str(root) + "/")
+    r = str(root)
+    expected = [
+        (f"{r}/top.png", "", ""),
+        (f"{r}/elsewhere/e.png", "elsewhere", ""),
+        (f"{r}/test/cat/z.gif", "cat", "test"),
+        (f"{r}/train/solo.png", "train", ""),  # a split folder only with label folders under it
+        (f"{r}/train/cat/A.PNG", "cat", "train"),
+        (f"{r}/train/cat/b.png", "cat", "train"),
+        (f"{r}/train/cat/link.png", "cat", "train"),
+        (f"{r}/train/dog/x.jpeg", "dog", "train"),
+        (f"{r}/train/odd.png/c.png", "odd.png", "train"),
+    ]
+    assert folder.entries == expected and folder.count == len(expected)
+    assert folder.labels == ["", "cat", "dog", "elsewhere", "odd.png", "train"]
+    assert folder.splits == ["test", "train"]
+    assert folder.digest == hashlib.sha256("\0".join(p for p, _, _ in expected).encode()).hexdigest()
+    ids = {label: i for i, label in enumerate(folder.labels)}
+    rows = [
+        tuple(row.values())
+        for _, batch, _ in image_folder.chunk_entries(folder, 4, folder.labels)
+        for row in batch.to_pylist()
+    ]
+    assert rows == [(p, label, ids[label], split) for p, label, split in expected]
 
 
 def test_a_remote_folder_listing_keeps_each_file_with_its_size(monkeypatch: pytest.MonkeyPatch) -> None:

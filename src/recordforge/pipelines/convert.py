@@ -73,7 +73,7 @@ def build(pipeline: beam.Pipeline, config: ConvertConfig) -> beam.PCollection[st
     files, fmt, plan, folder = inputs.files, inputs.fmt, inputs.plan, inputs.folder
     extra: dict[str, Any] = {}
     if folder is not None:
-        extra = {"labels": folder.labels, "splits": folder.splits, "images": len(folder.entries)}
+        extra = {"labels": folder.labels, "splits": folder.splits, "images": folder.count}
     dataflow_preflight(pipeline.options, config, files)
     extra["input_fingerprint"] = input_fingerprint(files, plan, config)
     if config.span:
