@@ -27,7 +27,17 @@ def ensure_csv(parquet: str, csv: str) -> str:
     return csv
 
 
+def _cpu_times() -> list[int] | None:
+    """The machine's CPU time by state (user, nice, system, idle, iowait, irq, softirq, steal...)."""
+    try:
+        with open("/proc/stat") as f:
+            return [int(x) for x in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+
+
 def _run_child(args: list[str]) -> dict:
+    before = _cpu_times()
     proc = subprocess.Popen(
         [sys.executable, "-m", "bench.approaches", *args],
         stdout=subprocess.PIPE,
@@ -42,6 +52,12 @@ def _run_child(args: list[str]) -> dict:
         raise SystemExit(f"benchmark {args[0]} failed:\n{err_chunks[-3000:]}")
     result = json.loads(out_chunks.strip().splitlines()[-1])
     result["peak_rss_mb"] = rusage.ru_maxrss / 1024  # Linux reports KiB
+    # Steal: time the hypervisor gave this VM's CPUs to someone else while the run wanted them.
+    # Shared VMs vary run to run; a slow run with high steal was slowed from outside.
+    after = _cpu_times()
+    if before and after and len(after) > 7:
+        spent = [b - a for a, b in zip(before, after, strict=True)]
+        result["steal_pct"] = 100 * spent[7] / max(1, sum(spent))
     return result
 
 
@@ -66,6 +82,7 @@ def _summary(samples: list[dict]) -> dict:
         "rows": samples[0]["rows"],
         "bytes_per_row": statistics.median(s["bytes"] / s["rows"] for s in samples),
         "peak_rss_mb": statistics.median(s["peak_rss_mb"] for s in samples),
+        "steal_pct": max((s.get("steal_pct", 0.0) for s in samples), default=0.0),
         "all": [round(r) for r in rates],
     }
 
@@ -217,12 +234,15 @@ def main() -> None:
             samples[key].append(_run_child(cmd))
     results = {key: (label, _summary(samples[key])) for key, (label, _) in runs.items()}
     base = results["tutorial"][1]["rows_per_s"]
-    print(f"\n{'approach':64} {'rows':>9} {'rows/s':>9} {'vs tut.':>7} {'B/row':>6} {'RSS MB':>7}")
+    print(
+        f"\n{'approach':64} {'rows':>9} {'rows/s':>9} {'vs tut.':>7} {'B/row':>6} {'RSS MB':>7} {'steal':>6}"
+    )
     for label, r in results.values():
         print(
             f"{label:64} {r['rows']:>9} {r['rows_per_s']:>9.0f} {r['rows_per_s'] / base:>6.1f}x "
-            f"{r['bytes_per_row']:>6.1f} {r['peak_rss_mb']:>7.0f}   runs: {r['all']}"
+            f"{r['bytes_per_row']:>6.1f} {r['peak_rss_mb']:>7.0f} {r['steal_pct']:>5.1f}%   runs: {r['all']}"
         )
+    print("(steal: the most CPU time the hypervisor took from this VM during any one run of the approach)")
     rf = results.get("rf", (None, None))[1]
 
     def ratio(key: str, base: str, text: str, digits: int = 2) -> None:
