@@ -258,12 +258,24 @@ def test_a_worker_without_the_listing_lists_again_and_checks_it(tmp_path: Path) 
 
     mnist_folder(str(tmp_path / "digits"), per_class=1)
     folder = image_folder.list_image_folder(str(tmp_path / "digits"))
-    fn = image_folder._ListFolderFn(folder.count, "not-in-this-process", 8, folder.labels)
-    chunks = list(fn.process(folder.root))  # a fresh worker process: lists the folder itself
-    rows = [tuple(r.values()) for _, batch, _ in chunks for r in batch.to_pylist()]
     ids = {label: i for i, label in enumerate(folder.labels)}
-    assert rows == [(path, label, ids[label], split) for path, label, split in folder.entries]
-    (tmp_path / "digits" / "train" / "0" / "00000.png").unlink()
+    expected = [(path, label, ids[label], split) for path, label, split in folder.entries]
+    # Never remembered in this process: the reader is a fresh worker and lists the folder itself.
+    fn = image_folder._LocalChunkFn(folder, 1 << 20)
+    fn.setup()
+    fn.start_bundle()
+    batches = [
+        b for start in range(0, folder.count, 8) for b in fn.process((start, min(8, folder.count - start)))
+    ]
+    assert [tuple(r.values()) for b in batches for r in b.batch.to_pylist()] == expected
+    assert [b.first_row for b in batches] == [0, 8, 16]
+    # A rename keeps the count; the digest tells the listings apart.
+    del image_folder._LISTINGS[folder.listing_id]
+    (tmp_path / "digits" / "train" / "0" / "00000.png").rename(tmp_path / "digits" / "train" / "0" / "0.png")
+    with pytest.raises(SourceError, match="the folder changed during the run"):
+        list(fn.process((0, 8)))
+    # An object store's listing is made on one worker, checked the same way.
+    fn = image_folder._ListFolderFn(folder.count - 1, "not-in-this-process", 8, folder.labels)
     with pytest.raises(SourceError, match="the folder changed during the run"):
         list(fn.process(folder.root))
 
@@ -276,8 +288,10 @@ def test_folder_batches_are_bounded_in_file_bytes_on_the_worker(tmp_path: Path) 
     assert folder.sizes is None  # a local listing takes names only
     sizes = [os.path.getsize(path) for path, _, _ in folder.entries]
     cap = max(sizes) * 3  # about three images a batch
-    fn = image_folder._FolderBatchFn(folder.root, cap)
-    chunks = image_folder.chunk_entries(folder, 7, folder.labels)
+    fn = image_folder._LocalChunkFn(folder, cap)
+    fn.setup()
+    fn.start_bundle()
+    chunks = [(start, min(7, folder.count - start)) for start in range(0, folder.count, 7)]
     batches = [b for chunk in chunks for b in fn.process(chunk)]
     paths = [p for b in batches for p in b.batch.column("path").to_pylist()]
     assert paths == [path for path, _, _ in folder.entries] and len(paths) == len(written)
