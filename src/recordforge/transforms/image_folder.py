@@ -31,7 +31,7 @@ class ImageFolder:
 
     Held as groups, one per folder: (folder, its image names in order, label, split). Label and
     split are a folder's, and a path is its folder and a name, so nothing is kept per image but
-    its name; per-image rows are made a chunk at a time, with Arrow kernels (`chunk_entries`).
+    its name; per-image rows are made a chunk at a time, with Arrow kernels (`chunk_at`).
     Making 200k (path, label, split) tuples in Python took the driver ~0.15 s, and the cyclic
     garbage collector more as they piled up.
 
@@ -59,6 +59,7 @@ class ImageFolder:
         self.modified = modified
         # Names this listing for workers that share the driver's memory (see _ListFolderFn).
         self.listing_id = uuid.uuid4().hex
+        self._label_ids: dict[tuple[str, ...], np.ndarray] = {}
 
     @property
     def entries(self) -> list[tuple[str, str, str]]:
@@ -76,6 +77,15 @@ class ImageFolder:
             f"{folder}/" + f"\0{folder}/".join(names) for folder, names, _, _ in self.groups if names
         )
         return hashlib.sha256(joined.encode()).hexdigest()
+
+    def group_label_ids(self, labels: list[str]) -> np.ndarray:
+        """Per group, the index of its label in `labels` (the label list the pipeline was built
+        with): made once per list, not once per chunk."""
+        key = tuple(labels)
+        if key not in self._label_ids:
+            ids = {label: i for i, label in enumerate(labels)}
+            self._label_ids[key] = np.array([ids[g[2]] for g in self.groups], np.int64)
+        return self._label_ids[key]
 
     @functools.cached_property
     def _columns(self) -> tuple[pa.Array, np.ndarray, pa.Array, pa.Array, pa.Array]:
@@ -185,8 +195,7 @@ def chunk_at(folder: ImageFolder, start: int, rows: int, labels: list[str]) -> p
     """Rows [start, start + rows) of the listing as a batch of (path, label, label_id, split),
     made with Arrow kernels from the groups (label ids index `labels`)."""
     names, group_of, prefixes, group_labels, group_splits = folder._columns
-    ids = {label: i for i, label in enumerate(labels)}
-    group_ids = np.array([ids[label] for label in group_labels.to_pylist()], np.int64)
+    group_ids = folder.group_label_ids(labels)
     group = group_of[start : start + rows]
     at = pa.array(group)
     return pa.RecordBatch.from_pydict(
