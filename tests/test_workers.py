@@ -75,6 +75,25 @@ def test_a_bad_row_in_a_forked_worker_fails_the_run_naming_it(tmp_path: Path) ->
     assert _processes_mentioning(str(out)) == []
 
 
+def test_a_forked_worker_logs_like_the_driver(parquet_source: str, tmp_path: Path) -> None:
+    # A worker's warning reaches stderr once, in the CLI's own format; Beam's harness start-up
+    # (INFO) and its "no main session" warning (a forked worker needs none) do not.
+    folder = Path(parquet_source).parent  # three good files of 700 rows; one more, truncated
+    data = (folder / "t0.parquet").read_bytes()
+    (folder / "z.parquet").write_bytes(data[: len(data) // 2])
+    out = tmp_path / "out"
+    proc = _cli("--source", parquet_source, "--output", str(out), "--skip_unreadable_files", *TWO_WORKERS)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "workers are forked from the driver" in proc.stderr
+    warning = f"WARNING recordforge.transforms.sources: skipping unreadable input {folder / 'z.parquet'}"
+    assert proc.stderr.count(warning) == 1, proc.stderr[-3000:]
+    for noise in ("semi_persistent", "sdk harness starting", "Worker: severity"):
+        assert noise not in proc.stderr
+    meta = json.loads((out / "metadata.json").read_text())
+    assert meta["num_records"] == 2100
+    assert [u["file"] for u in meta["unreadable_files"]] == [str(folder / "z.parquet")]
+
+
 def test_with_other_threads_running_workers_start_fresh(parquet_source: str, tmp_path: Path, caplog) -> None:
     # A thread that could hold a lock at fork time: the runner must not fork this process.
     stop = threading.Event()

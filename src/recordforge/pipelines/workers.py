@@ -8,11 +8,12 @@ that start-up alone cancels what the second core gains.
 
 `LocalRunner` keeps Beam's runner and protocol as they are and changes only how a worker
 process comes to exist: just before the job runs, the driver forks a small fork server (Beam,
-Arrow and RecordForge are already imported in it). Beam's worker command line is swapped for a
-tiny client (`_attach.py`, ~20 ms) that hands its environment (control/logging endpoints,
-pipeline options, worker id) to the fork server, which forks a worker that runs Beam's own
-`sdk_worker_main` with it and reports the exit status back to the client. Beam sees an
-ordinary subprocess worker.
+Arrow and RecordForge are already imported in it), and the run's worker environment is swapped
+for one whose handler (`_ForkedWorkerHandler`) hands the worker's environment (control endpoint,
+pipeline options, worker id) to the fork server over a Unix socket. The fork server forks a
+worker that runs Beam's own `sdk_worker_main` with it and reports its exit status back on the
+same socket. No shell, no client interpreter and no logging server stand between the runner and
+its workers: a forked worker logs through the handlers it inherited from the driver.
 
 Two more things LocalRunner does for every run. It names a fresh claims folder in the environment
 of multi-process runs, through which the workers share their input as they go
@@ -32,7 +33,6 @@ import json
 import logging
 import os
 import select
-import shlex
 import shutil
 import signal
 import socket
@@ -45,19 +45,23 @@ from collections.abc import Iterator
 from typing import Any
 
 from apache_beam.portability import python_urns
+from apache_beam.portability.api import endpoints_pb2
 from apache_beam.runners.portability.fn_api_runner import FnApiRunner
+from apache_beam.runners.portability.fn_api_runner.worker_handlers import GrpcWorkerHandler, WorkerHandler
 from apache_beam.runners.worker import statesampler
+from google.protobuf import json_format, text_format
 
 from recordforge.transforms.sharing import SHARED_WORK_ENV
 
-__all__ = ["LocalRunner", "BEAM_WORKER_COMMAND"]
+__all__ = ["LocalRunner", "BEAM_WORKER_COMMAND", "FORKED_WORKER_URN"]
 
 _LOGGER = logging.getLogger(__name__)
 
 # What FnApiRunner puts in the pipeline for multi_processing (fn_runner.py); matched exactly, so
 # that any other subprocess environment is left alone.
 BEAM_WORKER_COMMAND = f"{sys.executable} -m apache_beam.runners.worker.sdk_worker_main"
-_ATTACH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_attach.py")
+# The environment LocalRunner swaps in: its payload is the fork server's socket path.
+FORKED_WORKER_URN = "recordforge:env:forked_python:v1"
 
 
 class LocalRunner(FnApiRunner):
@@ -84,7 +88,8 @@ class LocalRunner(FnApiRunner):
             _LOGGER.info("multi_processing workers are forked from the driver")
             with _ForkServer() as server:
                 for env in envs:
-                    env.payload = server.command.encode()
+                    env.urn = FORKED_WORKER_URN
+                    env.payload = server.path.encode()
                 return super().run_via_runner_api(pipeline_proto, options)
 
 
@@ -138,6 +143,51 @@ def _fork_unsafe() -> str | None:
     return None
 
 
+@WorkerHandler.register_environment(FORKED_WORKER_URN, bytes)
+class _ForkedWorkerHandler(GrpcWorkerHandler):
+    """Beam's handler for one worker of the forked environment: what Beam's subprocess handler
+    does (the worker's environment, its exit status watched on a thread), with the fork server
+    in place of a shell and a client interpreter, and no logging server: a forked worker logs
+    through the driver's own handlers."""
+
+    def __init__(self, socket_path: bytes, state: Any, provision_info: Any, grpc_server: Any) -> None:
+        super().__init__(state, provision_info, grpc_server)
+        self._socket_path = socket_path.decode()
+        self._watcher: threading.Thread | None = None
+
+    def start_worker(self) -> None:
+        env = dict(
+            os.environ,
+            CONTROL_API_SERVICE_DESCRIPTOR=text_format.MessageToString(
+                endpoints_pb2.ApiServiceDescriptor(url=self.control_address)
+            ),
+            PIPELINE_OPTIONS=json_format.MessageToJson(self.provision_info.provision_info.pipeline_options),
+            WORKER_ID=self.worker_id,
+        )
+        conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        conn.connect(self._socket_path)
+        body = json.dumps(env).encode()
+        conn.sendall(struct.pack(">I", len(body)) + body)
+        self._watcher = threading.Thread(target=self._watch, args=(conn,), name=f"forked_{self.worker_id}")
+        self._watcher.start()
+
+    def _watch(self, conn: socket.socket) -> None:
+        with conn:
+            status = conn.recv(1)  # blocks while the worker runs
+        if not status or status[0]:
+            # As Beam's subprocess handler: the runner learns of a lost worker from its control
+            # channel; this names the process side of it.
+            _LOGGER.error(
+                "forked Beam worker %s ended %s",
+                self.worker_id,
+                "without a status" if not status else f"with status {status[0]}",
+            )
+
+    def stop_worker(self) -> None:
+        if self._watcher is not None:
+            self._watcher.join()
+
+
 class _ForkServer:
     """A forked copy of the driver, before any gRPC thread exists, that forks workers on request
     over a Unix socket in a private temporary folder."""
@@ -163,7 +213,7 @@ class _ForkServer:
                 os._exit(code)
         listener.close()
         self._pid = pid
-        self.command = f"{shlex.quote(sys.executable)} -S {shlex.quote(_ATTACH)} {shlex.quote(path)}"
+        self.path = path
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -243,15 +293,28 @@ def _recv_exactly(conn: socket.socket, n: int) -> bytes | None:
     return b"".join(chunks)
 
 
+class _NoMainSession(logging.Filter):
+    """Drops Beam's warning that a worker found no pickled main session to load: a forked worker
+    has the driver's whole memory, so there is none to load, and the warning would come on every
+    run from every worker."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("No semi_persistent_directory found")
+
+
 def _work(conn: socket.socket, env: dict[str, str]) -> None:
-    """Runs Beam's SDK harness with the client's environment, reports its status, and leaves
-    without interpreter teardown (the driver's atexit hooks are not this process's)."""
+    """Runs Beam's SDK harness with the runner's environment for this worker, reports its status,
+    and leaves without interpreter teardown (the driver's atexit hooks are not this process's)."""
     status = 1
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the fork server's handler is not ours
     try:
+        # The worker logs through the driver's handlers, at what the driver shows: Beam's harness
+        # lowers the root logger's level to its own default (INFO) while it starts.
         root = logging.getLogger()
-        for handler in list(root.handlers):  # the driver's; Beam adds the worker's own
-            root.removeHandler(handler)
+        shown = root.getEffectiveLevel()
+        for handler in root.handlers:
+            handler.setLevel(max(handler.level, shown))
+        logging.getLogger("apache_beam.runners.worker.sdk_worker_main").addFilter(_NoMainSession())
         os.environ.clear()
         os.environ.update(env)
         from apache_beam.runners.worker import sdk_worker_main
