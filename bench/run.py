@@ -114,6 +114,14 @@ def main() -> None:
     )
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument(
+        "--scaling_repeats",
+        type=int,
+        default=5,
+        help="runs of each of the 1- and 2-worker Parquet approaches (at least --repeats): they "
+        "run back to back in every round, and their ratio is the most sensitive to this shared "
+        "VM's swings (a two-worker run needs both cores)",
+    )
+    parser.add_argument(
         "--memory_rows", type=int, default=5_000_000, help="rows of the flat-memory check (0 to skip)"
     )
     parser.add_argument(
@@ -161,14 +169,6 @@ def main() -> None:
             "recordforge, Parquet, GZIP, 1 worker",
             ["recordforge", source, f"{w}/rf", n, "--schema", schema],
         ),
-        "rf_beam_sink": (
-            "recordforge --sink beam (WriteToTFRecord), Parquet, GZIP",
-            ["recordforge", source, f"{w}/rf_beam", n, "--schema", schema, "--sink", "beam"],
-        ),
-        "rf_csv": (
-            "recordforge, CSV, GZIP, 1 worker",
-            ["recordforge", csv, f"{w}/rf_csv", n, "--schema", schema],
-        ),
         "rf_2w": (
             "recordforge, Parquet, GZIP, 2 workers (multi_processing)",
             [
@@ -180,6 +180,14 @@ def main() -> None:
                 schema,
                 *TWO_WORKERS,
             ],
+        ),
+        "rf_beam_sink": (
+            "recordforge --sink beam (WriteToTFRecord), Parquet, GZIP",
+            ["recordforge", source, f"{w}/rf_beam", n, "--schema", schema, "--sink", "beam"],
+        ),
+        "rf_csv": (
+            "recordforge, CSV, GZIP, 1 worker",
+            ["recordforge", csv, f"{w}/rf_csv", n, "--schema", schema],
         ),
         "tft_census": (
             "TFT census-style: instance dicts, vocab + z-score, per-row coder",
@@ -222,13 +230,17 @@ def main() -> None:
     print(
         f"machine: {platform.machine()}, {os.cpu_count()} cores, Python "
         f"{platform.python_version()}; table: {args.rows} rows (baselines: {args.baseline_rows} "
-        f"per run); {args.repeats} runs each, medians"
+        f"per run); {args.repeats} runs each ({max(args.repeats, args.scaling_repeats)} of the 1- and "
+        "2-worker Parquet runs, back to back), medians"
     )
     # Rounds: every approach once per round, so that a slow spell of this shared machine weighs on
     # all approaches alike instead of on whichever ran during it; ratios are also given per round.
     samples: dict[str, list[dict]] = {key: [] for key in runs}
-    for _ in range(args.repeats):
+    paired = [key for key in ("rf", "rf_2w") if key in runs]
+    for round_ in range(max(args.repeats, args.scaling_repeats)):
         for key, (_, cmd) in runs.items():
+            if round_ >= args.repeats and key not in paired:
+                continue  # the extra rounds run only the 1- and 2-worker pair, back to back
             if "images" in key:
                 _warm_page_cache(cmd[1])
             samples[key].append(_run_child(cmd))
@@ -247,7 +259,8 @@ def main() -> None:
 
     def ratio(key: str, base: str, text: str, digits: int = 2) -> None:
         if key in results and base in results:
-            rounds = [_rate(a) / _rate(b) for a, b in zip(samples[key], samples[base], strict=True)]
+            # Rounds both ran in (the 1- and 2-worker pair has extra rounds of its own).
+            rounds = [_rate(a) / _rate(b) for a, b in zip(samples[key], samples[base], strict=False)]
             median = results[key][1]["rows_per_s"] / results[base][1]["rows_per_s"]
             print(f"{text}: {median:.{digits}f}x (per round: {', '.join(f'{r:.{digits}f}' for r in rounds)})")
 
