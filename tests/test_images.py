@@ -264,9 +264,7 @@ def test_a_worker_without_the_listing_lists_again_and_checks_it(tmp_path: Path) 
     fn = image_folder._LocalChunkFn(folder, 1 << 20)
     fn.setup()
     fn.start_bundle()
-    batches = [
-        b for start in range(0, folder.count, 8) for b in fn.process((start, min(8, folder.count - start)))
-    ]
+    batches = [b for chunk in image_folder.chunk_ranges(folder.count, 8) for b in fn.process(chunk)]
     assert [tuple(r.values()) for b in batches for r in b.batch.to_pylist()] == expected
     assert [b.first_row for b in batches] == [0, 8, 16]
     # A rename keeps the count; the digest tells the listings apart.
@@ -291,8 +289,7 @@ def test_folder_batches_are_bounded_in_file_bytes_on_the_worker(tmp_path: Path) 
     fn = image_folder._LocalChunkFn(folder, cap)
     fn.setup()
     fn.start_bundle()
-    chunks = [(start, min(7, folder.count - start)) for start in range(0, folder.count, 7)]
-    batches = [b for chunk in chunks for b in fn.process(chunk)]
+    batches = [b for chunk in image_folder.chunk_ranges(folder.count, 7) for b in fn.process(chunk)]
     paths = [p for b in batches for p in b.batch.column("path").to_pylist()]
     assert paths == [path for path, _, _ in folder.entries] and len(paths) == len(written)
     for b in batches:

@@ -185,10 +185,15 @@ def chunk_entries(
     """(first row, batch of (path, label, label_id, split), the files' sizes if listed): at most
     `batch_size` images each. Arrow batches, so that moving them between stages is a copy of a
     few buffers rather than a pickle of every path (~2 us an image)."""
-    for start in range(0, folder.count, batch_size):
-        rows = min(batch_size, folder.count - start)
+    for start, rows in chunk_ranges(folder.count, batch_size):
         sizes = folder.sizes[start : start + rows] if folder.sizes is not None else None
         yield start, chunk_at(folder, start, rows, labels), sizes
+
+
+def chunk_ranges(count: int, batch_size: int) -> Iterator[tuple[int, int]]:
+    """(first row, rows) of each chunk of a listing of `count` images."""
+    for start in range(0, count, batch_size):
+        yield start, min(batch_size, count - start)
 
 
 def chunk_at(folder: ImageFolder, start: int, rows: int, labels: list[str]) -> pa.RecordBatch:
@@ -349,16 +354,12 @@ class ReadImageFolder(beam.PTransform):
 
     def expand(self, pbegin: beam.pvalue.PBegin) -> dict[str, beam.PCollection]:
         folder = self._folder
+        _remember(folder)  # workers in this process or forked from it take it as it is
         if folder.sizes is None:
             # A local folder: chunks are (first row, rows); the workers make the paths.
-            _remember(folder)
             _ = folder._columns  # made here once: forked workers inherit them
             chunks = pbegin | "Chunks" >> beam.Create(
-                [
-                    (start, min(self._batch_size, folder.count - start))
-                    for start in range(0, folder.count, self._batch_size)
-                ],
-                reshuffle=False,
+                list(chunk_ranges(folder.count, self._batch_size)), reshuffle=False
             )
             read_fn: SharedItemsFn = _LocalChunkFn(folder, self._batch_bytes)
         else:
