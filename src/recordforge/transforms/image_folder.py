@@ -18,7 +18,7 @@ from recordforge.errors import SourceError
 from recordforge.images import IMAGE_EXTENSIONS, read_local_files
 from recordforge.schemas.model import DType, Feature, NullPolicy, Schema
 from recordforge.transforms.coders import declare_element_type
-from recordforge.transforms.sharing import Claims, SharedItemsFn
+from recordforge.transforms.sharing import Claims, SharedItemsFn, spread
 from recordforge.transforms.sources import UNREADABLE, SourceBatch
 
 __all__ = ["ImageFolder", "ReadImageFolder", "SPLIT_FOLDERS", "folder_schema", "list_image_folder"]
@@ -372,8 +372,8 @@ class ReadImageFolder(beam.PTransform):
                 >> beam.ParDo(_ListFolderFn(folder.count, folder.listing_id, self._batch_size, folder.labels))
             )
             read_fn = _FolderBatchFn(folder.root, self._batch_bytes)
-        every = [beam.pvalue.AsList(chunks)] if self._share else []  # see sharing.py
-        batches = chunks | "Spread" >> beam.Reshuffle() | "Read" >> beam.ParDo(read_fn, *every)
+        spread_chunks, every = spread(chunks, self._share)
+        batches = spread_chunks | "Read" >> beam.ParDo(read_fn, *every)
         declare_element_type(batches, SourceBatch)
         unreadable = pbegin | "NoUnreadable" >> beam.Create([], reshuffle=False)
         return {"batches": batches, UNREADABLE: unreadable}

@@ -32,7 +32,7 @@ from apache_beam.transforms.window import GlobalWindow
 from apache_beam.utils.timestamp import MIN_TIMESTAMP
 from apache_beam.utils.windowed_value import WindowedValue
 
-__all__ = ["SHARED_WORK_ENV", "Claims", "SharedItemsFn"]
+__all__ = ["SHARED_WORK_ENV", "Claims", "SharedItemsFn", "spread"]
 
 # The folder of this run's claims; set by LocalRunner for multi-process runs only.
 SHARED_WORK_ENV = "RECORDFORGE_SHARED_WORK"
@@ -128,3 +128,17 @@ class SharedItemsFn(beam.DoFn):
 
     def steal(self, item: Any, claims: Claims) -> Iterator[Any]:
         return iter(())
+
+
+def spread(items: beam.PCollection, share: bool) -> tuple[beam.PCollection, list[Any]]:
+    """The work items as a reading ParDo's main input, spread over workers, and the extra
+    arguments of that ParDo: with `share`, every item as a side input (see the module).
+
+    A side input is made before the stage that reads it, so that stage starts from the items as
+    stored, which the local runner splits between its workers: no Reshuffle is needed then (one
+    would add four steps and a grouping that every worker builds and runs). Without sharing,
+    a Reshuffle keeps a runner from fusing the reads into the one worker that made the items.
+    """
+    if share:
+        return items, [beam.pvalue.AsList(items)]
+    return items | "Spread" >> beam.Reshuffle(), []

@@ -19,7 +19,7 @@ from apache_beam.io.filesystems import FileSystems
 
 from recordforge.errors import SourceError
 from recordforge.transforms.coders import SourceBatchCoder, declare_element_type
-from recordforge.transforms.sharing import Claims, SharedItemsFn
+from recordforge.transforms.sharing import Claims, SharedItemsFn, spread
 
 __all__ = ["ReadCsv", "ReadParquet", "SourceBatch", "expand_patterns", "UNREADABLE", "REJECTED"]
 
@@ -215,14 +215,9 @@ class ReadParquet(beam.PTransform):
             >> beam.ParDo(_ParquetRowGroupsFn(self._skip)).with_outputs(UNREADABLE, main="groups")
         )
         read_fn = _ReadParquetFn(self._columns, self._batch_size, self._skip)
-        # With share_work, every worker also sees every row group (see sharing.py).
-        every = [beam.pvalue.AsList(groups.groups)] if self._share else []
-        read = (
-            groups.groups
-            # (path, row_group, first_row): spread row groups over workers before reading.
-            | "Spread" >> beam.Reshuffle()
-            | "Read" >> beam.ParDo(read_fn, *every).with_outputs(UNREADABLE, main="batches")
-        )
+        # (path, row_group, first_row), spread over workers before reading.
+        spread_groups, every = spread(groups.groups, self._share)
+        read = spread_groups | "Read" >> beam.ParDo(read_fn, *every).with_outputs(UNREADABLE, main="batches")
         unreadable = (groups[UNREADABLE], read[UNREADABLE]) | "Unreadable" >> beam.Flatten()
         return {"batches": declare_element_type(read.batches, SourceBatch), UNREADABLE: unreadable}
 
