@@ -24,6 +24,8 @@ from recordforge.pipelines.template import template_metadata
 from recordforge.tfrecord import iter_records
 from recordforge.transforms.sources import expand_patterns
 
+IMPULSE = "beam:transform:impulse:v1"
+
 ROOT = Path(__file__).resolve().parents[1]
 DATAFLOW = [
     "--runner=DataflowRunner",
@@ -115,8 +117,8 @@ def test_dataflow_dry_run_builds_the_job_graph(parquet_source: str) -> None:
         assert label in names, label
     # The only Create with data holds file paths; the others start the run-once steps (publish
     # the shards, write the bundle) or are Beam's own singleton machinery.
-    impulses = {n for n in names if n.endswith("/Impulse")}
-    once = {"WriteTFRecords/WriteBySize/Once/Impulse", "WriteBundle/Once/Impulse"}
+    impulses = {t.unique_name for t in proto.components.transforms.values() if t.spec.urn == IMPULSE}
+    once = {"WriteTFRecords/WriteBySize/Once", "WriteBundle/Once"}
     assert once <= impulses
     assert impulses == {"Read/Files/Impulse"} | once | {n for n in impulses if "/DoOnce/" in n}
     envs = list(proto.components.environments.values())

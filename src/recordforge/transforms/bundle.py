@@ -185,7 +185,7 @@ def _check_counts(spec: BundleSpec, meta: dict[str, Any], counts: RunCounts) -> 
 
 
 def _write_bundle(
-    _: None,
+    _: bytes,
     shards: list[ShardInfo],
     rows_per_batch: list[int],
     rules: list[str],
@@ -284,11 +284,11 @@ class WriteBundle(beam.PTransform):
         waits = {}
         if self._transform_written is not None:
             waits["transform_written"] = beam.pvalue.AsList(self._transform_written)
-        # Once, with everything as side inputs: one stage, where a global combine of the shards
-        # would add two (and a round trip to each local worker apiece).
+        # Once (Impulse's one element), with everything as side inputs: one stage, where a
+        # global combine of the shards would add two (and a round trip to each local worker apiece).
         return (
             shards.pipeline
-            | "Once" >> beam.Create([None])
+            | "Once" >> beam.Impulse()
             | "Write"
             >> beam.Map(
                 _write_bundle,

@@ -131,7 +131,7 @@ class _RollingWriteFn(beam.DoFn):
             yield WindowedValue(self._close(), MIN_TIMESTAMP, [GlobalWindow()])
 
 
-def _publish(_: None, parts: list[_Part], prefix: str, suffix: str, tmp_dir: str) -> list[ShardInfo]:
+def _publish(_: bytes, parts: list[_Part], prefix: str, suffix: str, tmp_dir: str) -> list[ShardInfo]:
     """Names the parts in input order and moves them into place; leftovers of retried bundles
     go with the temporary folder."""
     parts = sorted(parts, key=lambda p: (p.first_key, p.tmp))
@@ -173,10 +173,12 @@ class WriteShardsBySize(beam.PTransform):
             _RollingWriteFn(self._tmp_dir, self._compression, self._level, self._max_bytes, self._max_records)
         )
         # _Part: a temporary file with its record count, size and sha256. Published once, with
-        # the parts as a side input (one stage; a global combine would add two).
+        # the parts as a side input (one stage; a global combine would add two). Impulse is the
+        # one element that starts it: Create([None]) would add three steps to every stage's
+        # graph, built by the driver and by each worker.
         return (
             batches.pipeline
-            | "Once" >> beam.Create([None])
+            | "Once" >> beam.Impulse()
             | "Publish"
             >> beam.FlatMap(_publish, beam.pvalue.AsList(parts), self._prefix, self._suffix, self._tmp_dir)
         )
