@@ -13,15 +13,18 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import apache_beam as beam
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from apache_beam.portability.api import beam_runner_api_pb2
 from apache_beam.utils.windowed_value import WindowedValue
 
-from recordforge.pipelines.convert import run
+from recordforge.pipelines.config import ConvertConfig
+from recordforge.pipelines.convert import _pipeline_options, build, run, worker_mode
 from recordforge.tfrecord import detect_compression, iter_records
 from recordforge.transforms.image_folder import _FolderBatchFn
-from recordforge.transforms.sharing import SHARED_WORK_ENV, Claims
+from recordforge.transforms.sharing import ONE, SHARE, SHARED_WORK_ENV, SPREAD, Claims
 from recordforge.transforms.sources import SourceBatch, _ReadCsvFn, _ReadParquetFn
 
 TWO_WORKERS = ["--direct_running_mode=multi_processing", "--direct_num_workers=2"]
@@ -196,3 +199,43 @@ def test_two_workers_share_an_image_folder(tmp_path: Path) -> None:
     one_records, two_records, _ = _one_and_two_workers(args, tmp_path)
     assert sum(one_records.values()) == len(written) == 4200
     assert two_records == one_records  # every image once, byte for byte
+
+
+def test_two_workers_share_csv_files(tmp_path: Path) -> None:
+    # Three files of different lengths: each is read whole by the worker that claims it.
+    for i, rows in enumerate((3000, 20, 500)):
+        lines = ["id,name"] + [f"{i * 10000 + r},n{r}" for r in range(rows)]
+        (tmp_path / f"part{i}.csv").write_text("\n".join(lines) + "\n")
+    args = ["--source", str(tmp_path / "part*.csv")]
+    one_records, two_records, shard_rows = _one_and_two_workers(args, tmp_path)
+    assert sum(one_records.values()) == 3520
+    assert two_records == one_records  # every row once, byte for byte
+    assert sum(shard_rows) == 3520
+
+
+@pytest.mark.parametrize(
+    ("flags", "mode"),
+    [
+        ([], ONE),
+        (TWO_WORKERS, SHARE),
+        (["--direct_num_workers=2"], SPREAD),  # in_memory: in-process workers, no claims folder
+        (["--runner=DirectRunner"], SPREAD),
+    ],
+)
+def test_how_workers_get_the_input(parquet_source: str, flags: list[str], mode: str) -> None:
+    """One local worker reads row groups where they are listed; two local processes share them
+    (a side input of every row group, no Reshuffle); any other runner gets a Reshuffle."""
+    options = _pipeline_options(["--source", parquet_source, "--output", "/unused", *flags])
+    assert worker_mode(options) == mode
+    pipeline = beam.Pipeline(options=options)
+    build(pipeline, ConvertConfig(sources=(parquet_source,), output="/unused"))
+    proto = pipeline.to_runner_api()
+    names = {t.unique_name for t in proto.components.transforms.values()}
+    assert ("Read/Spread" in names) == (mode == SPREAD)
+    read = next(
+        t
+        for t in proto.components.transforms.values()
+        if t.unique_name.endswith("Read/Read/ParDo(_ReadParquetFn)")
+    )
+    side_inputs = beam_runner_api_pb2.ParDoPayload.FromString(read.spec.payload).side_inputs
+    assert bool(side_inputs) == (mode == SHARE)

@@ -46,6 +46,7 @@ from recordforge.transforms.coders import declare_element_type
 from recordforge.transforms.examples import REJECTED, ToExamples
 from recordforge.transforms.image_folder import ReadImageFolder, folder_schema, list_image_folder
 from recordforge.transforms.rejects import WriteRejected
+from recordforge.transforms.sharing import ONE, SHARE, SPREAD
 from recordforge.transforms.sinks import WriteTFRecords
 from recordforge.transforms.sources import (
     UNREADABLE,
@@ -94,9 +95,9 @@ def build(pipeline: beam.Pipeline, config: ConvertConfig) -> beam.PCollection[st
         )
 
     def read() -> beam.PTransform:
-        share = shares_work(pipeline.options)
+        workers = worker_mode(pipeline.options)
         if folder is not None:
-            return ReadImageFolder(folder, share_work=share)
+            return ReadImageFolder(folder, workers=workers)
         if fmt == "parquet":
             return ReadParquet(
                 config.sources,
@@ -104,7 +105,7 @@ def build(pipeline: beam.Pipeline, config: ConvertConfig) -> beam.PCollection[st
                 batch_size=config.batch_size,
                 expanded=files,
                 skip_unreadable=config.skip_unreadable_files,
-                share_work=share,
+                workers=workers,
             )
         return ReadCsv(
             config.sources,
@@ -112,7 +113,7 @@ def build(pipeline: beam.Pipeline, config: ConvertConfig) -> beam.PCollection[st
             expanded=files,
             strict=config.strict,
             skip_unreadable=config.skip_unreadable_files,
-            share_work=share,
+            workers=workers,
         )
 
     source = pipeline | "Read" >> read()
@@ -217,13 +218,17 @@ def build(pipeline: beam.Pipeline, config: ConvertConfig) -> beam.PCollection[st
     )
 
 
-def shares_work(options: PipelineOptions) -> bool:
-    """Whether the workers share the input as they go (transforms/sharing.py): RecordForge's local
-    runner with several worker processes, the one runner that gives them a claims folder."""
+def worker_mode(options: PipelineOptions) -> str:
+    """How the run's workers get the input (transforms/sharing.py): SHARE on RecordForge's local
+    runner with several worker processes (the one runner that gives them a claims folder), ONE
+    with its single worker (the default), SPREAD on any other runner."""
     runner = options.view_as(StandardOptions).runner
     direct = options.view_as(DirectOptions)
-    ours = runner == DEFAULT_RUNNER or isinstance(runner, LocalRunner)
-    return ours and direct.direct_running_mode == "multi_processing" and direct.direct_num_workers != 1
+    if not (runner == DEFAULT_RUNNER or isinstance(runner, LocalRunner)):
+        return SPREAD
+    if direct.direct_num_workers == 1:
+        return ONE
+    return SHARE if direct.direct_running_mode == "multi_processing" else SPREAD
 
 
 def _fit_split(config: ConvertConfig, splits: SplitSpec | None) -> str | None:

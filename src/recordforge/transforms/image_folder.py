@@ -18,7 +18,7 @@ from recordforge.errors import SourceError
 from recordforge.images import IMAGE_EXTENSIONS, read_local_files
 from recordforge.schemas.model import DType, Feature, NullPolicy, Schema
 from recordforge.transforms.coders import declare_element_type
-from recordforge.transforms.sharing import Claims, SharedItemsFn, spread
+from recordforge.transforms.sharing import SPREAD, Claims, SharedItemsFn, spread
 from recordforge.transforms.sources import UNREADABLE, SourceBatch
 
 __all__ = ["ImageFolder", "ReadImageFolder", "SPLIT_FOLDERS", "folder_schema", "list_image_folder"]
@@ -334,8 +334,8 @@ class ReadImageFolder(beam.PTransform):
     sorted label list; a top-level train/eval/validation/test folder gives the split. The image
     bytes are read on the workers: a local folder's here, into each batch's `read` (a file that
     cannot be read is left null there, and ToExamples rejects its row with the reason); an object
-    store's by ToExamples, on threads, through Beam's filesystems. `share_work`: the workers of a
-    local multi-process run take the chunks of names as they go (sharing.py).
+    store's by ToExamples, on threads, through Beam's filesystems. `workers`: how the run's
+    workers get the chunks of names (sharing.py: SPREAD, SHARE or ONE).
     """
 
     def __init__(
@@ -344,13 +344,13 @@ class ReadImageFolder(beam.PTransform):
         *,
         batch_size: int = 4096,
         batch_bytes: int = 64 << 20,
-        share_work: bool = False,
+        workers: str = SPREAD,
     ) -> None:
         super().__init__()
         self._folder = folder
         self._batch_size = batch_size
         self._batch_bytes = batch_bytes
-        self._share = share_work
+        self._workers = workers
 
     def expand(self, pbegin: beam.pvalue.PBegin) -> dict[str, beam.PCollection]:
         folder = self._folder
@@ -372,7 +372,7 @@ class ReadImageFolder(beam.PTransform):
                 >> beam.ParDo(_ListFolderFn(folder.count, folder.listing_id, self._batch_size, folder.labels))
             )
             read_fn = _FolderBatchFn(folder.root, self._batch_bytes)
-        spread_chunks, every = spread(chunks, self._share)
+        spread_chunks, every = spread(chunks, self._workers)
         batches = spread_chunks | "Read" >> beam.ParDo(read_fn, *every)
         declare_element_type(batches, SourceBatch)
         unreadable = pbegin | "NoUnreadable" >> beam.Create([], reshuffle=False)

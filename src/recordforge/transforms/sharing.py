@@ -32,7 +32,7 @@ from apache_beam.transforms.window import GlobalWindow
 from apache_beam.utils.timestamp import MIN_TIMESTAMP
 from apache_beam.utils.windowed_value import WindowedValue
 
-__all__ = ["SHARED_WORK_ENV", "Claims", "SharedItemsFn", "spread"]
+__all__ = ["SHARED_WORK_ENV", "Claims", "SharedItemsFn", "spread", "SPREAD", "SHARE", "ONE"]
 
 # The folder of this run's claims; set by LocalRunner for multi-process runs only.
 SHARED_WORK_ENV = "RECORDFORGE_SHARED_WORK"
@@ -130,15 +130,27 @@ class SharedItemsFn(beam.DoFn):
         return iter(())
 
 
-def spread(items: beam.PCollection, share: bool) -> tuple[beam.PCollection, list[Any]]:
-    """The work items as a reading ParDo's main input, spread over workers, and the extra
-    arguments of that ParDo: with `share`, every item as a side input (see the module).
+# How the workers of a run get a read's work items (`spread`):
+SPREAD = "spread"  # any runner: a Reshuffle spreads the items over its workers (Dataflow)
+SHARE = "share"  # RecordForge's local runner, several processes: they share the items as they go
+ONE = "one"  # one local worker: each item is read where it is made, in the same stage
+WORKER_MODES = (SPREAD, SHARE, ONE)
+
+
+def spread(items: beam.PCollection, workers: str) -> tuple[beam.PCollection, list[Any]]:
+    """The work items as a reading ParDo's main input, and that ParDo's extra arguments: for
+    SHARE, every item as a side input (see the module).
 
     A side input is made before the stage that reads it, so that stage starts from the items as
-    stored, which the local runner splits between its workers: no Reshuffle is needed then (one
-    would add four steps and a grouping that every worker builds and runs). Without sharing,
-    a Reshuffle keeps a runner from fusing the reads into the one worker that made the items.
+    stored, which the local runner splits between its workers round robin: no Reshuffle is
+    needed then (one adds four steps and a grouping that every worker builds and runs). One
+    worker has nothing to spread. Otherwise a Reshuffle keeps a runner from fusing the reads
+    into the one worker that made the items.
     """
-    if share:
+    if workers not in WORKER_MODES:
+        raise ValueError(f"workers must be one of {WORKER_MODES}, not {workers!r}")
+    if workers == SHARE:
         return items, [beam.pvalue.AsList(items)]
+    if workers == ONE:
+        return items, []
     return items | "Spread" >> beam.Reshuffle(), []

@@ -19,7 +19,7 @@ from apache_beam.io.filesystems import FileSystems
 
 from recordforge.errors import SourceError
 from recordforge.transforms.coders import SourceBatchCoder, declare_element_type
-from recordforge.transforms.sharing import Claims, SharedItemsFn, spread
+from recordforge.transforms.sharing import SPREAD, Claims, SharedItemsFn, spread
 
 __all__ = ["ReadCsv", "ReadParquet", "SourceBatch", "expand_patterns", "UNREADABLE", "REJECTED"]
 
@@ -180,9 +180,8 @@ class ReadParquet(beam.PTransform):
     In: a PBegin. Out: {"batches": `SourceBatch`es (a row group split into batches of at most
     `batch_size` rows), "unreadable": JSON lines}. Patterns are expanded at
     construction: one matching nothing raises SourceError. A file that cannot be read fails the
-    pipeline naming it, or with `skip_unreadable` is listed in "unreadable". `share_work`: the
-    workers of a local multi-process run share the row groups as they go (sharing.py) instead
-    of each reading a fixed part.
+    pipeline naming it, or with `skip_unreadable` is listed in "unreadable". `workers`: how the
+    run's workers get the row groups (sharing.py: SPREAD, SHARE or ONE).
     """
 
     def __init__(
@@ -193,7 +192,7 @@ class ReadParquet(beam.PTransform):
         batch_size: int = 16384,
         expanded: list[FileInfo] | None = None,
         skip_unreadable: bool = False,
-        share_work: bool = False,
+        workers: str = SPREAD,
     ) -> None:
         super().__init__()
         # `expanded`: the patterns' matches when the caller already listed them.
@@ -201,7 +200,7 @@ class ReadParquet(beam.PTransform):
         self._columns = columns
         self._batch_size = batch_size
         self._skip = skip_unreadable
-        self._share = share_work
+        self._workers = workers
 
     @property
     def files(self) -> list[FileInfo]:
@@ -210,13 +209,15 @@ class ReadParquet(beam.PTransform):
     def expand(self, pbegin: beam.pvalue.PBegin) -> dict[str, beam.PCollection]:
         groups = (
             pbegin
-            | "Files" >> beam.Create([f.path for f in self._files])
+            # Footers are read where the files land: spread over workers on Dataflow (Create's
+            # own reshuffle), one local stage otherwise.
+            | "Files" >> beam.Create([f.path for f in self._files], reshuffle=self._workers == SPREAD)
             | "RowGroups"
             >> beam.ParDo(_ParquetRowGroupsFn(self._skip)).with_outputs(UNREADABLE, main="groups")
         )
         read_fn = _ReadParquetFn(self._columns, self._batch_size, self._skip)
         # (path, row_group, first_row), spread over workers before reading.
-        spread_groups, every = spread(groups.groups, self._share)
+        spread_groups, every = spread(groups.groups, self._workers)
         read = spread_groups | "Read" >> beam.ParDo(read_fn, *every).with_outputs(UNREADABLE, main="batches")
         unreadable = (groups[UNREADABLE], read[UNREADABLE]) | "Unreadable" >> beam.Flatten()
         return {"batches": declare_element_type(read.batches, SourceBatch), UNREADABLE: unreadable}
@@ -401,8 +402,8 @@ class ReadCsv(beam.PTransform):
     In: a PBegin. Out: {"batches": `SourceBatch`es with the given column types, "unreadable" and
     "rejected": JSON lines}. Patterns are expanded at construction. A file is read by one worker
     (quoted newlines make splitting unsafe). Rows with the wrong number of columns are rejected
-    (or fail the pipeline when `strict`). `share_work`: the workers of a local multi-process run
-    take the files as they go (sharing.py) instead of each reading a fixed part.
+    (or fail the pipeline when `strict`). `workers`: how the run's workers get the files
+    (sharing.py: SPREAD, SHARE or ONE).
     """
 
     def __init__(
@@ -414,13 +415,13 @@ class ReadCsv(beam.PTransform):
         expanded: list[FileInfo] | None = None,
         strict: bool = True,
         skip_unreadable: bool = False,
-        share_work: bool = False,
+        workers: str = SPREAD,
     ) -> None:
         super().__init__()
         self._files = expanded if expanded is not None else expand_patterns(patterns)
         self._strict = strict
         self._skip = skip_unreadable
-        self._share = share_work
+        self._workers = workers
         self._column_types = column_types
         self._block_size = block_size
 
@@ -436,12 +437,10 @@ class ReadCsv(beam.PTransform):
             strict=self._strict,
             skip_unreadable=self._skip,
         )
-        every = [paths] if self._share else []  # every worker sees every file (sharing.py)
-        read = (
-            pbegin
-            | "Files" >> beam.Create(paths)
-            | "Spread" >> beam.Reshuffle()
-            | "Read" >> beam.ParDo(read_fn, *every).with_outputs(UNREADABLE, REJECTED, main="batches")
+        # Spread once, by `spread` (Create's own reshuffle would be a second).
+        files, every = spread(pbegin | "Files" >> beam.Create(paths, reshuffle=False), self._workers)
+        read = files | "Read" >> beam.ParDo(read_fn, *every).with_outputs(
+            UNREADABLE, REJECTED, main="batches"
         )
         batches = declare_element_type(read.batches, SourceBatch)
         return {"batches": batches, UNREADABLE: read[UNREADABLE], REJECTED: read[REJECTED]}
