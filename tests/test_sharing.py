@@ -3,6 +3,7 @@ that is done early takes over work the others have not reached."""
 
 from __future__ import annotations
 
+import glob
 import json
 import multiprocessing
 import pickle
@@ -17,7 +18,6 @@ import apache_beam as beam
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from apache_beam.portability.api import beam_runner_api_pb2
 from apache_beam.utils.windowed_value import WindowedValue
 
 from recordforge.pipelines.config import ConvertConfig
@@ -223,19 +223,24 @@ def test_two_workers_share_csv_files(tmp_path: Path) -> None:
     ],
 )
 def test_how_workers_get_the_input(parquet_source: str, flags: list[str], mode: str) -> None:
-    """One local worker reads row groups where they are listed; two local processes share them
-    (a side input of every row group, no Reshuffle); any other runner gets a Reshuffle."""
+    """One local worker reads row groups where they are listed; two local processes share them,
+    each knowing every row group from the start (listed at construction: no stage before the
+    reads, no Reshuffle); any other runner lists them on workers and reshuffles them."""
     options = _pipeline_options(["--source", parquet_source, "--output", "/unused", *flags])
     assert worker_mode(options) == mode
     pipeline = beam.Pipeline(options=options)
     build(pipeline, ConvertConfig(sources=(parquet_source,), output="/unused"))
-    proto = pipeline.to_runner_api()
-    names = {t.unique_name for t in proto.components.transforms.values()}
-    assert ("Read/Spread" in names) == (mode == SPREAD)
-    read = next(
-        t
-        for t in proto.components.transforms.values()
-        if t.unique_name.endswith("Read/Read/ParDo(_ReadParquetFn)")
-    )
-    side_inputs = beam_runner_api_pb2.ParDoPayload.FromString(read.spec.payload).side_inputs
-    assert bool(side_inputs) == (mode == SHARE)
+    names = {t.unique_name for t in pipeline.to_runner_api().components.transforms.values()}
+    assert ("Read/Spread" in names) == ("Read/Files" in names) == (mode == SPREAD)
+    reads: list[Any] = []
+
+    class Find(beam.pipeline.PipelineVisitor):
+        def visit_transform(self, node: Any) -> None:
+            if node.full_label.startswith("Read/Read/"):
+                reads.append(node.transform.fn)
+
+    pipeline.visit(Find())
+    # Three files of 700 rows in groups of 300, in path order.
+    files = sorted(glob.glob(parquet_source))
+    groups = [(path, i, 300 * i) for path in files for i in range(3)]
+    assert [r._known for r in reads] == [groups if mode == SHARE else None]

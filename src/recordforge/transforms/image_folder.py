@@ -18,7 +18,7 @@ from recordforge.errors import SourceError
 from recordforge.images import IMAGE_EXTENSIONS, read_local_files
 from recordforge.schemas.model import DType, Feature, NullPolicy, Schema
 from recordforge.transforms.coders import declare_element_type
-from recordforge.transforms.sharing import SPREAD, Claims, SharedItemsFn, spread
+from recordforge.transforms.sharing import SHARE, SPREAD, Claims, SharedItemsFn, check_workers, spread
 from recordforge.transforms.sources import UNREADABLE, SourceBatch
 
 __all__ = ["ImageFolder", "ReadImageFolder", "SPLIT_FOLDERS", "folder_schema", "list_image_folder"]
@@ -350,30 +350,35 @@ class ReadImageFolder(beam.PTransform):
         self._folder = folder
         self._batch_size = batch_size
         self._batch_bytes = batch_bytes
-        self._workers = workers
+        self._workers = check_workers(workers)
 
     def expand(self, pbegin: beam.pvalue.PBegin) -> dict[str, beam.PCollection]:
         folder = self._folder
         _remember(folder)  # workers in this process or forked from it take it as it is
         if folder.sizes is None:
-            # A local folder: chunks are (first row, rows); the workers make the paths.
+            # A local folder: chunks are (first row, rows), known now; the workers make the
+            # paths. Spread by Create's reshuffle on other runners, shared locally (sharing.py).
             _ = folder._columns  # made here once: forked workers inherit them
-            chunks = pbegin | "Chunks" >> beam.Create(
-                list(chunk_ranges(folder.count, self._batch_size)), reshuffle=False
-            )
+            items = list(chunk_ranges(folder.count, self._batch_size))
             read_fn: SharedItemsFn = _LocalChunkFn(folder, self._batch_bytes)
+            if self._workers == SHARE:
+                read_fn.share(items)
+            chunks = pbegin | "Chunks" >> beam.Create(items, reshuffle=self._workers == SPREAD)
+            every: list = []
         else:
             # An object store's listing is made once, on a worker (it can take minutes), and its
             # paths and sizes travel in the chunks.
-            chunks = (
+            listed = (
                 pbegin
                 | "Root" >> beam.Create([folder.root])
                 | "List"
                 >> beam.ParDo(_ListFolderFn(folder.count, folder.listing_id, self._batch_size, folder.labels))
             )
             read_fn = _FolderBatchFn(folder.root, self._batch_bytes)
-        spread_chunks, every = spread(chunks, self._workers)
-        batches = spread_chunks | "Read" >> beam.ParDo(read_fn, *every)
-        declare_element_type(batches, SourceBatch)
-        unreadable = pbegin | "NoUnreadable" >> beam.Create([], reshuffle=False)
+            chunks, every = spread(listed, self._workers)
+        # No file is unreadable here (an unreadable image is a rejected row): an empty output of
+        # the reading stage itself, where a Create([]) would be a stage of its own.
+        read = chunks | "Read" >> beam.ParDo(read_fn, *every).with_outputs(UNREADABLE, main="batches")
+        batches = declare_element_type(read.batches, SourceBatch)
+        unreadable = read[UNREADABLE]
         return {"batches": batches, UNREADABLE: unreadable}

@@ -32,7 +32,7 @@ from apache_beam.transforms.window import GlobalWindow
 from apache_beam.utils.timestamp import MIN_TIMESTAMP
 from apache_beam.utils.windowed_value import WindowedValue
 
-__all__ = ["SHARED_WORK_ENV", "Claims", "SharedItemsFn", "spread", "SPREAD", "SHARE", "ONE"]
+__all__ = ["SHARED_WORK_ENV", "Claims", "SharedItemsFn", "check_workers", "spread", "SPREAD", "SHARE", "ONE"]
 
 # The folder of this run's claims; set by LocalRunner for multi-process runs only.
 SHARED_WORK_ENV = "RECORDFORGE_SHARED_WORK"
@@ -83,27 +83,37 @@ class SharedItemsFn(beam.DoFn):
     Subclasses implement `read(item, claims)`, which yields the item's outputs and, when the item
     is split into pieces, claims each piece before yielding it and stops at the first piece it
     fails to claim; and may implement `steal(item, claims)`, which claims and yields the last
-    unclaimed pieces of an item another worker is reading. Without a side input (sharing off) or
-    claims folder, `process` is a plain call of `read`.
+    unclaimed pieces of an item another worker is reading. Every item is known to each worker
+    either from the start (`share(items)`, for items listed at construction) or as a side input;
+    with neither, or without a claims folder, `process` is a plain call of `read`.
     """
 
     def __init__(self) -> None:
         # Unique per DoFn made, the same in every worker (they get it pickled): two reads of one
         # file, by two transforms, claim apart.
         self._scope = uuid.uuid4().hex
+        self._known: list[Any] | None = None
+
+    def share(self, items: list[Any]) -> SharedItemsFn:
+        """Every item, listed at construction: the reading stage then needs no side input (a
+        stage of its own before it), and a worker given no items still takes its share of them
+        when its (empty) bundle ends."""
+        self._known = list(items)
+        return self
 
     def setup(self) -> None:
         self._claims = Claims.for_scope(self._scope)
 
     def start_bundle(self) -> None:
-        self._items: list[Any] | None = None
+        self._items: list[Any] | None = self._known
 
     def process(self, item: Any, all_items: list[Any] | None = None) -> Iterator[Any]:
-        claims = self._claims if all_items is not None else None
+        if all_items is not None:
+            self._items = all_items
+        claims = self._claims if self._items is not None else None
         if claims is None:
             yield from self.read(item, None)
             return
-        self._items = all_items
         if claims.claim(self.name(item)):
             yield from self.read(item, claims)
 
@@ -130,26 +140,30 @@ class SharedItemsFn(beam.DoFn):
         return iter(())
 
 
-# How the workers of a run get a read's work items (`spread`):
+# How the workers of a run get a read's work items:
 SPREAD = "spread"  # any runner: a Reshuffle spreads the items over its workers (Dataflow)
 SHARE = "share"  # RecordForge's local runner, several processes: they share the items as they go
 ONE = "one"  # one local worker: each item is read where it is made, in the same stage
 WORKER_MODES = (SPREAD, SHARE, ONE)
 
 
+def check_workers(workers: str) -> str:
+    if workers not in WORKER_MODES:
+        raise ValueError(f"workers must be one of {WORKER_MODES}, not {workers!r}")
+    return workers
+
+
 def spread(items: beam.PCollection, workers: str) -> tuple[beam.PCollection, list[Any]]:
-    """The work items as a reading ParDo's main input, and that ParDo's extra arguments: for
-    SHARE, every item as a side input (see the module).
+    """Work items made at run time as a reading ParDo's main input, and that ParDo's extra
+    arguments: for SHARE, every item as a side input (see the module).
 
     A side input is made before the stage that reads it, so that stage starts from the items as
     stored, which the local runner splits between its workers round robin: no Reshuffle is
-    needed then (one adds four steps and a grouping that every worker builds and runs). One
-    worker has nothing to spread. Otherwise a Reshuffle keeps a runner from fusing the reads
-    into the one worker that made the items.
+    needed then. One worker has nothing to spread. Otherwise a Reshuffle keeps a runner from
+    fusing the reads into the one worker that made the items. (Items known at construction
+    need neither: `SharedItemsFn.share` and a Create that reshuffles for SPREAD only.)
     """
-    if workers not in WORKER_MODES:
-        raise ValueError(f"workers must be one of {WORKER_MODES}, not {workers!r}")
-    if workers == SHARE:
+    if check_workers(workers) == SHARE:
         return items, [beam.pvalue.AsList(items)]
     if workers == ONE:
         return items, []

@@ -8,7 +8,7 @@ import queue
 import threading
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import apache_beam as beam
 import pyarrow as pa
@@ -19,7 +19,7 @@ from apache_beam.io.filesystems import FileSystems
 
 from recordforge.errors import SourceError
 from recordforge.transforms.coders import SourceBatchCoder, declare_element_type
-from recordforge.transforms.sharing import SPREAD, Claims, SharedItemsFn, spread
+from recordforge.transforms.sharing import SHARE, SPREAD, Claims, SharedItemsFn, check_workers, spread
 
 __all__ = ["ReadCsv", "ReadParquet", "SourceBatch", "expand_patterns", "UNREADABLE", "REJECTED"]
 
@@ -76,6 +76,35 @@ def _unreadable(path: str, error: str, **extra: object) -> beam.pvalue.TaggedOut
     return beam.pvalue.TaggedOutput(UNREADABLE, json.dumps({"file": path, "error": error, **extra}))
 
 
+def _row_groups(path: str) -> list[tuple[str, int, int]]:
+    """(path, row group index, first row of the group) for each row group of a Parquet file."""
+    with FileSystems.open(path) as f:
+        meta = pq.ParquetFile(f).metadata
+    groups, first = [], 0
+    for i in range(meta.num_row_groups):
+        groups.append((path, i, first))
+        first += meta.row_group(i).num_rows
+    return groups
+
+
+def _not_parquet(path: str, exn: Exception) -> SourceError:
+    return SourceError(f"{path}: not a readable Parquet file: {exn}")
+
+
+def list_row_groups(files: list[FileInfo], skip_unreadable: bool) -> list[tuple[str, int, Any]]:
+    """Every row group of the files, read from their footers now. With `skip_unreadable`, a file
+    whose footer cannot be read stands as (path, -1, error): its reader reports it."""
+    items: list[tuple[str, int, Any]] = []
+    for f in files:
+        try:
+            items.extend(_row_groups(f.path))
+        except Exception as exn:
+            if not skip_unreadable:
+                raise _not_parquet(f.path, exn) from exn
+            items.append((f.path, -1, f"not a readable Parquet file: {exn}"))
+    return items
+
+
 class _ParquetRowGroupsFn(beam.DoFn):
     """Splits each Parquet file into its row groups, so that a big file spreads over workers."""
 
@@ -83,19 +112,14 @@ class _ParquetRowGroupsFn(beam.DoFn):
         self._skip = skip_unreadable
 
     def process(self, path: str) -> Iterator[object]:
-        # (path, row group index, first row of the group)
         try:
-            with FileSystems.open(path) as f:
-                meta = pq.ParquetFile(f).metadata
+            groups = _row_groups(path)
         except Exception as exn:
             if self._skip:
                 yield _unreadable(path, f"not a readable Parquet file: {exn}")
                 return
-            raise SourceError(f"{path}: not a readable Parquet file: {exn}") from exn
-        first = 0
-        for i in range(meta.num_row_groups):
-            yield path, i, first
-            first += meta.row_group(i).num_rows
+            raise _not_parquet(path, exn) from exn
+        yield from groups
 
 
 def _resolve_columns(columns: list[str], names: list[str], path: str) -> list[str]:
@@ -133,10 +157,13 @@ class _ReadParquetFn(SharedItemsFn):
                 yield SourceBatch(path, first_row, batch)
                 first_row += batch.num_rows
 
-    def read(self, element: tuple[str, int, int], claims: Claims | None) -> Iterator[object]:
+    def read(self, element: tuple[str, int, Any], claims: Claims | None) -> Iterator[object]:
         # Shared: each batch is claimed before it is yielded, from the first on; a worker that
         # found its own part done may have claimed the last ones (`steal`).
-        path, group, _ = element
+        path, group, first_or_error = element
+        if group < 0:  # a file whose footer could not be read when row groups were listed
+            yield _unreadable(path, first_or_error)
+            return
         name = self.name(element)
         rows = 0
         try:
@@ -156,9 +183,9 @@ class _ReadParquetFn(SharedItemsFn):
             if claims is not None:
                 claims.claim(f"{name}@done")
 
-    def steal(self, element: tuple[str, int, int], claims: Claims) -> Iterator[object]:
+    def steal(self, element: tuple[str, int, Any], claims: Claims) -> Iterator[object]:
         name = self.name(element)
-        if claims.claimed(f"{name}@done"):
+        if element[1] < 0 or claims.claimed(f"{name}@done"):
             return
         try:
             # Parquet decodes a row group from its start: the whole group is decoded to take
@@ -200,26 +227,39 @@ class ReadParquet(beam.PTransform):
         self._columns = columns
         self._batch_size = batch_size
         self._skip = skip_unreadable
-        self._workers = workers
+        self._workers = check_workers(workers)
 
     @property
     def files(self) -> list[FileInfo]:
         return self._files
 
     def expand(self, pbegin: beam.pvalue.PBegin) -> dict[str, beam.PCollection]:
-        groups = (
-            pbegin
-            # Footers are read where the files land: spread over workers on Dataflow (Create's
-            # own reshuffle), one local stage otherwise.
-            | "Files" >> beam.Create([f.path for f in self._files], reshuffle=self._workers == SPREAD)
-            | "RowGroups"
-            >> beam.ParDo(_ParquetRowGroupsFn(self._skip)).with_outputs(UNREADABLE, main="groups")
-        )
         read_fn = _ReadParquetFn(self._columns, self._batch_size, self._skip)
-        # (path, row_group, first_row), spread over workers before reading.
-        spread_groups, every = spread(groups.groups, self._workers)
-        read = spread_groups | "Read" >> beam.ParDo(read_fn, *every).with_outputs(UNREADABLE, main="batches")
-        unreadable = (groups[UNREADABLE], read[UNREADABLE]) | "Unreadable" >> beam.Flatten()
+        if self._workers == SPREAD:
+            # Footers are read by workers (thousands of remote files), spread over them by
+            # Create's reshuffle; then row groups are spread before reading.
+            groups = (
+                pbegin
+                | "Files" >> beam.Create([f.path for f in self._files])
+                | "RowGroups"
+                >> beam.ParDo(_ParquetRowGroupsFn(self._skip)).with_outputs(UNREADABLE, main="groups")
+            )
+            spread_groups, _ = spread(groups.groups, SPREAD)
+            read = spread_groups | "Read" >> beam.ParDo(read_fn).with_outputs(UNREADABLE, main="batches")
+            unreadable = (groups[UNREADABLE], read[UNREADABLE]) | "Unreadable" >> beam.Flatten()
+        else:
+            # The local runner: row groups listed now, by the driver (what its one listing worker
+            # would do), so that reading is the run's first stage and, with several workers,
+            # shared from the start (sharing.py).
+            items = list_row_groups(self._files, self._skip)
+            if self._workers == SHARE:
+                read_fn.share(items)
+            read = (
+                pbegin
+                | "RowGroups" >> beam.Create(items, reshuffle=False)
+                | "Read" >> beam.ParDo(read_fn).with_outputs(UNREADABLE, main="batches")
+            )
+            unreadable = read[UNREADABLE]
         return {"batches": declare_element_type(read.batches, SourceBatch), UNREADABLE: unreadable}
 
 
@@ -421,7 +461,7 @@ class ReadCsv(beam.PTransform):
         self._files = expanded if expanded is not None else expand_patterns(patterns)
         self._strict = strict
         self._skip = skip_unreadable
-        self._workers = workers
+        self._workers = check_workers(workers)
         self._column_types = column_types
         self._block_size = block_size
 
@@ -437,10 +477,13 @@ class ReadCsv(beam.PTransform):
             strict=self._strict,
             skip_unreadable=self._skip,
         )
-        # Spread once, by `spread` (Create's own reshuffle would be a second).
-        files, every = spread(pbegin | "Files" >> beam.Create(paths, reshuffle=False), self._workers)
-        read = files | "Read" >> beam.ParDo(read_fn, *every).with_outputs(
-            UNREADABLE, REJECTED, main="batches"
+        if self._workers == SHARE:
+            read_fn.share(paths)
+        read = (
+            pbegin
+            # Spread over workers by Create's reshuffle on other runners; shared locally.
+            | "Files" >> beam.Create(paths, reshuffle=self._workers == SPREAD)
+            | "Read" >> beam.ParDo(read_fn).with_outputs(UNREADABLE, REJECTED, main="batches")
         )
         batches = declare_element_type(read.batches, SourceBatch)
         return {"batches": batches, UNREADABLE: read[UNREADABLE], REJECTED: read[REJECTED]}
