@@ -6,10 +6,13 @@ row group is smaller) or the workers run at different speeds (on a shared VM one
 running 20-50% slower than the other for a whole run), one worker idles at the end while the other
 still has whole work items queued: 0.3-0.6 s of a 3 s two-worker conversion.
 
-So a reading DoFn whose items are shared gets, besides its own part, the list of every item as a
-side input. It claims an item before reading it; when its own part is done (`finish_bundle`), it
-claims and reads the items no worker has started, and then takes the unread tail of items still
-being read (`SharedItemsFn.steal`). Claims are files created with O_EXCL in a folder that the
+So a reading DoFn whose items are shared knows, besides its own part, every item: listed at
+construction and pickled with it (`SharedItemsFn.share`: the reads are then the run's first stage,
+where one worker is handed every item and the others none), or as a side input when the items are
+made at run time (a stage of its own before the reads). It claims an item before reading it;
+when its own part is done (`finish_bundle`), it claims and reads the items no worker has started,
+from the end of the list, and then takes the unread tail of items still being read
+(`SharedItemsFn.steal`). Claims are files created with O_EXCL in a folder that the
 runner (`pipelines/workers.py`) makes for the run and names in the environment: atomic between
 processes on one machine, whatever started them. Without that folder (in-process runs,
 Dataflow) every worker simply reads its own part.
