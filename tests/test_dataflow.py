@@ -130,7 +130,7 @@ def test_dataflow_dry_run_builds_the_job_graph(parquet_source: str) -> None:
 def test_dataflow_dry_run_with_tensorflow_transform(parquet_source: str, tmp_path: Path) -> None:
     """The TFT stages (decode, analyze on the train split, transform, encode) build into the
     Dataflow job graph; the preprocessing_fn is traced at construction, not on workers."""
-    from recordforge.pipelines.convert import read_arrow_schema
+    from recordforge.pipelines.inputs import read_arrow_schema
     from recordforge.schemas import dump_schema, infer_schema, schema_from_dict
 
     first = expand_patterns([parquet_source])[0].path

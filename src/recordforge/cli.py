@@ -75,7 +75,7 @@ def _infer_schema(argv: list[str]) -> int:
     )
     args = parser.parse_args(argv)
     from recordforge.pipelines.config import format_from_path
-    from recordforge.pipelines.convert import read_sample
+    from recordforge.pipelines.inputs import read_sample
     from recordforge.schemas import dump_schema, infer_schema
     from recordforge.schemas.infer import sample_notes
     from recordforge.transforms.sources import expand_patterns

@@ -1,0 +1,149 @@
+"""Inputs resolved at construction: files matched, their format, the declared or inferred schema
+compiled to a plan, an image folder's listing, and the fingerprint --if_changed compares."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.csv as pacsv
+import pyarrow.parquet as pq
+from apache_beam.io.filesystems import FileSystems
+
+from recordforge.errors import RecordForgeError, SourceError
+from recordforge.pipelines.config import ConvertConfig, format_from_path
+from recordforge.schemas import Plan, compile_schema, infer_schema, load_schema
+from recordforge.schemas.loader import dump_schema
+from recordforge.transforms.image_folder import folder_schema, list_image_folder
+from recordforge.transforms.sources import FileInfo, expand_patterns
+
+__all__ = [
+    "Inputs",
+    "resolve_inputs",
+    "input_fingerprint",
+    "resolve_plan",
+    "read_sample",
+    "read_arrow_schema",
+]
+
+_LOGGER = logging.getLogger("recordforge.pipelines.convert")  # the messages users know
+
+
+@dataclasses.dataclass(frozen=True)
+class Inputs:
+    """The inputs as resolved at construction: files, format, plan, and an image folder."""
+
+    files: list[FileInfo]
+    fmt: str
+    plan: Plan
+    folder: Any = None
+
+
+def resolve_inputs(config: ConvertConfig) -> Inputs:
+    """Expands the patterns (no match is an error) and compiles the declared or inferred schema."""
+    if config.source_format == "images" and format_from_path(config.sources[0]) is None:
+        # A folder of images: labels from folder names.
+        folder = list_image_folder(config.sources[0])
+        plan = compile_schema(
+            load_schema(config.schema_path) if config.schema_path else folder_schema(folder)
+        )
+        # The folder stands as one input: its names' digest, its size where the listing gave it.
+        size = sum(folder.sizes) if folder.sizes is not None else None
+        info = FileInfo(folder.root, size, folder.modified, digest=folder.digest)
+        return Inputs([info], "images", plan, folder)
+    files = expand_patterns(config.sources)
+    fmt = _detect_format(files[0].path) if config.source_format in (None, "images") else config.source_format
+    return Inputs(files, fmt, resolve_plan(config, fmt, files[0].path))
+
+
+def input_fingerprint(files: list[FileInfo], plan: Plan, config: ConvertConfig) -> str:
+    """Inputs (path, size, modification time), schema and settings: equal fingerprints mean the
+    same output, so --if_changed can skip the run."""
+    digest = hashlib.sha256()
+    for f in sorted(files, key=lambda f: f.path):
+        digest.update(f"{f.path}\0{f.size}\0{f.modified}\n".encode())
+        if f.digest:
+            digest.update(f.digest.encode())
+    digest.update(plan.fingerprint.encode())
+    digest.update(json.dumps(config.settings(), sort_keys=True).encode())
+    module = (config.preprocessing_fn or "").rpartition(":")[0]
+    if module.endswith(".py"):  # the preprocessing code is an input too
+        try:
+            with FileSystems.open(module) as f:
+                digest.update(f.read())
+        except OSError as exn:
+            raise RecordForgeError(f"--preprocessing_fn: cannot load {module}: {exn}") from exn
+    return digest.hexdigest()
+
+
+def _detect_format(path: str) -> str:
+    fmt = format_from_path(path)
+    if fmt is None:
+        raise RecordForgeError(f"cannot tell the format of {path} from its name; pass --format")
+    return fmt
+
+
+def resolve_plan(config: ConvertConfig, fmt: str, first_file: str) -> Plan:
+    """The declared schema, or one inferred from the first input file (and logged as YAML)."""
+    if config.schema_path:
+        return compile_schema(load_schema(config.schema_path))
+    arrow_schema = read_arrow_schema(first_file, fmt)
+    schema = infer_schema(arrow_schema, origin=first_file)
+    _LOGGER.info(
+        "No --schema given: inferred from %s (written to the bundle as schema.yaml; save it, edit "
+        "it and pass it with --schema to pin it):\n%s",
+        first_file,
+        dump_schema(schema),
+    )
+    for note in schema.notes:
+        _LOGGER.warning("inferred schema: %s", note)
+    return compile_schema(schema)
+
+
+def read_sample(path: str, fmt: str, rows: int) -> pa.Table:
+    """The first `rows` rows of a file, with the types the readers would produce."""
+    try:
+        with FileSystems.open(path) as f:
+            if fmt == "parquet":
+                pf = pq.ParquetFile(f)
+                batches = []
+                for batch in pf.iter_batches(batch_size=min(rows, 65536)):
+                    batches.append(batch)
+                    rows -= batch.num_rows
+                    if rows <= 0:
+                        break
+                return pa.Table.from_batches(batches, schema=pf.schema_arrow)
+            reader = _csv_reader(f)
+            batches = []
+            for batch in reader:
+                batches.append(batch)
+                rows -= batch.num_rows
+                if rows <= 0:
+                    break
+            return pa.Table.from_batches(batches, schema=reader.schema)
+    except Exception as exn:
+        raise SourceError(f"{path}: cannot read a sample as {fmt}: {exn}") from exn
+
+
+def _csv_reader(f: Any) -> pacsv.CSVStreamingReader:
+    return pacsv.open_csv(
+        f,
+        parse_options=pacsv.ParseOptions(newlines_in_values=True),
+        convert_options=pacsv.ConvertOptions(
+            null_values=[""], strings_can_be_null=False, quoted_strings_can_be_null=False
+        ),
+    )
+
+
+def read_arrow_schema(path: str, fmt: str) -> pa.Schema:
+    try:
+        with FileSystems.open(path) as f:
+            if fmt == "parquet":
+                return pq.ParquetFile(f).schema_arrow
+            return _csv_reader(f).schema
+    except Exception as exn:
+        raise SourceError(f"{path}: cannot read its schema as {fmt}: {exn}") from exn
