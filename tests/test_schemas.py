@@ -63,7 +63,7 @@ def test_all_problems_reported_at_once_with_line_numbers(tmp_path: Any) -> None:
     assert f"{path}:6: feature #3 'bad type'" in text and "`type: complex`" in text
     assert f"{path}:8: feature #4 'd'" in text and "needs a `default:`" in text
     assert f"{path}:11: feature #5 'shape'" in text and "variable lengths are" in text
-    assert "unknown key(s) colour" in text
+    assert "unknown key `colour` (did you mean `column`?)" in text
 
 
 def test_schema_yaml_round_trips() -> None:

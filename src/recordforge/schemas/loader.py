@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 from typing import Any
 
 import yaml
@@ -41,13 +42,52 @@ _KEYS = {
 }
 
 
+# Nodes a schema document may stand for once its aliases are expanded. A real schema has a few
+# thousand at most; a "billion laughs" document has billions, built from a few lines.
+_MAX_EXPANDED_NODES = 100_000
+
+
 class _LineLoader(yaml.SafeLoader):
-    """A SafeLoader that remembers the line each mapping starts on."""
+    """A SafeLoader that remembers the line each mapping starts on, and refuses documents whose
+    aliases expand beyond _MAX_EXPANDED_NODES before anything is constructed."""
+
+    def get_single_node(self) -> yaml.Node | None:
+        node = super().get_single_node()
+        if node is not None:
+            _expanded_size(node, {})
+        return node
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         mapping = super().construct_mapping(node, deep=deep)
         mapping[_LINE] = node.start_mark.line + 1
         return mapping
+
+
+def _expanded_size(node: yaml.Node, sizes: dict[int, int]) -> int:
+    """Nodes under `node` with every alias expanded; a node is measured once (aliases share it)."""
+    known = sizes.get(id(node))
+    if known is not None:
+        if known < 0:
+            raise yaml.YAMLError(f"recursive alias at line {node.start_mark.line + 1}")
+        return known
+    sizes[id(node)] = -1  # being measured: met again below it means a cycle
+    total = 1
+    if isinstance(node, yaml.SequenceNode):
+        total += sum(_expanded_size(child, sizes) for child in node.value)
+    elif isinstance(node, yaml.MappingNode):
+        total += sum(_expanded_size(k, sizes) + _expanded_size(v, sizes) for k, v in node.value)
+    if total > _MAX_EXPANDED_NODES:
+        raise yaml.YAMLError(
+            f"the document expands to more than {_MAX_EXPANDED_NODES:,} values through its "
+            f"aliases (`*name`), at line {node.start_mark.line + 1}"
+        )
+    sizes[id(node)] = total
+    return total
+
+
+def _short(value: Any, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def load_schema(path: str) -> Schema:
@@ -80,7 +120,7 @@ def schema_from_dict(data: Any, *, origin: str = "declared") -> Schema:
         line = entry.get(_LINE, "?") if isinstance(entry, dict) else "?"
         prefix = f"{where}:{line}: feature #{i + 1}"
         if not isinstance(entry, dict):
-            problems.append(f"{prefix}: expected a mapping, got {entry!r}")
+            problems.append(f"{prefix}: expected a mapping, got {_short(entry)}")
             continue
         if "name" in entry:
             prefix += f" {entry['name']!r}"
@@ -98,9 +138,12 @@ def schema_from_dict(data: Any, *, origin: str = "declared") -> Schema:
 
 def _feature_from_dict(entry: dict[str, Any]) -> tuple[Feature | None, list[str]]:
     errs: list[str] = []
-    unknown = sorted(set(entry) - _KEYS - {_LINE})
-    if unknown:
-        errs.append(f"unknown key(s) {', '.join(unknown)} (known: {', '.join(sorted(_KEYS))})")
+    for key in sorted((k for k in entry if k not in _KEYS and k != _LINE), key=_key_text):
+        # `null:` loads as the key None, `yes:` as True: show them as written.
+        text = _key_text(key)
+        guess = difflib.get_close_matches(text, _KEYS, n=1)
+        hint = f"did you mean `{guess[0]}`?" if guess else f"known: {', '.join(sorted(_KEYS))}"
+        errs.append(f"unknown key `{text}` ({hint})")
     name = entry.get("name")
     if not isinstance(name, str) or not name:
         errs.append("`name` is required and must be a string")
@@ -125,14 +168,7 @@ def _feature_from_dict(entry: dict[str, Any]) -> tuple[Feature | None, list[str]
     allowed = entry.get("allowed")
     if allowed is not None and not isinstance(allowed, list):
         errs.append("`allowed` must be a list of values")
-    for key in ("min", "max"):
-        if entry.get(key) is not None and (
-            isinstance(entry[key], bool) or not isinstance(entry[key], int | float)
-        ):
-            errs.append(f"`{key}` must be a number")
-    for key in ("max_length", "scale"):
-        if entry.get(key) is not None and (isinstance(entry[key], bool) or not isinstance(entry[key], int)):
-            errs.append(f"`{key}` must be an integer")
+    # min, max, max_length and scale: checked by Feature, with the value.
     transform = None
     if entry.get("transform") is not None:
         transform, transform_errs = Transform.from_dict(entry["transform"])
@@ -169,6 +205,14 @@ def _feature_from_dict(entry: dict[str, Any]) -> tuple[Feature | None, list[str]
         # Feature joins all its own problems into one message.
         return None, [*errs, str(exn).split(": ", 1)[1]]
     return (None, errs) if errs else (feature, [])
+
+
+def _key_text(key: Any) -> str:
+    if key is None:
+        return "null"
+    if isinstance(key, bool):
+        return str(key).lower()
+    return str(key)
 
 
 def _ops(raw: Any, errs: list[str]) -> tuple[tuple[Op, Any], ...]:

@@ -71,7 +71,9 @@ DECIMAL_AS = ("string", "scaled_int")
 IMAGE_ENCODINGS = ("jpeg", "png", "raw")
 RESIZE_METHODS = ("nearest", "bilinear", "bicubic", "lanczos", "box", "hamming")
 IMAGE_PARTS = ("height", "width", "channels", "format")
-_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-/]*$")
+# fullmatch, not match with `$`: `$` also matches before a final newline.
+_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_.\-/]*")
+_INT64_MAX = 2**63 - 1
 _NORMALIZE_RE = re.compile(r"[^a-z0-9_]+")
 _STRINGY = {"string", "bytes"}
 
@@ -127,7 +129,7 @@ class Feature:
     def problems(self) -> list[str]:
         """Every reason this feature is invalid, so that all can be reported at once."""
         out = []
-        if not _NAME_RE.match(self.name):
+        if not _NAME_RE.fullmatch(self.name):
             out.append(
                 f"{self.name!r} is not a valid feature name (letters, digits, '_', '.', '-', '/'; "
                 f"'{normalize_name(self.name)}' would be)"
@@ -236,27 +238,38 @@ class Feature:
         numeric = self.value_kind is ExampleKind.INT64 or self.value_kind is ExampleKind.FLOAT
         if (self.min is not None or self.max is not None) and not numeric:
             out.append("`min`/`max` apply to numeric features")
-        if self.min is not None and self.max is not None and self.min > self.max:
+        bounds_ok = True
+        for key in ("min", "max"):
+            value = getattr(self, key)
+            if value is not None and not _is_number(value):
+                out.append(f"`{key}` must be a finite number within int64 range, not {value!r}")
+                bounds_ok = False
+        if bounds_ok and self.min is not None and self.max is not None and self.min > self.max:
             out.append(f"`min` {self.min} is above `max` {self.max}")
         if self.regex is not None:
             if self.dtype is not DType.STRING:
                 out.append("`regex` applies to string features")
             else:
-                try:
-                    re.compile(self.regex)
-                except re.error as exn:
-                    out.append(f"`regex` does not compile: {exn}")
-        if self.max_length is not None and self.max_length < 0:
-            out.append("`max_length` must be 0 or more")
+                out.extend(_regex_problems(self.regex))
+        if self.max_length is not None and not (
+            _is_int(self.max_length) and 0 <= self.max_length <= _INT64_MAX
+        ):
+            out.append(f"`max_length` must be an integer from 0 to 2^63-1, not {self.max_length!r}")
+        if self.scale is not None and not (_is_int(self.scale) and 0 <= self.scale <= 38):
+            out.append(f"`scale` must be an integer from 0 to 38, not {self.scale!r}")
         for op, arg in self.ops:
             if op in (Op.LOWER, Op.UPPER, Op.STRIP) and self.dtype is not DType.STRING:
                 out.append(f"op `{op.value}` applies to string features")
             if op in (Op.CLIP, Op.ABS) and not numeric:
                 out.append(f"op `{op.value}` applies to numeric features")
-            if op is Op.CLIP and not (isinstance(arg, list) and len(arg) == 2):
-                out.append("op `clip` takes [low, high]")
+            if op is Op.CLIP:
+                if not (isinstance(arg, list) and len(arg) == 2 and all(_is_number(v) for v in arg)):
+                    out.append(f"op `clip` takes [low, high] (two numbers), not {arg!r}")
+                elif arg[0] > arg[1]:
+                    # Arrow's clip would turn every value into `high` without a word.
+                    out.append(f"op `clip`: low {arg[0]} is above high {arg[1]}")
             if op is Op.HASH_BUCKET:
-                if not (isinstance(arg, int) and arg > 0):
+                if not (_is_int(arg) and 0 < arg <= _INT64_MAX):
                     out.append("op `hash_bucket` takes a positive number of buckets")
                 if self.dtype not in (DType.STRING, DType.BYTES):
                     out.append("op `hash_bucket` applies to string or bytes features")
@@ -327,6 +340,33 @@ class Feature:
     @property
     def row_lengths_name(self) -> str:
         return f"{self.name}.row_lengths"
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    """A bound Arrow can compare with: finite, and an int64 if an integer."""
+    if _is_int(value):
+        return -_INT64_MAX - 1 <= value <= _INT64_MAX
+    return isinstance(value, float) and math.isfinite(value)
+
+
+def _regex_problems(regex: Any) -> list[str]:
+    """Compiled by the engine that runs it (Arrow's RE2, in casts.py): Python's `re` would accept
+    backreferences and lookarounds that RE2 refuses only once the data is read."""
+    if not isinstance(regex, str):
+        return [f"`regex` must be a string, not {regex!r}"]
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    try:
+        pc.match_substring_regex(pa.array([""], pa.string()), regex)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exn:
+        reason = str(exn).removeprefix("Invalid regular expression: ")
+        return [f"`regex` is not valid RE2 syntax: {reason}"]
+    return []
 
 
 def _default_problems(feature: Feature) -> list[str]:
