@@ -28,7 +28,7 @@ def test_convert_with_inferred_schema_and_read_back(tmp_path: Any) -> None:
         "convert", "--source", str(tmp_path / "*.parquet"), "--output", str(out), "--compression", "none"
     )
     assert proc.returncode == 0, proc.stderr
-    assert f"wrote 500 records in 1 shards to {out}" in proc.stdout
+    assert f"wrote 500 records in 1 shard to {out}" in proc.stdout
 
     meta = json.loads((out / "metadata.json").read_text())
     assert meta["schema_origin"] == "inferred"

@@ -4,12 +4,27 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
+import re
+import signal
 import sys
+import threading
+import traceback
+from collections.abc import Callable, Iterator
+from typing import Any, NoReturn
 
 from recordforge import __version__
-from recordforge.errors import RecordForgeError
+from recordforge import errors as _errors
+from recordforge.errors import Interrupted, RecordForgeError, UsageError
 
 __all__ = ["main"]
+
+_DEBUG_ENV = "RECORDFORGE_DEBUG"
+_INTERRUPTED = "interrupted: nothing published; the last published bundle is intact"
+# How a RecordForge exception raised in a Beam worker reaches the driver: as text inside a
+# RuntimeError, `recordforge.errors.DataError: <message> [while running 'Step']`.
+_WRAPPED = re.compile(r"recordforge\.errors\.(\w+): (.+)")
+_WHILE_RUNNING = re.compile(r"(?: \[while running '[^']*'\])+$")
 
 _USAGE = """recordforge COMMAND [flags]
 
@@ -20,32 +35,72 @@ commands:
   verify         check every shard, record CRC, parse and count against the manifest
   stats          per-feature statistics (terminal table, --html page)
   head           first records of any TFRecord file, with an inferred parse spec
-  version        print the version
+  version        print the version (also: recordforge --version)
+
+--debug (anywhere on the command line) or RECORDFORGE_DEBUG=1: show tracebacks and library logs.
 """
 
 
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows a flag's default unless it has none (None, False) or its help already says it."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        if action.default in (None, False, argparse.SUPPRESS) or "default" in text.lower():
+            return text
+        return super()._get_help_string(action)
+
+
+class _Parser(argparse.ArgumentParser):
+    """A subcommand's parser: a bad command line raises UsageError (one line, exit 2) instead of
+    printing the usage block and exiting."""
+
+    def __init__(self, prog: str, description: str) -> None:
+        super().__init__(prog=prog, description=description, formatter_class=_HelpFormatter)
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{message} (see {self.prog} --help)")
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
 def _convert(argv: list[str]) -> int:
-    if argv and argv[0] in ("-h", "--help"):
+    if "-h" in argv or "--help" in argv:
         from recordforge.pipelines.options import ConvertOptions
 
-        parser = argparse.ArgumentParser(
-            prog="recordforge convert", epilog="Any other flag is passed to Apache Beam."
+        parser = _Parser(
+            "recordforge convert",
+            "Convert Parquet/CSV files or an image folder to sharded TFRecords of tf.train.Examples, "
+            "with a schema (declared with --schema, or inferred from the first file), "
+            "metadata.json and a completion marker.",
+        )
+        parser.epilog = (
+            "Apache Beam's pipeline options (--runner, --project, --region, --temp_location, "
+            "--direct_num_workers, ...) are accepted too; any other flag is an error."
         )
         ConvertOptions._add_argparse_args(parser)
         parser.print_help()
         return 0
+    from recordforge.pipelines.options import check_flags
+
+    check_flags(argv)  # before the pipeline module is even imported: a typo fails fast
     from recordforge.pipelines.convert import run
 
     meta = run(argv)
     out = next((argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--output"), None)
     out = out or next(a.split("=", 1)[1] for a in argv if a.startswith("--output="))
-    print(f"wrote {meta['num_records']} records in {len(meta['shards'])} shards to {out}")
+    print(
+        f"wrote {_plural(meta['num_records'], 'record')} in {_plural(len(meta['shards']), 'shard')} to {out}"
+    )
     print(
         f"  rows read {meta['rows_read']}, written {meta['rows_written']}, rejected {meta['rows_rejected']}"
     )
     for split, counts in meta.get("split_counts", {}).items():
         print(
-            f"  split {split}: {counts['records']} records in {counts['shards']} shards"
+            f"  split {split}: {_plural(counts['records'], 'record')} in "
+            f"{_plural(counts['shards'], 'shard')}"
             + ("  (empty: not written)" if not counts["records"] else "")
         )
     if meta.get("skipped"):
@@ -55,13 +110,15 @@ def _convert(argv: list[str]) -> int:
 
 
 def _infer_schema(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(
-        prog="recordforge infer-schema",
-        description="Print a complete, commented schema YAML for the source's columns. float64 is "
+    parser = _Parser(
+        "recordforge infer-schema",
+        "Print a complete, commented schema YAML for the source's columns. float64 is "
         "kept bit-exact (encode: bytes) unless --narrow_float64.",
     )
     parser.add_argument("source", help="a Parquet or CSV file (or pattern; the first match is used)")
-    parser.add_argument("--format", choices=("parquet", "csv"), default=None)
+    parser.add_argument(
+        "--format", choices=("parquet", "csv"), default=None, help="default: from the file name"
+    )
     parser.add_argument(
         "--sample_rows",
         type=int,
@@ -93,9 +150,13 @@ def _infer_schema(argv: list[str]) -> int:
 
 
 def _inspect(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="recordforge inspect")
+    parser = _Parser(
+        "recordforge inspect",
+        "Show an output's schema, record counts per split and shard, and its first records "
+        "(or, for a single TFRecord file, what `head` shows).",
+    )
     parser.add_argument("path", help="an output folder, or any TFRecord file")
-    parser.add_argument("--split", default=None)
+    parser.add_argument("--split", default=None, help="only this split (default: all)")
     parser.add_argument("-n", type=int, default=5, help="records to show (or images in --grid)")
     parser.add_argument("--grid", default=None, help="write a labelled PNG grid of the images")
     args = parser.parse_args(argv)
@@ -115,9 +176,13 @@ def _inspect(argv: list[str]) -> int:
 
 
 def _head(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="recordforge head")
+    parser = _Parser(
+        "recordforge head",
+        "Print the first records of any TFRecord file of tf.train.Examples, with the parse spec "
+        "inferred from them.",
+    )
     parser.add_argument("path", help="any TFRecord file of tf.train.Examples (compressed or not)")
-    parser.add_argument("-n", type=int, default=5)
+    parser.add_argument("-n", type=int, default=5, help="records to show")
     args = parser.parse_args(argv)
     from recordforge.tools.inspect import format_head, head
 
@@ -126,7 +191,11 @@ def _head(argv: list[str]) -> int:
 
 
 def _verify(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="recordforge verify")
+    parser = _Parser(
+        "recordforge verify",
+        "Check every shard of an output: record framing and CRCs, that each record parses "
+        "with the schema, and the counts against metadata.json. Exit 1 if anything is wrong.",
+    )
     parser.add_argument("path", help="an output folder")
     args = parser.parse_args(argv)
     from recordforge.tools.verify import verify
@@ -142,7 +211,11 @@ def _verify(argv: list[str]) -> int:
 
 
 def _stats(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="recordforge stats")
+    parser = _Parser(
+        "recordforge stats",
+        "Per-feature statistics of an output or a TFRecord file (counts, missing values, "
+        "min/max/mean, most frequent values) as a table.",
+    )
     parser.add_argument("path", help="an output folder, or any TFRecord file")
     parser.add_argument("--html", default=None, help="also write a self-contained HTML page")
     args = parser.parse_args(argv)
@@ -157,10 +230,117 @@ def _stats(argv: list[str]) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+def _configure_logging(debug: bool) -> None:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    logging.getLogger("recordforge").setLevel(logging.INFO)
+    # The command prints its own summary; per-shard INFO lines are for --debug. Warnings (files
+    # deleted by --overwrite, unreadable inputs skipped) always show.
+    logging.getLogger("recordforge").setLevel(logging.INFO if debug else logging.WARNING)
+    if debug:
+        return
+    # Must be set before TensorFlow is first imported, which happens later in this process.
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    logging.getLogger("absl").setLevel(logging.ERROR)
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(_drop_beam_errors)
+
+
+def _drop_beam_errors(record: logging.LogRecord) -> bool:
+    """Beam logs a failing step's traceback before raising; the CLI prints the error itself, once.
+    A filter on the handler, not a logger level: forked local workers log through this handler."""
+    return not (record.name.startswith("apache_beam") and record.levelno >= logging.ERROR)
+
+
+def _chain(exn: BaseException) -> Iterator[BaseException]:
+    """The exception, then its causes and contexts, each once."""
+    seen: set[int] = set()
+    todo = [exn]
+    while todo:
+        e = todo.pop(0)
+        if id(e) in seen:
+            continue
+        seen.add(id(e))
+        yield e
+        todo.extend(c for c in (e.__cause__, e.__context__) if c is not None)
+
+
+def _one_line(text: str) -> str:
+    """A message as one line: a list of problems (a schema's, say) joined with '; '."""
+    lines = [line.strip() for line in str(text).splitlines() if line.strip()]
+    if not lines:
+        return ""
+    head, rest = lines[0], lines[1:]
+    if not rest:
+        return head
+    return head + (" " if head.endswith(":") else "; ") + "; ".join(rest)
+
+
+def _strip_step(message: str) -> str:
+    return _WHILE_RUNNING.sub("", message.rstrip())
+
+
+def _describe(exn: BaseException) -> tuple[str, int]:
+    """(the one line to print after `error: `, the exit code) for an exception that ended a command."""
+    chain = list(_chain(exn))
+    for e in chain:
+        if isinstance(e, RecordForgeError):
+            return _strip_step(_one_line(str(e))), 2 if isinstance(e, UsageError) else 1
+    for e in chain:
+        # Beam's text holds the worker's traceback too: the wrapped message is the last such line.
+        found = [m for m in map(_WRAPPED.search, str(e).splitlines()) if m]
+        if found:
+            name, message = found[-1].group(1), found[-1].group(2)
+            cls = getattr(_errors, name, None)
+            code = 2 if isinstance(cls, type) and issubclass(cls, UsageError) else 1
+            return _strip_step(message.strip()), code
+    for e in chain:
+        if isinstance(e, OSError):
+            if e.filename is not None and e.strerror:
+                return f"{e.filename}: {e.strerror}", 1
+            return _one_line(str(e)), 1
+        if type(e).__module__.startswith("pyarrow") and isinstance(e, KeyError | ValueError):
+            # ArrowKeyError is a KeyError: str() would quote it.
+            return _strip_step(_one_line(str(e.args[0]) if e.args else type(e).__name__)), 1
+    first = _one_line(str(exn))
+    return (
+        f"internal error: {type(exn).__name__}: {first} (run with --debug for the traceback)",
+        1,
+    )
+
+
+def _raise_interrupted(signum: int, frame: Any) -> NoReturn:
+    raise Interrupted(signum)
+
+
+def _run(command: str, handler: Callable[[list[str]], int], argv: list[str], debug: bool) -> int:
+    in_main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _raise_interrupted) if in_main_thread else None
+    try:
+        return handler(argv)
+    except (KeyboardInterrupt, Interrupted) as exn:
+        if debug:
+            traceback.print_exc()
+        what = _INTERRUPTED if command == "convert" else "interrupted"
+        print(f"recordforge {command}: {what}", file=sys.stderr)
+        return 128 + (exn.signum if isinstance(exn, Interrupted) else signal.SIGINT)
+    except SystemExit as exn:  # argparse after --help
+        return exn.code if isinstance(exn.code, int) else 0 if exn.code is None else 1
+    except Exception as exn:
+        if debug:
+            traceback.print_exc()
+        message, code = _describe(exn)
+        print(f"recordforge {command}: error: {message}", file=sys.stderr)
+        return code
+    finally:
+        if in_main_thread:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Runs one command; returns the exit status (0 ok, 1 error, 2 usage, 128+N on signal N)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in argv or os.environ.get(_DEBUG_ENV, "") not in ("", "0", "false")
+    argv = [a for a in argv if a != "--debug"]
+    _configure_logging(debug)
     if not argv or argv[0] in ("-h", "--help"):
         print(_USAGE)
         return 0 if argv else 2
@@ -173,17 +353,17 @@ def main(argv: list[str] | None = None) -> int:
         "verify": _verify,
         "stats": _stats,
     }
-    if command == "version":
-        print(__version__)
+    if command in ("version", "--version", "-V"):
+        print(f"recordforge {__version__}")
         return 0
     if command not in commands:
-        print(f"unknown command {command!r}\n\n{_USAGE}", file=sys.stderr)
+        import difflib
+
+        guess = difflib.get_close_matches(command, [*commands, "version"], n=1)
+        hint = f"; did you mean {guess[0]}?" if guess else " (see recordforge --help)"
+        print(f"recordforge: error: unknown command {command!r}{hint}", file=sys.stderr)
         return 2
-    try:
-        return commands[command](rest)
-    except (RecordForgeError, FileNotFoundError) as exn:
-        print(f"recordforge {command}: error: {exn}", file=sys.stderr)
-        return 1
+    return _run(command, commands[command], rest, debug)
 
 
 if __name__ == "__main__":

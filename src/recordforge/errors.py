@@ -4,11 +4,34 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["DataError", "RecordForgeError", "SchemaError", "SourceError"]
+__all__ = [
+    "DataError",
+    "Interrupted",
+    "RecordForgeError",
+    "SchemaError",
+    "SourceError",
+    "UsageError",
+]
 
 
 class RecordForgeError(Exception):
     """Base class: a problem the user can fix, with a message that says how."""
+
+
+class UsageError(RecordForgeError, ValueError):
+    """A command line the program cannot run: an unknown flag, a bad value, a stray argument."""
+
+
+class Interrupted(BaseException):
+    """A termination signal (SIGTERM) arrived; a BaseException, like KeyboardInterrupt, so that
+    `except Exception` blocks between the signal handler and the CLI do not swallow it."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+    def __str__(self) -> str:
+        return f"interrupted by signal {self.signum}"
 
 
 class SchemaError(RecordForgeError, ValueError):

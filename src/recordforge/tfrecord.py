@@ -6,6 +6,7 @@ import hashlib
 import struct
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import google_crc32c
 import numpy as np
@@ -13,6 +14,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
+
+from recordforge.errors import RecordForgeError
 
 __all__ = [
     "Compression",
@@ -115,14 +118,22 @@ def frame_records(records: pa.Array) -> pa.Array:
     )
 
 
-class CorruptRecord(ValueError):
+class CorruptRecord(RecordForgeError, ValueError):
     """A record whose framing or CRC is wrong; `offset` is its byte offset in the decompressed
-    stream."""
+    stream. At offset 0 the file is most likely not a TFRecord file at all, and says so."""
 
     def __init__(self, path: str, offset: int, what: str) -> None:
         self.path = path
         self.offset = offset
-        super().__init__(f"{path}: {what} at byte {offset}")
+        self.what = what
+        if offset == 0:
+            super().__init__(f"{path}: not a TFRecord file ({what} at byte 0)")
+        else:
+            super().__init__(f"{path}: {what} at byte {offset}")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Three-argument __init__: tell pickle how to rebuild it across Beam worker boundaries.
+        return (type(self), (self.path, self.offset, self.what))
 
 
 def detect_compression(path: str) -> str:
@@ -146,17 +157,24 @@ def _chunks(path: str, compression: str, on_raw: Callable[[bytes], None] | None 
     inflate = None
     if compression != "none":
         inflate = isal_zlib.decompressobj(47 if compression == "gzip" else 15)
-    with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
-        while raw := f.read(_READ_CHUNK):
-            if on_raw is not None:
-                on_raw(raw)
-            yield inflate.decompress(raw) if inflate else raw
-            while inflate and inflate.unused_data:  # concatenated gzip members
-                rest = inflate.unused_data
-                inflate = isal_zlib.decompressobj(47)
-                yield inflate.decompress(rest)
-    if inflate:
-        yield inflate.flush()
+    read = 0  # compressed bytes read: where a bad deflate stream is reported
+    try:
+        with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
+            while raw := f.read(_READ_CHUNK):
+                if on_raw is not None:
+                    on_raw(raw)
+                read += len(raw)
+                yield inflate.decompress(raw) if inflate else raw
+                while inflate and inflate.unused_data:  # concatenated gzip members
+                    rest = inflate.unused_data
+                    inflate = isal_zlib.decompressobj(47)
+                    yield inflate.decompress(rest)
+        if inflate:
+            yield inflate.flush()
+    except isal_zlib.error as exn:
+        # Offsets count decompressed bytes, unknown here: the first chunk stands for the start.
+        offset = 0 if read <= _READ_CHUNK else read
+        raise CorruptRecord(path, offset, f"invalid {compression} stream: {exn}") from exn
 
 
 class _Stream:

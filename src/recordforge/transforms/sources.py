@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import queue
 import threading
 from collections.abc import Iterable, Iterator
@@ -57,6 +58,11 @@ def expand_patterns(patterns: Iterable[str]) -> list[FileInfo]:
     """Expands every pattern now, at construction; one that matches nothing is an error."""
     out: dict[str, FileInfo] = {}
     for pattern in patterns:
+        if FileSystems.get_scheme(pattern) is None:
+            # Beam's LocalFileSystem globs within the pattern's directory part, so a pattern
+            # without one (`part-*.parquet`) matched nothing; absolute paths also keep names in
+            # errors and metadata the same whatever folder the job is started from.
+            pattern = os.path.abspath(pattern)
         try:
             result = FileSystems.match([pattern])[0]
         except Exception as exn:
