@@ -14,6 +14,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from recordforge.pipelines.convert import DEFAULT_RUNNER  # noqa: E402
 
+pytest_plugins = ["gcs_emulator"]
+
 
 @pytest.fixture
 def parquet_source(tmp_path: Any) -> str:
