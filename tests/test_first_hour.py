@@ -282,6 +282,13 @@ def test_reading_a_file_that_is_not_a_tfrecord(capsys: Any, not_tfrecords: list[
             assert line.startswith(f"recordforge {command}: error: {path}: not a TFRecord file ("), line
 
 
+def test_pattern_matching_nothing_is_named_as_given(capsys: Any, tmp_path: Any, monkeypatch: Any) -> None:
+    monkeypatch.chdir(tmp_path)
+    code, _, err = _main(capsys, "infer-schema", "nothing-*.csv")
+    assert code == 1
+    assert _one_line(err) == "recordforge infer-schema: error: input pattern 'nothing-*.csv' matched no files"
+
+
 def test_missing_file_names_it(capsys: Any, tmp_path: Any) -> None:
     missing = str(tmp_path / "nope.tfrecord")
     code, _, err = _main(capsys, "head", missing)
@@ -400,6 +407,7 @@ def test_sigterm_in_a_real_process_is_one_line() -> None:
         (["type: int64", "ops: [{clip: [10, 1]}]"], "op `clip`: low 10 is above high 1"),
         (["type: int64", "ops: [{clip: [0, high]}]"], "op `clip` takes [low, high] (two numbers)"),
         (["type: int64", "min: .nan"], "`min` must be a finite number"),
+        (["type: int64", "nulls: default", "default: x"], "default value 'x' is not a valid int64"),
         (
             ["type: string", "regex: '(a)\\1'"],
             "`regex` is not valid RE2 syntax: invalid escape sequence: \\1",

@@ -395,7 +395,7 @@ def _default_problems(feature: Feature) -> list[str]:
         if not isinstance(v, expected) or (feature.dtype is DType.INT64 and isinstance(v, bool))
     ]
     if bad:
-        return [f"default value {bad[0]!r} is not a {feature.dtype.value}"]
+        return [f"default value {bad[0]!r} is not a valid {feature.dtype.value}"]
     return []
 
 

@@ -217,7 +217,7 @@ def cast_values(arr: pa.Array, f: Feature, file: str) -> tuple[pa.Array, list[Fa
         return _per_value(arr, _decimal_text, pa.large_binary(), "type", failures), failures
     # INT64 (and FLOAT32 from non-float64 sources): safe casts refuse fractions and overflow.
     target = pa.int64() if dt is DType.INT64 else pa.float32()
-    return conv(arr, target, f"not a {dt.value}"), failures
+    return conv(arr, target, f"not a valid {dt.value}"), failures
 
 
 def apply_ops(values: pa.Array, f: Feature) -> pa.Array:

@@ -57,7 +57,8 @@ class FileInfo:
 def expand_patterns(patterns: Iterable[str]) -> list[FileInfo]:
     """Expands every pattern now, at construction; one that matches nothing is an error."""
     out: dict[str, FileInfo] = {}
-    for pattern in patterns:
+    for given in patterns:
+        pattern = given
         if FileSystems.get_scheme(pattern) is None:
             # Beam's LocalFileSystem globs within the pattern's directory part, so a pattern
             # without one (`part-*.parquet`) matched nothing; absolute paths also keep names in
@@ -66,10 +67,10 @@ def expand_patterns(patterns: Iterable[str]) -> list[FileInfo]:
         try:
             result = FileSystems.match([pattern])[0]
         except Exception as exn:
-            raise SourceError(f"cannot list input pattern {pattern!r}: {exn}") from exn
+            raise SourceError(f"cannot list input pattern {given!r}: {exn}") from exn
         files = [m for m in result.metadata_list if not m.path.endswith("/")]
         if not files:
-            raise SourceError(f"input pattern {pattern!r} matched no files")
+            raise SourceError(f"input pattern {given!r} matched no files")
         for m in sorted(files, key=lambda m: m.path):
             out.setdefault(
                 m.path, FileInfo(m.path, m.size_in_bytes, getattr(m, "last_updated_in_seconds", 0.0) or 0.0)
