@@ -48,7 +48,7 @@ def test_template_metadata_matches_pipeline_flags() -> None:
     flags = _flags()
     assert set(params) == set(flags)
     for name, p in params.items():
-        assert p["helpText"] == flags[name].help
+        assert p["helpText"] == flags[name].help.replace("%%", "%")  # argparse escapes %
         assert p["isOptional"] == (name not in ("source", "output"))
         assert p["regexes"], name
     if shutil.which("gcloud"):

@@ -55,7 +55,7 @@ def template_metadata() -> dict[str, Any]:
             {
                 "name": action.dest,
                 "label": label,
-                "helpText": action.help,
+                "helpText": (action.help or "").replace("%%", "%"),  # argparse escapes %
                 "isOptional": action.dest not in _REQUIRED,
                 "regexes": [regex],
             }
