@@ -31,6 +31,15 @@ def parquet_source(tmp_path: Any) -> str:
     return str(src / "*.parquet")
 
 
+def published_root(output: Any) -> Any:
+    """The folder of an output's published version (a Path for a Path), from its manifest."""
+    from pathlib import Path
+
+    with open(os.path.join(output, "metadata.json")) as f:
+        version = json.load(f)["version"]
+    return Path(output) / version if isinstance(output, Path) else os.path.join(output, version)
+
+
 @pytest.fixture
 def pipeline() -> TestPipeline:
     return TestPipeline(runner=DEFAULT_RUNNER)

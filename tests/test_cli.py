@@ -34,7 +34,7 @@ def test_convert_with_inferred_schema_and_read_back(tmp_path: Any) -> None:
     assert meta["schema_origin"] == "inferred"
     assert meta["columns"]["pickup_zone"] == "Pickup Zone"
     assert any("float64" in n for n in meta["schema_notes"])
-    assert (out / "data-00000-of-00001.tfrecord").exists()
+    assert (out / meta["version"] / "data-00000-of-00001.tfrecord").exists()
 
     rows = list(recordforge.read(str(out), batch_size=500))
     assert len(rows) == 1

@@ -12,7 +12,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import yaml
-from conftest import assert_beam_reads, read_with_tf
+from conftest import assert_beam_reads, published_root, read_with_tf
 
 import recordforge
 from recordforge.pipelines.config import ConvertConfig
@@ -144,9 +144,10 @@ def _check_output(output: str, expected: dict[int, dict[str, list]], compression
     assert meta["rows_read"] == meta["rows_written"] == len(expected)
     assert meta["rows_rejected"] == 0
     files = [os.path.join(output, s["file"]) for s in meta["shards"]]
-    assert sorted(os.listdir(output)) == sorted(
-        [s["file"] for s in meta["shards"]]
-        + ["_SUCCESS", "feature_spec.json", "metadata.json", "schema.pbtxt", "schema.yaml"]
+    bundle = ["feature_spec.json", "metadata.json", "schema.pbtxt", "schema.yaml"]
+    assert sorted(os.listdir(output)) == sorted([meta["version"], "_SUCCESS", *bundle])
+    assert sorted(os.listdir(published_root(output))) == sorted(
+        [os.path.basename(s["file"]) for s in meta["shards"]] + bundle
     )
 
     # Reader 1: Beam's ReadFromTFRecord + protobuf, which also sees absent vs empty features.
@@ -201,7 +202,8 @@ def test_parquet_fixed_shard_count(tmp_path: Any, pipeline: Any) -> None:
     pq.write_table(_table(50, 3, 0), tmp_path / "a.parquet")
     output = _run(tmp_path, pipeline, [str(tmp_path / "a.parquet")], num_shards=3)
     meta = json.loads(open(os.path.join(output, "metadata.json")).read())
-    assert [s["file"] for s in meta["shards"]] == [f"data-0000{i}-of-00003.tfrecord.gz" for i in range(3)]
+    names = [f"{meta['version']}/data-0000{i}-of-00003.tfrecord.gz" for i in range(3)]
+    assert [s["file"] for s in meta["shards"]] == names
     assert sum(s["records"] for s in meta["shards"]) == 50
 
 

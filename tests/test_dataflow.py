@@ -15,6 +15,7 @@ from pathlib import Path
 import apache_beam as beam
 import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
+from conftest import published_root
 
 from recordforge.errors import RecordForgeError
 from recordforge.pipelines.config import ConvertConfig
@@ -218,7 +219,7 @@ def _records(output: str) -> Counter:
 
 
 def _shard_bytes(output: str) -> dict[str, bytes]:
-    return {p.name: p.read_bytes() for p in sorted(Path(output).glob("data-*"))}
+    return {p.name: p.read_bytes() for p in sorted(published_root(Path(output)).glob("data-*"))}
 
 
 def test_portable_runner_output_is_byte_identical(parquet_source: str, tmp_path: Path) -> None:

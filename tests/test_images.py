@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 import yaml
+from conftest import published_root
 from PIL import Image
 
 import recordforge
@@ -123,7 +124,7 @@ def test_manifest_with_two_image_columns_and_bad_images(tmp_path: Path) -> None:
     assert meta["rejected_by_rule"] == {"image": len(bad)}
     rejected = [
         json.loads(x)
-        for f in (tmp_path / "out" / "_rejected").glob("*.jsonl")
+        for f in (published_root(tmp_path / "out") / "_rejected").glob("*.jsonl")
         for x in f.read_text().splitlines()
     ]
     reasons = {r["value"]: r["reason"] for r in rejected}
@@ -483,7 +484,11 @@ def test_a_folder_image_that_cannot_be_read_or_decoded_is_rejected_by_its_path(t
         2,
     )
     rejected = sorted(
-        (json.loads(x) for f in (out / "_rejected").glob("*.jsonl") for x in f.read_text().splitlines()),
+        (
+            json.loads(x)
+            for f in (published_root(out) / "_rejected").glob("*.jsonl")
+            for x in f.read_text().splitlines()
+        ),
         key=lambda r: r["value"],
     )
     assert [(r["value"], r["rule"], r["column"]) for r in rejected] == [

@@ -18,7 +18,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from conftest import published_root
 
+import recordforge
 from recordforge.errors import RecordForgeError, SchemaError
 from recordforge.pipelines.convert import run
 from recordforge.tools.verify import verify
@@ -109,7 +111,7 @@ def read_split(out: Path, split: str | None = None) -> dict[str, list[Any]]:
     meta = json.loads((out / "metadata.json").read_text())
     spec_json = json.loads((out / "feature_spec.json").read_text())
     files = [
-        str(out / s["file"]) for s in meta["shards"] if split is None or s["file"].startswith(f"{split}/")
+        str(out / s["file"]) for s in meta["shards"] if split is None or s.get("split") == split
     ]
     ds = tf.data.TFRecordDataset(files, compression_type=meta["tf_compression_type"]).batch(100_000)
     cols: dict[str, list[Any]] = {}
@@ -161,7 +163,8 @@ def test_vocabulary_ids_match_numpy(converted: tuple[Path, pa.Table]) -> None:
     # the vocabulary file TFT wrote, readable by name for serving
     import tensorflow_transform as tft
 
-    assert [t.decode() for t in tft.TFTransformOutput(str(out)).vocabulary_by_name("fruit_id")] == vocab
+    tft_out = tft.TFTransformOutput(recordforge.version_path(str(out)))
+    assert [t.decode() for t in tft_out.vocabulary_by_name("fruit_id")] == vocab
 
 
 def test_scaling_and_buckets_match_numpy(converted: tuple[Path, pa.Table]) -> None:
@@ -230,11 +233,12 @@ def test_bundle_describes_transformed_records(converted: tuple[Path, pa.Table]) 
     raw = json.loads((out / "raw_feature_spec.json").read_text())
     assert raw["w"]["decode"]["raw"] == "float64"
     # the transformed schema as TFT wrote it, with the vocabulary size as the domain
-    assert (out / "schema.pbtxt").read_text() == (out / "transformed_metadata" / "schema.pbtxt").read_text()
-    assert not list(out.glob("_tmp-*"))
+    root = published_root(out)
+    assert (out / "schema.pbtxt").read_text() == (root / "transformed_metadata" / "schema.pbtxt").read_text()
+    assert not list(root.glob("_tmp-*"))
     import tensorflow_transform as tft
 
-    tft_out = tft.TFTransformOutput(str(out))
+    tft_out = tft.TFTransformOutput(recordforge.version_path(str(out)))
     assert set(tft_out.transformed_feature_spec()) == set(spec)
     assert set(tft_out.raw_feature_spec()) == set(raw)
 
@@ -267,7 +271,7 @@ def test_train_serve_consistency(converted: tuple[Path, pa.Table]) -> None:
 
     out, table = converted
     rows = table.to_pydict()
-    tft_out = tft.TFTransformOutput(str(out))
+    tft_out = tft.TFTransformOutput(recordforge.version_path(str(out)))
     layer = tft_out.transform_features_layer()
     serialized = tf.constant([_raw_example(rows, i) for i in range(len(rows["id"]))])
     served = layer(tf.io.parse_example(serialized, tft_out.raw_feature_spec()))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -10,7 +11,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import yaml
-from conftest import canonical, example_to_dict
+from conftest import canonical, example_to_dict, published_root
 
 from recordforge.errors import RecordForgeError
 from recordforge.pipelines.convert import run
@@ -128,7 +129,7 @@ def test_every_fault_is_rejected_with_its_reason(tmp_path: Path, faulty: tuple) 
     out = tmp_path / "out"
     lines = [
         json.loads(line)
-        for f in sorted((out / "_rejected").glob("*.jsonl"))
+        for f in sorted((published_root(out) / "_rejected").glob("*.jsonl"))
         for line in f.read_text().splitlines()
     ]
     lines.sort(key=lambda r: r["row"])
@@ -194,6 +195,10 @@ def test_exceeding_the_bound_fails_with_top_reasons(tmp_path: Path, faulty: tupl
     assert f"{len(FAULTS)} of {len(rows)} rows were rejected, more than the 3 allowed" in text
     assert "top reasons: type: 4, null: 1" in text
     assert not (tmp_path / "out" / "_SUCCESS").exists()
+    # Nothing is published, but the rejected rows stay where the message says, to be looked into.
+    kept = re.search(r"the rejected rows are in (\S+)/", text).group(1)
+    lines = [x for f in Path(kept).glob("*.jsonl") for x in f.read_text().splitlines()]
+    assert len(lines) == len(FAULTS)
     # A fraction bound large enough lets the same input through.
     meta = run(_args(tmp_path, path, "--max_rejected_fraction", "0.5", "--overwrite"))
     assert meta["rows_rejected"] == len(FAULTS)
@@ -209,7 +214,7 @@ def test_csv_rows_with_wrong_column_count_are_rejected(tmp_path: Path) -> None:
     assert meta["rows_read"] == 5 and meta["rows_written"] == 3 and meta["rows_rejected"] == 2
     lines = [
         json.loads(x)
-        for f in (tmp_path / "out" / "_rejected").glob("*.jsonl")
+        for f in (published_root(tmp_path / "out") / "_rejected").glob("*.jsonl")
         for x in f.read_text().splitlines()
     ]
     assert sorted((x["rule"], x["value"]) for x in lines) == [
@@ -246,4 +251,4 @@ def test_no_rejected_folder_when_nothing_is_rejected(tmp_path: Path) -> None:
     (tmp_path / "schema.yaml").write_text(yaml.safe_dump(SCHEMA))
     meta = run(_args(tmp_path, path, "--max_rejected", "10"))
     assert meta["rows_rejected"] == 0 and meta["rejected_by_rule"] == {}
-    assert not (tmp_path / "out" / "_rejected").exists()
+    assert not (published_root(tmp_path / "out") / "_rejected").exists()

@@ -9,6 +9,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from conftest import published_root
 
 from recordforge.errors import SourceError
 from recordforge.pipelines.convert import run
@@ -68,7 +69,7 @@ def test_manifest_records_inputs_and_versions(tmp_path: Path) -> None:
     assert source["modified"] == pytest.approx(src.stat().st_mtime, abs=1)
     assert meta["versions"]["apache-beam"].startswith("2.")
     assert meta["command"][:2] == ["--source", str(src)]
-    on_disk = sorted(p.name for p in (tmp_path / "out").glob("data-*"))
+    on_disk = sorted(f"{meta['version']}/{p.name}" for p in published_root(tmp_path / "out").glob("data-*"))
     assert on_disk == [s["file"] for s in meta["shards"]]
     assert json.loads((tmp_path / "out" / "metadata.json").read_text()) == meta
 

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+from conftest import published_root
 
 from recordforge.errors import RecordForgeError
 from recordforge.pipelines.convert import run
@@ -22,7 +23,8 @@ def source(tmp_path: Path) -> str:
 
 def _shards(out: Path) -> list[dict]:
     meta = json.loads((out / "metadata.json").read_text())
-    assert sorted(p.name for p in out.glob("data-*")) == [s["file"] for s in meta["shards"]]
+    on_disk = sorted(f"{meta['version']}/{p.name}" for p in published_root(out).glob("data-*"))
+    assert on_disk == [s["file"] for s in meta["shards"]]
     return meta["shards"]
 
 
@@ -42,7 +44,8 @@ def test_records_per_shard_is_exact(tmp_path: Path, source: str) -> None:
     shards = _shards(tmp_path / "out")
     assert [s["records"] for s in shards] == [3000] * 6 + [2000]
     n = len(shards)
-    assert [s["file"] for s in shards] == [f"data-{i:05d}-of-{n:05d}.tfrecord.gz" for i in range(n)]
+    names = [s["file"].split("/", 1)[1] for s in shards]
+    assert names == [f"data-{i:05d}-of-{n:05d}.tfrecord.gz" for i in range(n)]
     for s in shards:
         assert sum(1 for _ in iter_records(str(tmp_path / "out" / s["file"]), "gzip")) == s["records"]
 
@@ -79,24 +82,34 @@ def test_default_is_one_shard_per_128mb(tmp_path: Path, source: str) -> None:
 
 def test_a_crashed_run_leaves_no_success_and_a_rerun_publishes(tmp_path: Path, source: str) -> None:
     out = tmp_path / "out"
-    out.mkdir()
-    # What a run killed mid-way leaves: a temporary folder and a shard, but no bundle.
-    (out / "_tmp-0123456789ab").mkdir()
-    (out / "_tmp-0123456789ab" / "x.part").write_bytes(b"partial")
-    (out / "data-00000-of-00002.tfrecord.gz").write_bytes(b"partial")
-    assert not (out / "_SUCCESS").exists()
+    dead = "v-20260101T000000Z-0123abcd"
+    # What a run killed mid-way leaves: its journal entry, a temporary folder and a shard.
+    (out / "_recordforge" / "runs").mkdir(parents=True)
+    (out / "_recordforge" / "runs" / dead).write_text("{}")
+    (out / dead / "_tmp-0123456789ab").mkdir(parents=True)
+    (out / dead / "_tmp-0123456789ab" / "x.part").write_bytes(b"partial")
+    (out / dead / "data-00000-of-00002.tfrecord.gz").write_bytes(b"partial")
     meta = run(["--source", source, "--output", str(out)])
     assert meta["num_records"] == 20_000
     assert sorted(p.name for p in out.iterdir()) == sorted(
         [
             "_SUCCESS",
-            "data-00000-of-00001.tfrecord.gz",
+            "_recordforge",
+            meta["version"],
             "feature_spec.json",
             "metadata.json",
             "schema.pbtxt",
             "schema.yaml",
         ]
     )
+    assert [p.name for p in (out / "_recordforge" / "runs").iterdir()] == [meta["version"]]
+    assert sorted(p.name for p in published_root(out).iterdir()) == [
+        "data-00000-of-00001.tfrecord.gz",
+        "feature_spec.json",
+        "metadata.json",
+        "schema.pbtxt",
+        "schema.yaml",
+    ]
     # Somebody else's files are never deleted without --overwrite.
     (tmp_path / "other").mkdir()
     (tmp_path / "other" / "notes.txt").write_text("mine")
@@ -137,13 +150,14 @@ def test_a_killed_run_leaves_no_success_and_the_rerun_publishes(tmp_path: Path) 
     ]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 120
-    while not list(out.glob("_tmp-*/*.part")) and time.monotonic() < deadline:
+    while not list(out.glob("v-*/_tmp-*/*.part")) and time.monotonic() < deadline:
         assert proc.poll() is None, "the run ended before it could be killed"
         time.sleep(0.05)
     proc.send_signal(signal.SIGKILL)  # mid-write: shards half written, no bundle
     proc.wait()
-    assert list(out.glob("_tmp-*")) and not (out / "_SUCCESS").exists()
+    assert list(out.glob("v-*/_tmp-*")) and not (out / "_SUCCESS").exists()
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert "wrote 400000 records in 8 shards" in proc.stdout
-    assert (out / "_SUCCESS").exists() and not list(out.glob("_tmp-*"))
+    assert (out / "_SUCCESS").exists() and not list(out.glob("v-*/_tmp-*"))
+    assert [p.name for p in out.glob("v-*")] == [json.loads((out / "metadata.json").read_text())["version"]]

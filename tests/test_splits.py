@@ -9,7 +9,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import example_to_dict
+from conftest import example_to_dict, published_root
 
 import recordforge
 from recordforge.pipelines.convert import run
@@ -37,7 +37,7 @@ def _ids(out: Path, split: str) -> list[tuple[int, float]]:
     return sorted(
         (r["user_id"][0], r["x"][0])
         for s in meta["shards"]
-        if s["file"].startswith(f"{split}/")
+        if s.get("split") == split
         for r in map(example_to_dict, iter_records(str(out / s["file"]), "gzip"))
     )
 
@@ -62,7 +62,7 @@ def test_split_ratios_names_and_determinism(tmp_path: Path, table_path: Path) ->
         sigma = (25_000 * share * (1 - share)) ** 0.5
         assert abs(users - 25_000 * share) < 5 * sigma, (name, counts)
     for split in ("train", "eval", "test"):
-        names = sorted(p.name for p in (tmp_path / "a" / split).iterdir())
+        names = sorted(p.name for p in (published_root(tmp_path / "a") / split).iterdir())
         assert names == [f"{split}-00000-of-00001.tfrecord.gz"]
     # Same key, same split: every user's rows stay together.
     train_users = {u for u, _ in _ids(tmp_path / "a", "train")}

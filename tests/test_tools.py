@@ -14,6 +14,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import tensorflow as tf
+from conftest import published_root
 from PIL import Image
 
 import recordforge
@@ -60,7 +61,7 @@ def test_verify_passes_on_a_good_bundle(bundle: Path) -> None:
 
 
 def _shard(out: Path, i: int = 1) -> Path:
-    return out / f"data-0000{i}-of-00003.tfrecord"
+    return published_root(out) / f"data-0000{i}-of-00003.tfrecord"
 
 
 @pytest.mark.corrupts
@@ -80,7 +81,7 @@ def test_verify_truncated_deleted_stray_and_tampered(bundle: Path, tmp_path: Pat
     data = _shard(out, 0).read_bytes()
     _shard(out, 0).write_bytes(data[: len(data) - 7])
     _shard(out, 2).unlink()
-    (out / "data-00003-of-00003.tfrecord").write_bytes(b"")
+    (published_root(out) / "data-00003-of-00003.tfrecord").write_bytes(b"")
     meta = json.loads((out / "metadata.json").read_text())
     meta["shards"][1]["records"] += 1
     (out / "metadata.json").write_text(json.dumps(meta))
@@ -103,9 +104,11 @@ def test_verify_record_that_does_not_parse_with_the_spec(bundle: Path, tmp_path:
     out = _copy(bundle, tmp_path)
     spec = json.loads((out / "feature_spec.json").read_text())
     spec["pickup_lat_lon"]["shape"] = [3]
-    (out / "feature_spec.json").write_text(json.dumps(spec))
+    (published_root(out) / "feature_spec.json").write_text(json.dumps(spec))
     problems = recordforge.verify(str(out))
     assert any("does not parse with the spec: feature 'pickup_lat_lon' has 2 values" in p for p in problems)
+    # The top-level copy no longer matches the published version's file.
+    assert "feature_spec.json: differs from the published version's copy" in problems
 
 
 @pytest.mark.parametrize("compression", ["GZIP", ""])

@@ -5,7 +5,17 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
-__all__ = ["__version__", "head", "image_grid", "inspect", "load_bundle", "read", "stats", "verify"]
+__all__ = [
+    "__version__",
+    "head",
+    "image_grid",
+    "inspect",
+    "load_bundle",
+    "read",
+    "stats",
+    "verify",
+    "version_path",
+]
 
 if TYPE_CHECKING:
     import tensorflow as tf
@@ -65,3 +75,10 @@ def image_grid(path: str, png_path: str, *, n: int = 16) -> dict[str, Any]:
     from recordforge.tools.grid import image_grid as _grid
 
     return _grid(path, png_path, n=n)
+
+
+def version_path(path: str) -> str:
+    """The folder of an output's published version (`transform_fn/` and the shards are there)."""
+    from recordforge.reader import version_path as _version_path
+
+    return _version_path(path)

@@ -7,12 +7,13 @@ from typing import Any
 
 from apache_beam.io.filesystems import FileSystems
 
+from recordforge import layout
 from recordforge.errors import RecordForgeError
+from recordforge.layout import FEATURE_SPEC, METADATA, SUCCESS
 from recordforge.schemas.export import decode_images as _decode_images
 from recordforge.schemas.export import decode_parsed, to_tf_feature_spec
-from recordforge.transforms.bundle import FEATURE_SPEC, METADATA, SUCCESS
 
-__all__ = ["load_bundle", "read"]
+__all__ = ["load_bundle", "read", "version_path"]
 
 
 def _load_json(path: str) -> Any:
@@ -21,24 +22,33 @@ def _load_json(path: str) -> Any:
 
 
 def load_bundle(path: str, *, split: str | None = None) -> dict[str, Any]:
-    """{"metadata": ..., "feature_spec": ..., "files": [shard paths]}; refuses unpublished output.
-    `split` keeps that split's shards."""
+    """{"metadata": ..., "feature_spec": ..., "files": [shard paths], "root": the version folder};
+    refuses unpublished output. `split` keeps that split's shards. The manifest is read once and
+    the rest from the version it names, so a rebuild publishing meanwhile cannot mix two versions."""
     out = path.rstrip("/")
     if not FileSystems.exists(f"{out}/{SUCCESS}"):
         raise RecordForgeError(f"{out}: no {SUCCESS} marker; the dataset is missing or incomplete")
     meta = _load_json(f"{out}/{METADATA}")
+    root = layout.version_root(out, meta["version"]) if meta.get("version") else out
     shards = meta["shards"]
     if split is not None:
         if split not in meta.get("split_counts", {}):
             raise RecordForgeError(
                 f"{out}: no split {split!r} (splits: {', '.join(meta.get('split_counts', {})) or 'none'})"
             )
-        shards = [s for s in shards if s["file"].startswith(f"{split}/")]
+        shards = [s for s in shards if s.get("split") == split]
     return {
         "metadata": meta,
-        "feature_spec": _load_json(f"{out}/{FEATURE_SPEC}"),
+        "feature_spec": _load_json(f"{root}/{FEATURE_SPEC}"),
         "files": [f"{out}/{s['file']}" for s in shards],
+        "root": root,
     }
+
+
+def version_path(path: str) -> str:
+    """The folder of the published version of an output: where `transform_fn/` is, for
+    `tft.TFTransformOutput(recordforge.version_path(out))`, and the shards for a glob."""
+    return load_bundle(path)["root"]
 
 
 def read(

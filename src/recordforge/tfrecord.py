@@ -171,6 +171,8 @@ def _chunks(path: str, compression: str, on_raw: Callable[[bytes], None] | None 
                     yield inflate.decompress(rest)
         if inflate:
             yield inflate.flush()
+            if not inflate.eof:  # a deflate stream cut short, its gzip trailer (CRC, size) missing
+                raise CorruptRecord(path, read, f"the {compression} stream is truncated (no end of stream)")
     except isal_zlib.error as exn:
         # Offsets count decompressed bytes, unknown here: the first chunk stands for the start.
         offset = 0 if read <= _READ_CHUNK else read

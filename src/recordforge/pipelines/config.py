@@ -65,6 +65,9 @@ class ConvertConfig:
     preprocessing_fn: str | None = None
     analyze_split: str | None = None
     command: tuple[str, ...] = ()
+    # Set by run() for one run: the version folder it writes, and the version it replaces.
+    version: str | None = None
+    previous_version: str | None = None
 
     def __post_init__(self) -> None:
         problems = []

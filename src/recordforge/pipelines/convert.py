@@ -8,22 +8,26 @@ The data's path, in order:
            --Preprocess-->  the same, transformed by tensorflow-transform      [only when the schema
                             declares a `transform:` or --preprocessing_fn is given; + transform_fn/]
            --WriteTFRecords-->  ShardInfo per shard, measured on disk
-           --WriteBundle-->  schema.pbtxt, schema.yaml, feature_spec.json, metadata.json, _SUCCESS
+           --WriteBundle-->  schema.pbtxt, schema.yaml, feature_spec.json, metadata.json, then the
+                             commit: {output}/metadata.json replaced atomically, _SUCCESS
                              (after checking rows_read == rows_written + rows_rejected)
+
+Every file a run writes is below its own version folder, {output}/v-<time>-<id>/ (layout.py);
+run() holds the output's lock around the run and deletes what a failed run wrote
+(pipelines/publishing.py).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
-import re
+import os
+import shutil
 import sys
 from typing import Any
 
 import apache_beam as beam
 import pyarrow as pa
-from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import (
     DirectOptions,
     GoogleCloudOptions,
@@ -33,13 +37,24 @@ from apache_beam.options.pipeline_options import (
     TypeOptions,
 )
 
+from recordforge import layout
 from recordforge.errors import RecordForgeError
+from recordforge.layout import new_version, version_root
 from recordforge.pipelines.config import ConvertConfig, parse_splits
 from recordforge.pipelines.inputs import input_fingerprint, resolve_inputs
 from recordforge.pipelines.options import ConvertOptions
+from recordforge.pipelines.publishing import (
+    OutputState,
+    Publication,
+    check_not_inside,
+    check_output_path,
+    check_state,
+    read_state,
+)
 from recordforge.pipelines.workers import LocalRunner
 from recordforge.schemas import Plan
-from recordforge.transforms.bundle import METADATA, SUCCESS, BundleSpec, WriteBundle, rule_of
+from recordforge.storage import is_local, list_files
+from recordforge.transforms.bundle import BundleSpec, WriteBundle, rule_of
 from recordforge.transforms.coders import declare_element_type
 from recordforge.transforms.examples import REJECTED, ToExamples
 from recordforge.transforms.image_folder import ReadImageFolder
@@ -68,6 +83,12 @@ def build(pipeline: beam.Pipeline, config: ConvertConfig) -> beam.PCollection[st
     bundle is published. Input patterns and the schema are resolved now, not at run time."""
     inputs = resolve_inputs(config)
     files, fmt, plan, folder = inputs.files, inputs.fmt, inputs.plan, inputs.folder
+    check_not_inside(config.output, [f.path for f in files], "the input")
+    if config.schema_path:
+        check_not_inside(config.output, [config.schema_path], "--schema")
+    # Everything this run writes goes below its own version folder (layout.py).
+    version = config.version or new_version()
+    root = version_root(config.output, version)
     extra: dict[str, Any] = {}
     if folder is not None:
         extra = {"labels": folder.labels, "splits": folder.splits, "images": folder.count}
@@ -135,7 +156,7 @@ def build(pipeline: beam.Pipeline, config: ConvertConfig) -> beam.PCollection[st
         )
         preprocess = AnalyzeAndTransform(
             plan,
-            config.output,
+            root,
             fit=fit.examples,
             preprocessing_fn=config.preprocessing_fn,
             fit_split=fit_split,
@@ -157,7 +178,7 @@ def build(pipeline: beam.Pipeline, config: ConvertConfig) -> beam.PCollection[st
         # Strict runs fail at the first bad row, so there is never a rejected row to write.
         rejected_files = rejected_lines | "NoRejectedFiles" >> beam.FlatMap(_nothing)
     else:
-        rejected_files = rejected_lines | "WriteRejected" >> WriteRejected(config.output)
+        rejected_files = rejected_lines | "WriteRejected" >> WriteRejected(root)
 
     def write(examples: beam.PCollection, folder: str, name: str, label: str) -> beam.PCollection:
         return examples | label >> WriteTFRecords(
@@ -173,7 +194,7 @@ def build(pipeline: beam.Pipeline, config: ConvertConfig) -> beam.PCollection[st
         )
 
     if splits is None:
-        shards = write(examples, config.output, "data", "WriteTFRecords")
+        shards = write(examples, root, "data", "WriteTFRecords")
     else:
 
         def select(name: str) -> beam.PCollection:
@@ -184,7 +205,7 @@ def build(pipeline: beam.Pipeline, config: ConvertConfig) -> beam.PCollection[st
         shards = [
             write(
                 select(name),
-                f"{config.output.rstrip('/')}/{name}",
+                layout.join(root, name),
                 name,
                 f"WriteTFRecords[{name}]",
             )
@@ -193,6 +214,8 @@ def build(pipeline: beam.Pipeline, config: ConvertConfig) -> beam.PCollection[st
     # ShardInfo: path, records, bytes, sha256 of each shard as written
     spec = BundleSpec(
         output=config.output,
+        version=version,
+        previous_version=config.previous_version,
         plan=bundle_plan,
         raw_plan=raw_plan,
         temp_dirs=temp_dirs,
@@ -298,47 +321,21 @@ def _with_span(config: ConvertConfig) -> ConvertConfig:
     )
 
 
-def _unchanged(config: ConvertConfig) -> dict[str, Any] | None:
+def _unchanged(config: ConvertConfig, state: OutputState) -> dict[str, Any] | None:
     """The published metadata when --if_changed finds nothing to do."""
-    out = config.output.rstrip("/")
-    if not FileSystems.exists(f"{out}/{SUCCESS}"):
+    if state.published is None:
         return None
-    with FileSystems.open(f"{out}/{METADATA}") as f:
-        meta = json.loads(f.read())
     inputs = resolve_inputs(config)
-    if meta.get("input_fingerprint") == input_fingerprint(inputs.files, inputs.plan, config):
-        return meta
+    if state.published.get("input_fingerprint") == input_fingerprint(inputs.files, inputs.plan, config):
+        return state.published
     return None
 
 
-_OURS = re.compile(
-    r"^(data-\d{5}-of-\d{5}\.tfrecord(\.gz|\.zz)?|_tmp-[0-9a-f]+|_rejected|"
-    r"metadata\.json|feature_spec\.json|schema\.pbtxt|schema\.yaml|"
-    r"raw_feature_spec\.json|transform_fn|transformed_metadata|metadata)$"
-)
-
-
-def _prepare_output(config: ConvertConfig) -> None:
-    """Refuses to mix a new dataset into an existing one unless asked to replace it. What a
-    crashed or cancelled run left (no _SUCCESS, only RecordForge's own files) is cleaned."""
-    out = config.output.rstrip("/")
-    # Files at any depth; what decides is the name of each one's top-level entry under `out`.
-    existing = [m.path for m in FileSystems.match([f"{out}/**"])[0].metadata_list]
-    if not existing:
-        return
-    tops = {p[len(out) + 1 :].split("/", 1)[0] for p in existing}
-    split_dirs = {n for n, _ in parse_splits(config.splits)} if config.splits else set()
-    leftovers = not FileSystems.exists(f"{out}/{SUCCESS}") and all(
-        _OURS.match(t) or t in split_dirs for t in tops
-    )
-    if not (config.overwrite or leftovers):
-        raise RecordForgeError(f"{out} is not empty ({len(existing)} files); pass --overwrite to replace it")
-    why = "--overwrite" if config.overwrite else "an unfinished earlier run"
-    _LOGGER.warning("%s: deleting %d files under %s", why, len(existing), out)
-    FileSystems.delete(existing)
-    folders = [f"{out}/{t}" for t in tops if FileSystems.exists(f"{out}/{t}")]
-    if folders:  # on local disks, the folders that held them
-        FileSystems.delete(folders)
+def _remove_if_empty(folder: str) -> None:
+    """A transform may make its folders while the pipeline is built; if building then fails, the
+    run's own version folder (a fresh, unique name) goes, provided it holds no file."""
+    if is_local(folder) and os.path.isdir(folder) and not list_files(folder):
+        shutil.rmtree(folder)
 
 
 def _pipeline_options(argv: list[str]) -> PipelineOptions:
@@ -359,23 +356,33 @@ def _pipeline_options(argv: list[str]) -> PipelineOptions:
 
 
 def run(argv: list[str] | None = None) -> dict[str, Any]:
-    """Parses flags, runs the conversion, returns the published metadata."""
+    """Parses flags, runs the conversion, publishes it (pipelines/publishing.py), returns the
+    published metadata. Nothing in the output is touched until inputs, schema and flags have been
+    checked and the pipeline built."""
     argv = list(sys.argv[1:] if argv is None else argv)
     options = _pipeline_options(argv)
     config = _with_span(ConvertConfig.from_options(options.view_as(ConvertOptions), tuple(argv)))
+    check_output_path(config.output)
+    state = read_state(config.output)
     if config.if_changed:
-        published = _unchanged(config)
+        published = _unchanged(config, state)
         if published is not None:
             _LOGGER.warning(
                 "%s is up to date (same inputs, schema and settings): nothing to do", config.output
             )
             return {**published, "skipped": True}
-        config = dataclasses.replace(config, overwrite=True)  # rebuild what changed
-    _prepare_output(config)
-    with beam.Pipeline(options=options) as pipeline:
+    check_state(state, overwrite=config.overwrite, if_changed=config.if_changed)
+    config = dataclasses.replace(config, version=new_version(), previous_version=state.version)
+    pipeline = beam.Pipeline(options=options)
+    try:
         build(pipeline, config)
+    except BaseException:
+        _remove_if_empty(version_root(config.output, config.version))
+        raise
+    with Publication(config, expected=state):
+        pipeline.run().wait_until_finish()
     out = config.output.rstrip("/")
-    if not FileSystems.exists(f"{out}/{SUCCESS}"):
-        raise RecordForgeError(f"{out}: the pipeline finished but published no {SUCCESS}")
-    with FileSystems.open(f"{out}/{METADATA}") as f:
-        return json.loads(f.read())
+    published = read_state(out).published
+    if published is None or published["version"] != config.version:
+        raise RecordForgeError(f"{out}: the pipeline finished but published nothing")
+    return published

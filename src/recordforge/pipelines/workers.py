@@ -115,11 +115,32 @@ def _prompt_bundle_ends() -> Iterator[None]:
         statesampler.StateSampler = original
 
 
+def _private_temp_dir(prefix: str) -> str:
+    """A fresh temporary folder named after this process; first, the folders of this kind that a
+    process killed outright (kill -9 runs no cleanup) left behind are removed."""
+    base = tempfile.gettempdir()
+    for name in os.listdir(base):
+        pid = name[len(prefix) :].split("-", 1)[0]
+        if name.startswith(prefix) and pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(os.path.join(base, name), ignore_errors=True)
+    return tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
 @contextlib.contextmanager
 def _shared_work() -> Iterator[None]:
     """A claims folder for the run's workers (transforms/sharing.py), named in the environment
     that they inherit, removed with its claims when the run ends."""
-    folder = tempfile.mkdtemp(prefix="recordforge-claims-")
+    folder = _private_temp_dir("recordforge-claims-")
     previous = os.environ.get(SHARED_WORK_ENV)
     os.environ[SHARED_WORK_ENV] = folder
     try:
@@ -193,7 +214,7 @@ class _ForkServer:
     over a Unix socket in a private temporary folder."""
 
     def __enter__(self) -> _ForkServer:
-        self._dir = tempfile.mkdtemp(prefix="recordforge-workers-")
+        self._dir = _private_temp_dir("recordforge-workers-")
         path = os.path.join(self._dir, "fork.sock")
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         listener.bind(path)

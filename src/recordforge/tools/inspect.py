@@ -115,7 +115,7 @@ def inspect(path: str, *, split: str | None = None, n: int = 5) -> dict[str, Any
     with FileSystems.open(f"{out}/feature_spec.json") as f:
         spec = json.loads(f.read())
     if split:
-        meta = {**meta, "shards": [s for s in meta["shards"] if s["file"].startswith(f"{split}/")]}
+        meta = {**meta, "shards": [s for s in meta["shards"] if s.get("split") == split]}
     records = []
     for shard in meta["shards"]:
         for _, raw in read_records(f"{out}/{shard['file']}", meta["compression"]):

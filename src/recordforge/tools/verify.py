@@ -1,5 +1,6 @@
 """verify: every shard of a bundle exists, has its size and checksum, every record's CRCs hold,
-every record parses with the feature spec, and the counts match the manifest."""
+every record parses with the feature spec, the counts match the manifest and its invariant, and
+nothing lies in the output that the manifest does not account for."""
 
 from __future__ import annotations
 
@@ -11,26 +12,16 @@ from typing import Any
 
 from apache_beam.io.filesystems import FileSystems
 
+from recordforge import layout
+from recordforge.storage import list_files, read_bytes
 from recordforge.tfrecord import FileDigest
 from recordforge.tools.progress import Progress
 from recordforge.tools.records import CorruptRecord, parse_example, read_records
 
 __all__ = ["verify"]
 
-_BUNDLE_FILES = {
-    "_SUCCESS",
-    "metadata.json",
-    "feature_spec.json",
-    "schema.pbtxt",
-    "schema.yaml",
-    "raw_feature_spec.json",
-}
-# Written by tensorflow-transform's own writers when the run had transforms.
-_TRANSFORM_FILES = (
-    "transform_fn/saved_model.pb",
-    "transformed_metadata/schema.pbtxt",
-    "metadata/schema.pbtxt",
-)
+# Folders of a version that tensorflow-transform writes (their contents are its own).
+_TRANSFORM_DIRS = (layout.TRANSFORM_FN, layout.TRANSFORMED_METADATA, layout.RAW_METADATA)
 _KINDS = {"int64": "int64", "float32": "float", "string": "bytes"}
 
 
@@ -95,26 +86,96 @@ def _check_shard(args: tuple[str, dict[str, Any], str, dict[str, dict]]) -> tupl
     return records, problems
 
 
+def _escapes(file: str, root: str) -> bool:
+    """A shard path that is absolute, climbs out, or lies outside the version's folder."""
+    parts = file.split("/")
+    return file.startswith("/") or "://" in file or ".." in parts or not (root == "" or parts[0] == root)
+
+
+def _unlisted(out: str, meta: dict[str, Any], listed: set[str]) -> list[str]:
+    """Files below the output that the manifest does not account for."""
+    version = meta.get("version") or ""
+    journal = {layout.relative(p, layout.journal_dir(out)) for p in list_files(layout.journal_dir(out))}
+    # Other versions RecordForge recorded (the one before, or a failed run's rejected rows) are
+    # its own; the published version must hold exactly what the manifest lists.
+    keep = {layout.STATE_DIR, meta.get("previous_version"), *journal} - {None, "", version}
+    at = f"{version}/" if version else ""  # where the version's own files are
+    transform = [f"{at}{d}/" for d in _TRANSFORM_DIRS] if "transform" in meta else []
+    rejected = f"{at}{layout.REJECTED_DIR}/"
+    bundle = {f"{at}{n}" for n in (*layout.TOP_COPIES, layout.METADATA)}
+    extra = []
+    for path in list_files(out):
+        rel = layout.relative(path, out)
+        if (
+            rel in listed
+            or rel in layout.TOP_FILES
+            or rel in bundle
+            or rel.split("/", 1)[0] in keep
+            or any(rel.startswith(t) for t in transform)
+            or (rel.startswith(rejected) and rel.endswith(".jsonl") and "/" not in rel[len(rejected) :])
+        ):
+            continue
+        extra.append(rel)
+    return extra
+
+
+def _copy_problems(out: str, version: str) -> list[str]:
+    """The top-level copies must be the published version's files, byte for byte."""
+    out_of_date = []
+    for name in layout.TOP_COPIES:
+        top, own = f"{out}/{name}", layout.join(out, version, name)
+        if FileSystems.exists(top) != FileSystems.exists(own):
+            out_of_date.append(f"{name}: present in only one of the output and the published version")
+        elif FileSystems.exists(top) and read_bytes(top) != read_bytes(own):
+            out_of_date.append(f"{name}: differs from the published version's copy")
+    return out_of_date
+
+
+def _count_problems(meta: dict[str, Any]) -> list[str]:
+    try:
+        read, written, rejected = meta["rows_read"], meta["rows_written"], meta["rows_rejected"]
+    except KeyError as exn:
+        return [f"the manifest has no {exn.args[0]}"]
+    out = []
+    if read != written + rejected:
+        out.append(
+            "the manifest breaks rows_read == rows_written + rows_rejected "
+            f"({read} != {written} + {rejected})"
+        )
+    if sum(s.get("records", 0) for s in meta.get("shards", [])) != written:
+        out.append(f"the manifest's shards do not add up to rows_written ({written})")
+    return out
+
+
 def verify(path: str, *, workers: int | None = None) -> list[str]:
     """One line per problem; an empty list means the bundle is complete and intact."""
     out = path.rstrip("/")
     problems = []
-    if not FileSystems.exists(f"{out}/_SUCCESS"):
+    if not FileSystems.exists(f"{out}/{layout.SUCCESS}"):
         problems.append("_SUCCESS is missing: the output was never published, or only in part")
     try:
-        with FileSystems.open(f"{out}/metadata.json") as f:
+        with FileSystems.open(f"{out}/{layout.METADATA}") as f:
             meta = json.loads(f.read())
-        with FileSystems.open(f"{out}/feature_spec.json") as f:
+        version = meta.get("version") or ""
+        with FileSystems.open(layout.join(out, version, layout.FEATURE_SPEC)) as f:
             spec = json.loads(f.read())
     except Exception as exn:
         return [*problems, f"cannot read the manifest: {exn}"]
     shards = meta.get("shards", [])
+    escaping = [s["file"] for s in shards if _escapes(s["file"], version)]
+    problems.extend(f"{f}: shard path escapes the bundle's folder" for f in escaping)
+    shards = [s for s in shards if s["file"] not in escaping]
     listed = {s["file"] for s in shards}
-    on_disk = {posixpath.basename(m.path) for m in FileSystems.match([f"{out}/*"])[0].metadata_list}
-    for extra in sorted(on_disk - listed - _BUNDLE_FILES - {"_rejected"}):
-        problems.append(f"{extra}: extra file, not in the manifest")
+    problems.extend(f"{extra}: extra file, not in the manifest" for extra in _unlisted(out, meta, listed))
+    problems.extend(_count_problems(meta))
+    if version:
+        problems.extend(_copy_problems(out, version))
     if "transform" in meta:
-        problems.extend(f"{f}: missing" for f in _TRANSFORM_FILES if not FileSystems.exists(f"{out}/{f}"))
+        problems.extend(
+            f"{f}: missing"
+            for f in layout.TRANSFORM_FILES
+            if not FileSystems.exists(layout.join(out, version, f) if version else f"{out}/{f}")
+        )
     total = 0
     progress = Progress("verify", len(shards))
     jobs = [(f"{out}/{s['file']}", s, meta["compression"], spec) for s in shards]

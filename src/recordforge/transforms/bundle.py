@@ -1,37 +1,39 @@
-"""WriteBundle: the self-describing files next to the shards, written last, `_SUCCESS` at the end."""
+"""WriteBundle: the self-describing files of a version, then the commit that publishes it."""
 
 from __future__ import annotations
 
 import datetime
 import json
 import logging
-import posixpath
-import uuid
+import os
 from dataclasses import dataclass
 from typing import Any
 
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 
-from recordforge import __version__
-from recordforge.errors import RecordForgeError
+from recordforge import __version__, layout
+from recordforge.errors import RecordForgeError, SourceError
+from recordforge.layout import (
+    FEATURE_SPEC,
+    METADATA,
+    RAW_FEATURE_SPEC,
+    REJECTED_DIR,
+    SCHEMA_PBTXT,
+    SCHEMA_YAML,
+    SUCCESS,
+    TOP_COPIES,
+    TRANSFORMED_SCHEMA,
+)
 from recordforge.schemas.export import tfmd_text
 from recordforge.schemas.loader import dump_schema
 from recordforge.schemas.plan import Plan
+from recordforge.storage import delete_tree, is_local, literal, write_atomically
 from recordforge.tfrecord import Compression, ShardInfo
-from recordforge.transforms.rejects import REJECTED_DIR
 
-__all__ = ["BundleSpec", "WriteBundle", "SUCCESS", "METADATA", "FEATURE_SPEC", "SCHEMA_PBTXT"]
+__all__ = ["BundleSpec", "WriteBundle"]
 
 _LOGGER = logging.getLogger(__name__)
-
-SUCCESS = "_SUCCESS"
-METADATA = "metadata.json"
-FEATURE_SPEC = "feature_spec.json"
-SCHEMA_PBTXT = "schema.pbtxt"
-SCHEMA_YAML = "schema.yaml"
-RAW_FEATURE_SPEC = "raw_feature_spec.json"
-TRANSFORMED_SCHEMA = "transformed_metadata/schema.pbtxt"
 
 
 @dataclass(frozen=True)
@@ -39,6 +41,7 @@ class BundleSpec:
     """What the bundle records about the run, known at construction."""
 
     output: str
+    version: str  # the folder below `output` that this run wrote (layout.py)
     plan: Plan
     source_format: str
     sources: tuple[tuple[str, int | None, float], ...]  # (path, size in bytes or None, modified)
@@ -51,6 +54,11 @@ class BundleSpec:
     # they were transformed from; `temp_dirs` are TFT's working files, deleted before publishing.
     raw_plan: Plan | None = None
     temp_dirs: tuple[str, ...] = ()
+    previous_version: str | None = None  # the version this one replaces, kept until the next
+
+    @property
+    def root(self) -> str:
+        return layout.version_root(self.output, self.version)
 
     @property
     def source_plan(self) -> Plan:
@@ -81,16 +89,6 @@ def package_versions() -> dict[str, str]:
     return out
 
 
-def write_atomically(path: str, data: bytes) -> None:
-    """Writes to a temporary name beside `path`, then renames, so a reader never sees half a file."""
-    tmp = f"{path}.tmp-{uuid.uuid4().hex}"
-    with FileSystems.create(tmp) as f:
-        f.write(data)
-    if FileSystems.exists(path):
-        FileSystems.delete([path])
-    FileSystems.rename([tmp], [path])
-
-
 @dataclass(frozen=True)
 class RunCounts:
     """What the pipeline counted on its way, as opposed to what is on disk."""
@@ -104,11 +102,6 @@ class RunCounts:
         return sum(self.rejected_by_rule.values())
 
 
-def _relative(path: str, output: str) -> str:
-    out = output.rstrip("/") + "/"
-    return path[len(out) :] if path.startswith(out) else posixpath.basename(path)
-
-
 def _split_totals(spec: BundleSpec, shards: list[ShardInfo]) -> dict[str, Any]:
     """Records and shards per split; an empty split is reported with 0, not written."""
     weights = (spec.extra or {}).get("split_weights")
@@ -116,7 +109,7 @@ def _split_totals(spec: BundleSpec, shards: list[ShardInfo]) -> dict[str, Any]:
         return {}
     totals = {name: {"records": 0, "shards": 0} for name in weights}
     for s in shards:
-        name = _relative(s.path, spec.output).split("/", 1)[0]
+        name = layout.relative(s.path, spec.root).split("/", 1)[0]
         totals[name]["records"] += s.records
         totals[name]["shards"] += 1
     return {"split_counts": totals, "empty_splits": [n for n, t in totals.items() if t["records"] == 0]}
@@ -124,10 +117,13 @@ def _split_totals(spec: BundleSpec, shards: list[ShardInfo]) -> dict[str, Any]:
 
 def metadata_dict(spec: BundleSpec, shards: list[ShardInfo], counts: RunCounts) -> dict[str, Any]:
     shards = sorted(shards, key=lambda s: s.path)
+    splits = bool((spec.extra or {}).get("split_weights"))
     written = sum(s.records for s in shards)
     schema = spec.source_plan.schema
     return {
         "recordforge_version": __version__,
+        "version": spec.version,
+        "previous_version": spec.previous_version,
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "command": list(spec.command),
         "source_format": spec.source_format,
@@ -154,7 +150,8 @@ def metadata_dict(spec: BundleSpec, shards: list[ShardInfo], counts: RunCounts) 
         **(spec.extra or {}),
         "shards": [
             {
-                "file": _relative(s.path, spec.output),
+                "file": layout.relative(s.path, spec.output),
+                **({"split": layout.relative(s.path, spec.root).split("/", 1)[0]} if splits else {}),
                 "records": s.records,
                 "bytes": s.bytes,
                 "sha256": s.sha256,
@@ -180,7 +177,7 @@ def _check_counts(spec: BundleSpec, meta: dict[str, Any], counts: RunCounts) -> 
             f"{allowed} allowed (--max_rejected {spec.max_rejected}, --max_rejected_fraction "
             f"{spec.max_rejected_fraction}); top reasons: "
             + ", ".join(f"{rule}: {n}" for rule, n in top)
-            + f"; the rows are in {spec.output.rstrip('/')}/{REJECTED_DIR}/"
+            + f"; nothing was published; the rejected rows are in {layout.join(spec.root, REJECTED_DIR)}/"
         )
 
 
@@ -206,8 +203,9 @@ def _write_bundle(
     )
     meta = metadata_dict(spec, shards, counts)
     _check_counts(spec, meta, counts)
-    out = spec.output.rstrip("/")
-    _drop_empty_rejected(out, rejected_files)
+    _check_inputs_unchanged(spec)
+    root = spec.root
+    _drop_empty_rejected(root, rejected_files)
     source = spec.source_plan
     files = {
         SCHEMA_PBTXT: tfmd_text(spec.plan).encode(),
@@ -215,35 +213,79 @@ def _write_bundle(
             source.schema, header=f"# RecordForge schema ({source.schema.origin})\n"
         ).encode(),
         FEATURE_SPEC: json.dumps(spec.plan.feature_spec, indent=2).encode(),
-        METADATA: json.dumps(meta, indent=2).encode(),
     }
     if spec.raw_plan is not None:
         # The transformed schema as TFT wrote it (with vocabulary sizes as domains), and the raw
         # spec that serving parses raw Examples with before applying transform_fn.
-        with FileSystems.open(f"{out}/{TRANSFORMED_SCHEMA}") as f:
+        with FileSystems.open(layout.join(root, TRANSFORMED_SCHEMA)) as f:
             files[SCHEMA_PBTXT] = f.read()
         files[RAW_FEATURE_SPEC] = json.dumps(spec.raw_plan.feature_spec, indent=2).encode()
-    existing = [t for t in spec.temp_dirs if FileSystems.exists(t)]
-    if existing:
-        FileSystems.delete(existing)
-    for name, data in files.items():
-        write_atomically(f"{out}/{name}", data)
-    write_atomically(f"{out}/{SUCCESS}", b"")  # last: its presence means the rest is complete
-    _LOGGER.info("%s: %d records in %d shards", out, meta["num_records"], len(meta["shards"]))
-    return out
+    for temp in spec.temp_dirs:
+        delete_tree(temp)
+    manifest = json.dumps(meta, indent=2).encode()
+    for name, data in {**files, METADATA: manifest}.items():
+        write_atomically(layout.join(root, name), data)
+    _commit(spec.output, manifest, files)
+    _LOGGER.info(
+        "%s: published version %s, %d records in %d shards",
+        spec.output,
+        spec.version,
+        meta["num_records"],
+        len(meta["shards"]),
+    )
+    return spec.output
 
 
-def _drop_empty_rejected(out: str, files: list[str]) -> None:
+def _commit(output: str, manifest: bytes, files: dict[str, bytes]) -> None:
+    """Publishes a version whose files are all in place. The top-level metadata.json is the
+    commit point: replaced atomically, it moves readers from the old version to the new one at
+    once. `_SUCCESS` follows (it stays through later rebuilds), then the convenience copies of
+    the small files. Repeating a commit (a retried step) writes the same files again."""
+    write_atomically(layout.join(output, METADATA), manifest)
+    success = layout.join(output, SUCCESS)
+    if not FileSystems.exists(success):
+        write_atomically(success, b"")
+    for name in TOP_COPIES:
+        path = layout.join(output, name)
+        if name in files:
+            write_atomically(path, files[name])
+        elif FileSystems.exists(path):  # the replaced version had it; this one has not
+            FileSystems.delete([path])
+
+
+def _check_inputs_unchanged(spec: BundleSpec) -> None:
+    """Inputs are a snapshot: a file whose size or modification time differs from when it was
+    listed was changed (or cut short) while the run read it, and nothing is published."""
+    for path, size, modified in spec.sources:
+        if size is None:  # a folder of images, listed by names rather than sizes
+            continue
+        try:
+            if is_local(path):
+                st = os.stat(path)
+                now: tuple[int | None, float] = (st.st_size, st.st_mtime)
+            else:
+                (m,) = FileSystems.match([literal(path)])[0].metadata_list
+                now = (m.size_in_bytes, getattr(m, "last_updated_in_seconds", 0.0) or 0.0)
+        except Exception as exn:  # noqa: BLE001 - gone, or no longer one file
+            raise SourceError(f"{path}: the input disappeared while it was being read ({exn})") from exn
+        if now[0] != size or abs(now[1] - modified) > 1e-6:
+            raise SourceError(
+                f"{path}: the input changed while it was being read (size {size} -> {now[0]} bytes, "
+                f"modified {modified} -> {now[1]}); nothing was published"
+            )
+
+
+def _drop_empty_rejected(root: str, files: list[str]) -> None:
     """WriteToText leaves an empty file when nothing was rejected: remove it and the folder.
     Only the writer's finished files are looked at (never its temporary folder)."""
     if not files:
         return
-    sizes = {m.path: m.size_in_bytes for f in files for m in FileSystems.match([f])[0].metadata_list}
-    empty = [f for f in files if sizes.get(f, 0) == 0]
+    sizes = {m.path: m.size_in_bytes for f in files for m in FileSystems.match([literal(f)])[0].metadata_list}
+    empty = [f for f in files if sizes.get(f) == 0]
     if empty:
         FileSystems.delete(empty)
-    if len(empty) == len(files) and FileSystems.exists(f"{out}/{REJECTED_DIR}"):
-        FileSystems.delete([f"{out}/{REJECTED_DIR}"])
+    if all(sizes.get(f, 0) == 0 for f in files):
+        delete_tree(layout.join(root, REJECTED_DIR))
 
 
 def rule_of(line: str) -> str:

@@ -23,6 +23,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from recordforge.encoding import ExampleEncoder, binary_array
+from recordforge.layout import RAW_METADATA
 from recordforge.schemas.plan import Plan, value_type
 from recordforge.schemas.preprocessing import (
     build_preprocessing_fn,
@@ -32,11 +33,8 @@ from recordforge.schemas.preprocessing import (
 )
 from recordforge.transforms.splits import in_split
 
-__all__ = ["AnalyzeAndTransform", "TRANSFORM_FN", "TRANSFORMED_METADATA", "RAW_METADATA"]
+__all__ = ["AnalyzeAndTransform"]
 
-TRANSFORM_FN = "transform_fn"
-TRANSFORMED_METADATA = "transformed_metadata"
-RAW_METADATA = "metadata"  # where tft.TFTransformOutput looks for the raw schema
 _WHERE = "__recordforge_where"  # per row: b"split\0file"
 _ROW = "__recordforge_row"  # per row: its position, so an output batch knows its first row
 

@@ -11,11 +11,10 @@ from typing import Any
 
 import apache_beam as beam
 
+from recordforge.layout import REJECTED_DIR
 from recordforge.transforms.conform import BadRow
 
 __all__ = ["WriteRejected", "decode_value", "encode_value", "rejected_line", "REJECTED_DIR"]
-
-REJECTED_DIR = "_rejected"
 
 
 def encode_value(value: Any) -> Any:

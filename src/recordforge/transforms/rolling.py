@@ -21,6 +21,7 @@ from apache_beam.utils.timestamp import MIN_TIMESTAMP
 from apache_beam.utils.windowed_value import WindowedValue
 
 from recordforge.encoding import binary_parts
+from recordforge.storage import delete_tree
 from recordforge.tfrecord import ShardInfo, frame_records
 
 __all__ = ["DEFAULT_SHARD_SIZE", "WriteShardsBySize", "parse_size"]
@@ -133,14 +134,18 @@ class _RollingWriteFn(beam.DoFn):
 
 def _publish(_: bytes, parts: list[_Part], prefix: str, suffix: str, tmp_dir: str) -> list[ShardInfo]:
     """Names the parts in input order and moves them into place; leftovers of retried bundles
-    go with the temporary folder."""
+    go with the temporary folder. Idempotent: a part already moved (a retried publish) is not
+    moved again, and its description is the one recorded when it was written."""
     parts = sorted(parts, key=lambda p: (p.first_key, p.tmp))
     n = len(parts)
     finals = [f"{prefix}-{i:05d}-of-{n:05d}{suffix}" for i in range(n)]
-    if parts:
-        FileSystems.rename([p.tmp for p in parts], finals)
-    if FileSystems.exists(tmp_dir):
-        FileSystems.delete([tmp_dir])
+    pending = [(p.tmp, f) for p, f in zip(parts, finals, strict=True) if FileSystems.exists(p.tmp)]
+    if pending:
+        FileSystems.rename([t for t, _ in pending], [f for _, f in pending])
+    missing = [f for f in finals if not FileSystems.exists(f)]
+    if missing:
+        raise RuntimeError(f"{len(missing)} shard(s) lost before publishing, first {missing[0]}")
+    delete_tree(tmp_dir)
     _LOGGER.info("published %d shards as %s-*-of-%05d%s", n, prefix, n, suffix)
     return [
         ShardInfo(path=f, records=p.records, bytes=p.bytes, sha256=p.sha256)

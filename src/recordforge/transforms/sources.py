@@ -156,7 +156,9 @@ class _ReadParquetFn(SharedItemsFn):
     def _batches(self, element: tuple[str, int, int]) -> Iterator[SourceBatch]:
         path, group, first_row = element
         with FileSystems.open(path) as f:
-            pf = pq.ParquetFile(f)
+            # Pages written with checksums are checked against them: a flipped bit fails the read
+            # rather than changing a value. Pages without one are read as before.
+            pf = pq.ParquetFile(f, page_checksum_verification=True)
             columns = self._columns
             if columns is not None:
                 columns = _resolve_columns(columns, pf.schema_arrow.names, path)

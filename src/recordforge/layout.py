@@ -1,0 +1,111 @@
+"""Where everything of a bundle lives: the one place that names the files and folders of an output.
+
+    {output}/
+      metadata.json          the commit point: the published version and its shards (paths
+                             relative to {output}); replaced atomically by each publish
+      _SUCCESS               written after the first commit; never removed by a rebuild
+      feature_spec.json ...  copies of the published version's small files, for convenience
+      v-<time>-<id>/         one version: everything one run wrote, never modified once published
+        data-SSSSS-of-NNNNN.tfrecord[.gz|.zz]   (or {split}/{split}-SSSSS-of-NNNNN...)
+        _rejected/  transform_fn/  transformed_metadata/  metadata/
+        schema.pbtxt  schema.yaml  feature_spec.json  [raw_feature_spec.json]  metadata.json
+      _recordforge/
+        lock                 held by the one run writing this output
+        runs/<version>       a run's journal entry, written before its version folder: the
+                             record that RecordForge made that folder, so it may delete it
+"""
+
+from __future__ import annotations
+
+import datetime
+import posixpath
+import re
+import uuid
+
+__all__ = [
+    "FEATURE_SPEC",
+    "METADATA",
+    "RAW_FEATURE_SPEC",
+    "REJECTED_DIR",
+    "SCHEMA_PBTXT",
+    "SCHEMA_YAML",
+    "SUCCESS",
+    "TOP_COPIES",
+    "TOP_FILES",
+    "TRANSFORM_FILES",
+    "TRANSFORMED_SCHEMA",
+    "STATE_DIR",
+    "is_version",
+    "join",
+    "journal_dir",
+    "journal_entry",
+    "lock_path",
+    "new_version",
+    "version_root",
+]
+
+SUCCESS = "_SUCCESS"
+METADATA = "metadata.json"
+FEATURE_SPEC = "feature_spec.json"
+SCHEMA_PBTXT = "schema.pbtxt"
+SCHEMA_YAML = "schema.yaml"
+RAW_FEATURE_SPEC = "raw_feature_spec.json"
+REJECTED_DIR = "_rejected"
+TRANSFORM_FN = "transform_fn"
+TRANSFORMED_METADATA = "transformed_metadata"
+RAW_METADATA = "metadata"  # where tft.TFTransformOutput looks for the raw schema
+TRANSFORMED_SCHEMA = f"{TRANSFORMED_METADATA}/schema.pbtxt"
+# Written by tensorflow-transform's own writers when the run had transforms.
+TRANSFORM_FILES = (f"{TRANSFORM_FN}/saved_model.pb", TRANSFORMED_SCHEMA, f"{RAW_METADATA}/schema.pbtxt")
+STATE_DIR = "_recordforge"
+
+# Small files copied from the published version to the top of the output after each commit.
+TOP_COPIES = (FEATURE_SPEC, SCHEMA_PBTXT, SCHEMA_YAML, RAW_FEATURE_SPEC)
+# Every name RecordForge writes at the top of an output folder.
+TOP_FILES = frozenset({METADATA, SUCCESS, *TOP_COPIES})
+
+_VERSION = re.compile(r"^v-\d{8}T\d{6}Z-[0-9a-f]{8}$")
+
+
+def join(*parts: str) -> str:
+    """Joins path parts with '/', for local paths and object stores alike."""
+    return "/".join([parts[0].rstrip("/"), *(p.strip("/") for p in parts[1:])])
+
+
+def new_version() -> str:
+    """A fresh version folder name: sortable by time, unique by its random part."""
+    now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    return f"v-{now}-{uuid.uuid4().hex[:8]}"
+
+
+def is_version(name: str) -> bool:
+    return bool(_VERSION.match(name))
+
+
+def version_root(output: str, version: str) -> str:
+    return join(output, version)
+
+
+def lock_path(output: str) -> str:
+    return join(output, STATE_DIR, "lock")
+
+
+def journal_dir(output: str) -> str:
+    return join(output, STATE_DIR, "runs")
+
+
+def journal_entry(output: str, version: str) -> str:
+    return join(journal_dir(output), version)
+
+
+def top_entry(output: str, path: str) -> str:
+    """The first component of `path` below `output` ('' when `path` is not below it)."""
+    out = output.rstrip("/") + "/"
+    if not path.startswith(out):
+        return ""
+    return path[len(out) :].split("/", 1)[0]
+
+
+def relative(path: str, output: str) -> str:
+    out = output.rstrip("/") + "/"
+    return path[len(out) :] if path.startswith(out) else posixpath.basename(path)

@@ -1,0 +1,228 @@
+"""The publishing protocol around a run: one writer at a time, a journal of what each run wrote,
+cleanup of exactly that, and nothing existing touched before the new version is committed.
+
+A run writes only into its own version folder (`layout.py`), which it records in the output's
+journal before creating it. The bundle step commits by replacing `metadata.json` atomically
+(`transforms/bundle.py`); until then readers see the last published version, whole. After the
+commit, versions older than the one just replaced are deleted (the replaced one stays until the
+next publish, so that a reader that started before the commit can finish). A run that fails or is
+interrupted deletes its own version folder; one killed outright leaves its journal entry, and the
+next run deletes that folder. Nothing else in the output folder is ever deleted.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import logging
+import os
+import socket
+from dataclasses import dataclass, field
+from typing import Any
+
+from apache_beam.io.filesystems import FileSystems
+
+from recordforge import layout
+from recordforge.errors import RecordForgeError
+from recordforge.pipelines.config import ConvertConfig
+from recordforge.pipelines.lease import Lease
+from recordforge.storage import delete_tree, is_local, list_files, read_bytes, write_atomically
+
+__all__ = [
+    "OutputState",
+    "Publication",
+    "check_not_inside",
+    "check_output_path",
+    "check_state",
+    "read_state",
+]
+
+_LOGGER = logging.getLogger("recordforge.pipelines.convert")  # the name users see
+
+_GLOB = set("*?[]")
+
+
+def check_output_path(output: str) -> None:
+    """The output is a path, never a pattern: glob characters are refused, so that nothing but
+    that one folder can ever be matched."""
+    bad = sorted(set(output) & _GLOB)
+    if bad:
+        raise RecordForgeError(
+            f"--output {output!r} has glob character(s) {' '.join(bad)}: the output must be one "
+            "folder, not a pattern"
+        )
+    if not output.strip("/ ") or output.rstrip("/") in (".", ".."):
+        raise RecordForgeError(f"--output {output!r}: name a folder of its own for the dataset")
+
+
+def _owned(output: str, path: str) -> bool:
+    """True for a path that publishing `output` may write (so may replace or delete)."""
+    out = output.rstrip("/")
+    if is_local(out) and is_local(path):
+        out, path = os.path.abspath(out), os.path.abspath(path)
+    top = layout.top_entry(out, path)
+    return top in layout.TOP_FILES or top == layout.STATE_DIR or layout.is_version(top)
+
+
+def check_not_inside(output: str, paths: list[str], what: str) -> None:
+    """Refuses inputs (or a schema) at a path a publish would replace or delete."""
+    clash = [p for p in paths if _owned(output, p)]
+    if clash:
+        raise RecordForgeError(
+            f"{what} {clash[0]} is where RecordForge writes its bundle in --output {output}; "
+            "move it out of the output folder"
+        )
+
+
+@dataclass(frozen=True)
+class OutputState:
+    """What an output folder holds, read before a run and again under its lock."""
+
+    output: str
+    published: dict[str, Any] | None  # metadata.json of the published version (ours), or None
+    journal: frozenset[str]  # versions a RecordForge run recorded here
+    foreign: tuple[str, ...] = field(default=())  # top-level entries RecordForge did not write
+
+    @property
+    def version(self) -> str | None:
+        return (self.published or {}).get("version")
+
+    @property
+    def previous(self) -> str | None:
+        return (self.published or {}).get("previous_version")
+
+
+def read_state(output: str, *, own: str | None = None) -> OutputState:
+    """The state of `output`; `own`, the version of the run asking, counts as RecordForge's (a
+    transform may have made its folder while the pipeline was built)."""
+    out = output.rstrip("/")
+    journal = frozenset(
+        layout.relative(p, layout.journal_dir(out)) for p in list_files(layout.journal_dir(out))
+    )
+    published = None
+    meta_path = layout.join(out, layout.METADATA)
+    if FileSystems.exists(meta_path):
+        try:
+            meta = json.loads(read_bytes(meta_path))
+        except ValueError:
+            meta = None
+        # Written by this protocol: names its version, which a run of ours recorded or made.
+        if isinstance(meta, dict) and layout.is_version(str(meta.get("version", ""))):
+            published = meta
+    tops = sorted({layout.top_entry(out, p) for p in list_files(out)} - {""})
+    ours = {layout.STATE_DIR, *journal, own}
+    if published is not None:
+        ours |= set(layout.TOP_FILES) | {published["version"], published.get("previous_version")}
+    return OutputState(out, published, journal, tuple(t for t in tops if t not in ours))
+
+
+def _describe(meta: dict[str, Any]) -> str:
+    return f"version {meta['version']}, {meta.get('num_records')} records, created {meta.get('created')}"
+
+
+def check_state(state: OutputState, *, overwrite: bool, if_changed: bool) -> None:
+    """Refuses to replace a published bundle, or to write among files that are not RecordForge's,
+    unless asked to; nothing is ever deleted that RecordForge did not write, even then."""
+    if state.published is not None and not (overwrite or if_changed):
+        raise RecordForgeError(
+            f"{state.output} already holds a published dataset ({_describe(state.published)}); "
+            "pass --overwrite to replace it (or --if_changed to rebuild only when inputs changed)"
+        )
+    if state.foreign and state.published is None and not overwrite:
+        shown = ", ".join(state.foreign[:5]) + (", ..." if len(state.foreign) > 5 else "")
+        raise RecordForgeError(
+            f"{state.output} is not empty and holds no RecordForge dataset ({shown}); choose an "
+            "empty folder, or pass --overwrite to publish beside those files (they are never deleted)"
+        )
+    if state.foreign:
+        _LOGGER.warning(
+            "%s: %d entries RecordForge did not write are left as they are: %s",
+            state.output,
+            len(state.foreign),
+            ", ".join(state.foreign[:5]),
+        )
+
+
+class Publication:
+    """Held around a run: the output's lock, the run's journal entry, and cleanup.
+
+    `__enter__` takes the lock (a second run fails at once naming the holder), checks the
+    output's state, deletes what dead runs left (only folders the journal records), and records
+    this run's version. `__exit__` deletes this run's version folder unless it was committed,
+    then, after a commit, the versions older than the replaced one; and releases the lock.
+    """
+
+    def __init__(self, config: ConvertConfig, *, expected: OutputState) -> None:
+        if config.version is None:
+            raise ValueError("a publication needs the run's version")
+        self.output = config.output.rstrip("/")
+        self.version = config.version
+        self._config = config
+        self._expected = expected.version  # what was published when the run was built
+        self._lease: Lease | None = None
+
+    def __enter__(self) -> Publication:
+        owner = {
+            "run_id": self.version,
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "started": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "command": list(self._config.command),
+        }
+        self._lease = Lease.acquire(layout.lock_path(self.output), owner)
+        try:
+            state = read_state(self.output, own=self.version)
+            if state.version != self._expected:
+                raise RecordForgeError(
+                    f"{self.output} changed while this run was prepared (version {state.version} "
+                    f"was published, {self._expected} was expected); run it again"
+                )
+            check_state(state, overwrite=self._config.overwrite, if_changed=self._config.if_changed)
+            dead = "left by a run that did not finish"
+            self._collect(state, keep={state.version, state.previous}, why=dead)
+            write_atomically(layout.journal_entry(self.output, self.version), json.dumps(owner).encode())
+        except BaseException:
+            self._lease.release()
+            raise
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        assert self._lease is not None
+        try:
+            state = read_state(self.output)
+            if state.version != self.version:
+                self._discard()
+            else:
+                self._collect(state, keep={self.version, self._expected}, why="superseded")
+        finally:
+            self._lease.release()
+
+    def _discard(self) -> None:
+        """Deletes what this unpublished run wrote. Rejected rows stay (until the next run) so
+        that a run failed by too many of them can be looked into; the journal keeps the record."""
+        root = layout.version_root(self.output, self.version)
+        rejected = layout.join(root, layout.REJECTED_DIR) + "/"
+        files = [f for f in list_files(root) if not f.startswith(rejected)]
+        if len(files) < len(list_files(root)):
+            if files:
+                FileSystems.delete(files)
+            _LOGGER.warning("%s: the rejected rows of the failed run are kept in %s", self.output, rejected)
+            return
+        n = delete_tree(root)
+        _delete_entry(self.output, self.version)
+        if n:
+            _LOGGER.info("%s: removed the %d files of the unpublished run %s", self.output, n, self.version)
+
+    def _collect(self, state: OutputState, *, keep: set[str | None], why: str) -> None:
+        """Deletes the version folders the journal records, except those in `keep`."""
+        for version in sorted(state.journal - keep):
+            n = delete_tree(layout.version_root(self.output, version))
+            _delete_entry(self.output, version)
+            log = _LOGGER.warning if why.startswith("left") else _LOGGER.info
+            log("%s: removed version %s (%d files), %s", self.output, version, n, why)
+
+
+def _delete_entry(output: str, version: str) -> None:
+    entry = layout.journal_entry(output, version)
+    if FileSystems.exists(entry):
+        FileSystems.delete([entry])

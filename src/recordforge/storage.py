@@ -1,0 +1,74 @@
+"""File operations the publishing protocol needs, the same on local disks and object stores."""
+
+from __future__ import annotations
+
+import glob
+import os
+import uuid
+
+from apache_beam.io.filesystems import FileSystems
+
+__all__ = ["delete_tree", "is_local", "list_files", "literal", "read_bytes", "write_atomically"]
+
+
+def is_local(path: str) -> bool:
+    return "://" not in path
+
+
+def literal(path: str) -> str:
+    """`path` as a match pattern that matches itself only (glob characters escaped)."""
+    return glob.escape(path)
+
+
+def list_files(folder: str) -> list[str]:
+    """Every file below `folder`, at any depth; [] when there is none (or no folder)."""
+    folder = folder.rstrip("/")
+    if is_local(folder):
+        out = []
+        for root, _dirs, files in os.walk(folder):
+            out.extend(os.path.join(root, f) for f in files)
+        return sorted(out)
+    result = FileSystems.match([f"{literal(folder)}/**"])[0]
+    return sorted(m.path for m in result.metadata_list if not m.path.endswith("/"))
+
+
+def delete_tree(folder: str) -> int:
+    """Deletes every file below `folder` and, on local disks, the folders; returns the files
+    deleted. Deleting what is already gone is not an error (a retried step does it twice)."""
+    files = list_files(folder)
+    if files:
+        try:
+            FileSystems.delete(files)
+        except Exception:  # noqa: BLE001 - some were gone already: delete the rest one by one
+            for f in files:
+                if FileSystems.exists(f):
+                    FileSystems.delete([f])
+    if is_local(folder) and os.path.isdir(folder):
+        FileSystems.delete([folder])
+    return len(files)
+
+
+def read_bytes(path: str) -> bytes:
+    with FileSystems.open(path) as f:
+        return f.read()
+
+
+def write_atomically(path: str, data: bytes) -> None:
+    """A reader sees the old file or the new one, whole, never part of one. Locally: a temporary
+    name beside `path`, then rename(2), which replaces atomically. On an object store an upload
+    becomes visible only when it completes, and replaces the object as a whole."""
+    if not is_local(path):
+        with FileSystems.create(path) as f:
+            f.write(data)
+        return
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    tmp = f"{path}.tmp-{uuid.uuid4().hex}"
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)

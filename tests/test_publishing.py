@@ -1,0 +1,442 @@
+"""Publishing never loses data: each dangerous path is driven on purpose (bad flags and inputs,
+kill -9 at many points, two runs at once, a reader during a rebuild, inputs changed mid-read) and
+the last good bundle is checked to be exactly as it was."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.csv as pacsv
+import pyarrow.parquet as pq
+import pytest
+from conftest import published_root
+
+import recordforge
+from recordforge.errors import RecordForgeError, SourceError
+from recordforge.pipelines.convert import run
+from recordforge.sampledata import taxi_table
+from recordforge.tools.verify import verify
+
+
+def _snapshot(folder: Path) -> dict[str, str]:
+    """Every file below `folder` with the sha256 of its bytes."""
+    return {
+        str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file() and "_recordforge" not in p.parts
+    }
+
+
+@pytest.fixture
+def published(tmp_path: Path) -> tuple[Path, Path, dict[str, str]]:
+    """A source and a good published bundle of it, with a snapshot of every file."""
+    src = tmp_path / "in"
+    src.mkdir()
+    pq.write_table(taxi_table(3000, seed=1), src / "a.parquet", row_group_size=1000)
+    out = tmp_path / "out"
+    run(["--source", str(src / "*.parquet"), "--output", str(out), "--schema", "examples/taxi.yaml"])
+    return src, out, _snapshot(out)
+
+
+def _convert(*args: str) -> list[str]:
+    return [sys.executable, "-m", "recordforge", "convert", *args]
+
+
+def test_glob_characters_in_output_are_refused_and_siblings_untouched(tmp_path: Path) -> None:
+    for name in ("exp1", "exp2"):
+        (tmp_path / "runs" / name).mkdir(parents=True)
+        (tmp_path / "runs" / name / "keep.txt").write_text(name)
+    pq.write_table(pa.table({"x": [1, 2]}), tmp_path / "a.parquet")
+    for pattern in ("exp[12]", "exp?", "exp*"):
+        with pytest.raises(RecordForgeError, match="glob character"):
+            run(
+                [
+                    "--source",
+                    str(tmp_path / "a.parquet"),
+                    "--output",
+                    str(tmp_path / "runs" / pattern),
+                    "--overwrite",
+                ]
+            )
+    assert sorted(p.read_text() for p in (tmp_path / "runs").rglob("keep.txt")) == ["exp1", "exp2"]
+    assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == ["exp1", "exp2"]
+
+
+def test_if_changed_and_overwrite_never_delete_user_files(published: tuple) -> None:
+    src, out, _ = published
+    (out / "notes.txt").write_text("mine")
+    (out / "mine").mkdir()
+    (out / "mine" / "plot.png").write_bytes(b"\x89PNG")
+    pq.write_table(taxi_table(500, seed=2), src / "b.parquet")
+    args = ["--source", str(src / "*.parquet"), "--output", str(out), "--schema", "examples/taxi.yaml"]
+    meta = run([*args, "--if_changed"])
+    assert meta["num_records"] == 3500
+    meta = run([*args, "--overwrite"])
+    assert (out / "notes.txt").read_text() == "mine" and (
+        out / "mine" / "plot.png"
+    ).read_bytes() == b"\x89PNG"
+    problems = verify(str(out))
+    # verify names the files the manifest does not account for, and nothing else.
+    assert sorted(problems) == [
+        "mine/plot.png: extra file, not in the manifest",
+        "notes.txt: extra file, not in the manifest",
+    ]
+    (out / "notes.txt").unlink()
+    (out / "mine" / "plot.png").unlink()
+
+
+def test_a_folder_with_user_files_is_refused_without_overwrite(tmp_path: Path) -> None:
+    pq.write_table(pa.table({"x": [1]}), tmp_path / "a.parquet")
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "notes.txt").write_text("mine")
+    args = ["--source", str(tmp_path / "a.parquet"), "--output", str(tmp_path / "out")]
+    with pytest.raises(RecordForgeError, match="holds no RecordForge dataset .*notes.txt"):
+        run(args)
+    meta = run([*args, "--overwrite"])  # publishes beside it
+    assert meta["num_records"] == 1 and (tmp_path / "out" / "notes.txt").read_text() == "mine"
+    (tmp_path / "out" / "notes.txt").unlink()
+
+
+def test_a_published_bundle_is_not_replaced_without_being_asked(published: tuple) -> None:
+    src, out, before = published
+    with pytest.raises(RecordForgeError, match="already holds a published dataset.*--overwrite"):
+        run(["--source", str(src / "*.parquet"), "--output", str(out)])
+    assert _snapshot(out) == before
+
+
+@pytest.mark.parametrize(
+    "mistake",
+    ["typo_source", "bad_schema", "source_inside_output", "schema_inside_output", "bad_split"],
+)
+def test_a_failed_overwrite_leaves_the_last_good_bundle(published: tuple, mistake: str) -> None:
+    src, out, before = published
+    args = [
+        "--source",
+        str(src / "*.parquet"),
+        "--output",
+        str(out),
+        "--overwrite",
+        "--schema",
+        "examples/taxi.yaml",
+    ]
+    if mistake == "typo_source":
+        args[1] = str(src / "*.parquett")
+    elif mistake == "bad_schema":
+        (src.parent / "bad.yaml").write_text("features:\n  - name: x\n    type: nonsense\n")
+        args[-1] = str(src.parent / "bad.yaml")
+    elif mistake == "source_inside_output":
+        version = published_root(out).name
+        args[1] = str(out / version / "*.tfrecord.gz")
+    elif mistake == "schema_inside_output":
+        args[-1] = str(out / "schema.yaml")
+    else:
+        args += ["--splits", "train=1,train=2"]
+    with pytest.raises(Exception):  # noqa: B017 - each mistake has its own error; what matters is below
+        run(args)
+    assert _snapshot(out) == before
+    assert verify(str(out)) == []
+
+
+def test_a_users_schema_in_an_unpublished_output_is_read_not_deleted(tmp_path: Path) -> None:
+    pq.write_table(pa.table({"x": [1, 2, 3]}), tmp_path / "a.parquet")
+    out = tmp_path / "out"
+    out.mkdir()
+    text = "features:\n  - name: x\n    type: int64\n"
+    (out / "schema.yaml").write_text(text)
+    with pytest.raises(RecordForgeError, match="move it out of the output folder"):
+        run(
+            [
+                "--source",
+                str(tmp_path / "a.parquet"),
+                "--output",
+                str(out),
+                "--schema",
+                str(out / "schema.yaml"),
+                "--overwrite",
+            ]
+        )
+    assert (out / "schema.yaml").read_text() == text
+
+
+def test_a_strict_rebuild_with_a_bad_row_keeps_the_last_good_bundle(published: tuple) -> None:
+    src, out, before = published
+    bad = taxi_table(10, seed=3).to_pylist()
+    bad[4]["fare_amount"] = None  # required in examples/taxi.yaml
+    pq.write_table(pa.Table.from_pylist(bad, schema=taxi_table(1, seed=3).schema), src / "b.parquet")
+    with pytest.raises(Exception, match="b.parquet, row 5"):
+        run(
+            [
+                "--source",
+                str(src / "*.parquet"),
+                "--output",
+                str(out),
+                "--schema",
+                "examples/taxi.yaml",
+                "--if_changed",
+            ]
+        )
+    assert _snapshot(out) == before
+    assert verify(str(out)) == []
+    assert [p.name for p in out.glob("v-*")] == [published_root(out).name]  # the failed run's folder is gone
+
+
+def test_a_rebuild_publishes_a_new_version_and_keeps_one_before_it(published: tuple) -> None:
+    src, out, _ = published
+    args = [
+        "--source",
+        str(src / "*.parquet"),
+        "--output",
+        str(out),
+        "--schema",
+        "examples/taxi.yaml",
+        "--overwrite",
+    ]
+    first = json.loads((out / "metadata.json").read_text())["version"]
+    second = run(args)
+    assert second["previous_version"] == first
+    assert sorted(p.name for p in out.glob("v-*")) == sorted([first, second["version"]])
+    third = run(args)
+    # The version before the replaced one goes; the replaced one stays for readers still on it.
+    assert sorted(p.name for p in out.glob("v-*")) == sorted([second["version"], third["version"]])
+    assert sorted(p.name for p in (out / "_recordforge" / "runs").iterdir()) == sorted(
+        [second["version"], third["version"]]
+    )
+    assert verify(str(out)) == []
+
+
+def test_inputs_changed_during_the_run_are_not_published(tmp_path: Path) -> None:
+    from recordforge.transforms.bundle import BundleSpec, _check_inputs_unchanged
+
+    path = tmp_path / "a.csv"
+    path.write_text("x\n1\n2\n")
+    st = path.stat()
+    spec = BundleSpec.__new__(BundleSpec)
+    object.__setattr__(spec, "sources", ((str(path), st.st_size, st.st_mtime),))
+    _check_inputs_unchanged(spec)
+    path.write_text("x\n1\n")  # cut short
+    with pytest.raises(SourceError, match="a.csv: the input changed while it was being read"):
+        _check_inputs_unchanged(spec)
+    path.unlink()
+    with pytest.raises(SourceError, match="disappeared"):
+        _check_inputs_unchanged(spec)
+
+
+def test_a_csv_truncated_while_being_read_fails_and_publishes_nothing(tmp_path: Path) -> None:
+    src = tmp_path / "big.csv"
+    table = taxi_table(600_000, seed=4).select(["trip_id", "fare_amount", "payment_type"])
+    pacsv.write_csv(table, src)
+    size = src.stat().st_size
+    out = tmp_path / "out"
+    proc = subprocess.Popen(
+        _convert("--source", str(src), "--output", str(out), "--batch_size", "2000"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 120
+    while not list(out.glob("v-*")) and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.01)
+    with open(src, "r+b") as f:  # cut it while the run reads it
+        f.truncate(size // 3)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode != 0
+    assert "big.csv" in err and "changed while it was being read" in err
+    assert not (out / "_SUCCESS").exists() and not (out / "metadata.json").exists()
+
+
+def test_a_flipped_byte_in_a_checksummed_parquet_page_fails_the_run(tmp_path: Path) -> None:
+    import struct
+
+    path = tmp_path / "c.parquet"
+    pq.write_table(pa.table({"x": list(range(1000))}), path, write_page_checksum=True, compression="none")
+    data = bytearray(path.read_bytes())
+    data[data.find(struct.pack("<q", 500))] ^= 1  # 500 -> 501, as a bit flip on disk would
+    path.write_bytes(bytes(data))
+    with pytest.raises(Exception, match="c.parquet.*(checksum|CRC)"):
+        run(["--source", str(path), "--output", str(tmp_path / "out")])
+    assert not (tmp_path / "out" / "_SUCCESS").exists()
+
+
+_HOLD = """
+import os, socket, sys, time
+from recordforge import layout
+from recordforge.pipelines.lease import Lease
+owner = {"run_id": "v-20260101T000000Z-0000beef", "pid": os.getpid(), "host": socket.gethostname()}
+lease = Lease.acquire(layout.lock_path(sys.argv[1]), owner)
+print("held", flush=True)
+time.sleep(120)
+"""
+
+
+def test_a_second_run_fails_at_once_naming_the_holder_then_reclaims_a_dead_ones_lock(
+    published: tuple,
+) -> None:
+    src, out, before = published
+    holder = subprocess.Popen([sys.executable, "-c", _HOLD, str(out)], stdout=subprocess.PIPE, text=True)
+    assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+    args = _convert(
+        "--source",
+        str(src / "*.parquet"),
+        "--output",
+        str(out),
+        "--schema",
+        "examples/taxi.yaml",
+        "--overwrite",
+    )
+    second = subprocess.run(args, capture_output=True, text=True, timeout=120)
+    assert second.returncode == 1, second.stderr
+    assert "is being written by run v-20260101T000000Z-0000beef" in second.stderr
+    assert _snapshot(out) == before
+    holder.kill()  # kill -9: the lock stays, naming a process that no longer exists
+    holder.wait()
+    third = subprocess.run(args, capture_output=True, text=True, timeout=120)
+    assert third.returncode == 0, third.stderr
+    assert "not running on this host" in third.stderr  # reclaimed, and said so
+    assert verify(str(out)) == []
+
+
+def test_two_runs_started_together_never_mix(published: tuple) -> None:
+    src, out, _ = published
+    pq.write_table(taxi_table(100_000, seed=7), src / "big.parquet", row_group_size=20_000)
+    args = _convert(
+        "--source",
+        str(src / "*.parquet"),
+        "--output",
+        str(out),
+        "--schema",
+        "examples/taxi.yaml",
+        "--overwrite",
+    )
+    procs = [
+        subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)
+    ]
+    results = [(p.wait(timeout=300), p.communicate()[1]) for p in procs]
+    codes = sorted(code for code, _ in results)
+    assert codes in ([0, 0], [0, 1]), results
+    for code, err in results:
+        if code:
+            assert "is being written by run v-" in err
+    meta = json.loads((out / "metadata.json").read_text())
+    assert meta["num_records"] == 103_000 and verify(str(out)) == []
+
+
+def test_a_reader_during_a_rebuild_sees_a_whole_version(published: tuple) -> None:
+    src, out, _ = published
+    pq.write_table(taxi_table(200_000, seed=8), src / "big.parquet", row_group_size=20_000)
+    seen: list[int] = []
+    errors: list[str] = []
+    stop = threading.Event()
+
+    def read_loop() -> None:
+        while not stop.is_set():
+            try:
+                bundle = recordforge.load_bundle(str(out))
+                files = bundle["files"]
+                assert all(os.path.exists(f) for f in files)
+                seen.append(bundle["metadata"]["num_records"])
+            except Exception as exn:  # noqa: BLE001 - collected and asserted on below
+                errors.append(repr(exn))
+            time.sleep(0.005)
+
+    reader = threading.Thread(target=read_loop)
+    reader.start()
+    try:
+        run(
+            [
+                "--source",
+                str(src / "*.parquet"),
+                "--output",
+                str(out),
+                "--schema",
+                "examples/taxi.yaml",
+                "--overwrite",
+            ]
+        )
+    finally:
+        stop.set()
+        reader.join()
+    assert errors == []
+    assert set(seen) <= {3000, 203_000} and seen[0] == 3000 and seen[-1] == 203_000
+
+
+@pytest.mark.parametrize("writer", [[], ["--num_shards", "3"], ["--deterministic", "--num_shards", "2"]])
+def test_kill_9_at_any_point_leaves_old_or_new_whole_and_the_rerun_publishes(
+    published: tuple, writer: list[str]
+) -> None:
+    src, out, before = published
+    pq.write_table(taxi_table(150_000, seed=6), src / "big.parquet", row_group_size=10_000)
+    args = _convert(
+        "--source",
+        str(src / "*.parquet"),
+        "--output",
+        str(out),
+        "--schema",
+        "examples/taxi.yaml",
+        "--overwrite",
+        *writer,
+    )
+    # Kill at increasing delays after the run has taken its lock: in reading, writing, publishing.
+    for delay in (0.0, 0.5, 1.5, 3.0):
+        proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 120
+        while not (out / "_recordforge" / "lock").exists() and time.monotonic() < deadline:
+            time.sleep(0.005)
+        time.sleep(delay)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        meta = json.loads((out / "metadata.json").read_text())
+        assert meta["num_records"] in (3000, 153_000)
+        assert verify(str(out)) == [], delay
+        if meta["num_records"] == 3000:
+            assert {k: v for k, v in _snapshot(out).items() if k.startswith(meta["version"])} == {
+                k: v for k, v in before.items() if k.startswith(meta["version"])
+            }
+    done = subprocess.run(args, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    meta = json.loads((out / "metadata.json").read_text())
+    assert meta["num_records"] == 153_000 and verify(str(out)) == []
+    # Whatever the killed runs left is gone: the published version and the one before it remain.
+    assert len(list(out.glob("v-*"))) <= 2
+    assert sorted(p.name for p in (out / "_recordforge" / "runs").iterdir()) == sorted(
+        p.name for p in out.glob("v-*")
+    )
+    assert not (out / "_recordforge" / "lock").exists()
+
+
+@pytest.mark.corrupts
+def test_verify_checks_the_whole_promise(published: tuple, tmp_path: Path) -> None:
+    import shutil
+
+    _, good, _ = published
+    cases = {}
+    for case in ("stray", "escape", "invariant", "trailer"):
+        out = tmp_path / case
+        shutil.copytree(good, out)
+        meta = json.loads((out / "metadata.json").read_text())
+        shard = out / meta["shards"][0]["file"]
+        if case == "stray":
+            (published_root(out) / "deep" / "er").mkdir(parents=True)
+            (published_root(out) / "deep" / "er" / "x.bin").write_bytes(b"?")
+        elif case == "escape":
+            meta["shards"][0]["file"] = "../" + meta["shards"][0]["file"]
+        elif case == "invariant":
+            meta["rows_read"] += 1
+        else:  # cut the gzip trailer, and make the manifest agree with the cut file
+            data = shard.read_bytes()[:-8]
+            shard.write_bytes(data)
+            meta["shards"][0].update(bytes=len(data), sha256=hashlib.sha256(data).hexdigest())
+        (out / "metadata.json").write_text(json.dumps(meta))
+        cases[case] = "\n".join(verify(str(out)))
+    assert "deep/er/x.bin: extra file, not in the manifest" in cases["stray"]
+    assert "shard path escapes the bundle's folder" in cases["escape"]
+    assert "rows_read == rows_written + rows_rejected (3001 != 3000 + 0)" in cases["invariant"]
+    assert "truncated" in cases["trailer"]
