@@ -30,7 +30,11 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
     """A fresh `recordforge convert` process: the way users run it, and the only kind of process
     the fork server is made in (pytest's own may run threads)."""
     return subprocess.run(
-        [sys.executable, "-m", "recordforge", "convert", *args], capture_output=True, text=True, timeout=300
+        # --debug: the INFO line that says how workers started is shown
+        [sys.executable, "-m", "recordforge", "convert", *args, "--debug"],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
 
 

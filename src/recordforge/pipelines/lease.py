@@ -11,12 +11,15 @@ import socket
 import threading
 import time
 import uuid
+import weakref
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 from recordforge.errors import RecordForgeError
 
-__all__ = ["Lease", "OutputLocked"]
+__all__ = ["Lease", "OutputLocked", "heartbeat_threads", "quiet_heartbeats"]
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -259,6 +262,25 @@ class _GcsLock:
         return True
 
 
+_LIVE: weakref.WeakSet[Lease] = weakref.WeakSet()
+
+
+def heartbeat_threads() -> set[threading.Thread]:
+    """The heartbeat threads of the leases this process holds."""
+    return {lease._thread for lease in list(_LIVE)}
+
+
+@contextmanager
+def quiet_heartbeats() -> Iterator[None]:
+    """No heartbeat is mid-refresh inside this block: every lease's mutex is held. A heartbeat
+    thread outside a refresh only waits on an Event, holding no lock another thread could need;
+    so the process may fork here (the local runner's fork server) with heartbeats alive."""
+    with ExitStack() as stack:
+        for lease in sorted(_LIVE, key=id):
+            stack.enter_context(lease._mutex)
+        yield
+
+
 class Lease:
     """One writer at a time on an output: an exclusively created lock file, kept fresh by a heartbeat.
 
@@ -284,6 +306,7 @@ class Lease:
         self._thread = threading.Thread(
             target=self._beat, args=(heartbeat,), name=f"lease-heartbeat {lock.path}", daemon=True
         )
+        _LIVE.add(self)
 
     @classmethod
     def acquire(

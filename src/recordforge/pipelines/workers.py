@@ -51,6 +51,7 @@ from apache_beam.runners.portability.fn_api_runner.worker_handlers import GrpcWo
 from apache_beam.runners.worker import statesampler
 from google.protobuf import json_format, text_format
 
+from recordforge.pipelines.lease import heartbeat_threads, quiet_heartbeats
 from recordforge.transforms.sharing import SHARED_WORK_ENV
 
 __all__ = ["LocalRunner", "BEAM_WORKER_COMMAND", "FORKED_WORKER_URN"]
@@ -155,8 +156,10 @@ def _shared_work() -> Iterator[None]:
 
 def _fork_unsafe() -> str | None:
     """Why forking this process now could hang a worker, or None when it is safe."""
-    if threading.active_count() > 1:
+    others = set(threading.enumerate()) - {threading.current_thread()} - heartbeat_threads()
+    if others:
         # Another thread may hold a lock (gRPC's, logging's) that the child would inherit held.
+        # An output lease's heartbeat is the exception: the fork is made in quiet_heartbeats().
         return "this process already runs other threads"
     if "tensorflow" in sys.modules:
         # TensorFlow starts native thread pools that a forked child cannot use (TFT pipelines).
@@ -222,7 +225,8 @@ class _ForkServer:
         driver = os.getpid()
         sys.stdout.flush()
         sys.stderr.flush()
-        pid = os.fork()
+        with quiet_heartbeats():
+            pid = os.fork()
         if pid == 0:  # the fork server
             code = 0
             try:
