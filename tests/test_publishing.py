@@ -440,3 +440,49 @@ def test_verify_checks_the_whole_promise(published: tuple, tmp_path: Path) -> No
     assert "shard path escapes the bundle's folder" in cases["escape"]
     assert "rows_read == rows_written + rows_rejected (3001 != 3000 + 0)" in cases["invariant"]
     assert "truncated" in cases["trailer"]
+
+
+@pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_an_interrupted_rebuild_says_so_in_one_line_and_cleans_up(
+    published: tuple, sig: int, code: int
+) -> None:
+    src, out, before = published
+    pq.write_table(taxi_table(300_000, seed=6), src / "big.parquet", row_group_size=10_000)
+    args = _convert(
+        "--source",
+        str(src / "*.parquet"),
+        "--output",
+        str(out),
+        "--schema",
+        "examples/taxi.yaml",
+        "--overwrite",
+    )
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while len(list(out.glob("v-*"))) < 2 and time.monotonic() < deadline:
+        time.sleep(0.005)
+    time.sleep(0.3)
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == code, err
+    assert err.strip().splitlines() == [
+        "recordforge convert: interrupted: nothing published; the last published bundle is intact"
+    ]
+    assert _snapshot(out) == before  # the interrupted run's folder is gone, the bundle as it was
+    assert not (out / "_recordforge" / "lock").exists()
+
+
+def test_publishing_the_shards_twice_is_harmless(tmp_path: Path) -> None:
+    from recordforge.transforms.rolling import _Part, _publish
+
+    tmp = tmp_path / "_tmp-x"
+    tmp.mkdir()
+    parts = []
+    for i in range(3):
+        (tmp / f"{i}.part").write_bytes(b"x" * i)
+        parts.append(_Part(str(tmp / f"{i}.part"), i, i, "sha", (i,)))
+    prefix = str(tmp_path / "data")
+    first = _publish(b"", parts, prefix, ".tfrecord", str(tmp))
+    again = _publish(b"", parts, prefix, ".tfrecord", str(tmp))  # a retried step
+    assert first == again and not tmp.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f"data-0000{i}-of-00003.tfrecord" for i in range(3)]

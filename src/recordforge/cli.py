@@ -307,32 +307,46 @@ def _describe(exn: BaseException) -> tuple[str, int]:
     )
 
 
+_received: list[int] = []  # signals received while a command ran
+
+
 def _raise_interrupted(signum: int, frame: Any) -> NoReturn:
+    _received.append(signum)
     raise Interrupted(signum)
+
+
+def _interrupted(command: str, signum: int, debug: bool) -> int:
+    if debug:
+        traceback.print_exc()
+    what = _INTERRUPTED if command == "convert" else "interrupted"
+    print(f"recordforge {command}: {what}", file=sys.stderr)
+    return 128 + signum
 
 
 def _run(command: str, handler: Callable[[list[str]], int], argv: list[str], debug: bool) -> int:
     in_main_thread = threading.current_thread() is threading.main_thread()
-    previous = signal.signal(signal.SIGTERM, _raise_interrupted) if in_main_thread else None
+    previous = {}
+    if in_main_thread:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            previous[sig] = signal.signal(sig, _raise_interrupted)
+    _received.clear()
     try:
         return handler(argv)
     except (KeyboardInterrupt, Interrupted) as exn:
-        if debug:
-            traceback.print_exc()
-        what = _INTERRUPTED if command == "convert" else "interrupted"
-        print(f"recordforge {command}: {what}", file=sys.stderr)
-        return 128 + (exn.signum if isinstance(exn, Interrupted) else signal.SIGINT)
+        return _interrupted(command, exn.signum if isinstance(exn, Interrupted) else signal.SIGINT, debug)
     except SystemExit as exn:  # argparse after --help
         return exn.code if isinstance(exn.code, int) else 0 if exn.code is None else 1
     except Exception as exn:
+        if _received:  # raised where the runner caught the interrupt and wrapped it
+            return _interrupted(command, _received[0], debug)
         if debug:
             traceback.print_exc()
         message, code = _describe(exn)
         print(f"recordforge {command}: error: {message}", file=sys.stderr)
         return code
     finally:
-        if in_main_thread:
-            signal.signal(signal.SIGTERM, previous)
+        for sig, handler_before in previous.items():
+            signal.signal(sig, handler_before)
 
 
 def main(argv: list[str] | None = None) -> int:
