@@ -35,12 +35,17 @@ __all__ = [
     "TRANSFORM_FILES",
     "TRANSFORMED_SCHEMA",
     "STATE_DIR",
+    "RAW_METADATA",
+    "TRANSFORM_FN",
+    "TRANSFORMED_METADATA",
     "is_version",
     "join",
     "journal_dir",
     "journal_entry",
     "lock_path",
     "new_version",
+    "relative",
+    "top_entry",
     "version_root",
 ]
 
