@@ -473,7 +473,7 @@ def test_an_interrupted_rebuild_says_so_in_one_line_and_cleans_up(
 
 
 def test_publishing_the_shards_twice_is_harmless(tmp_path: Path) -> None:
-    from recordforge.transforms.rolling import _Part, _publish
+    from recordforge.transforms.rolling import Limits, _Part, _publish
 
     tmp = tmp_path / "_tmp-x"
     tmp.mkdir()
@@ -482,7 +482,8 @@ def test_publishing_the_shards_twice_is_harmless(tmp_path: Path) -> None:
         (tmp / f"{i}.part").write_bytes(b"x" * i)
         parts.append(_Part(str(tmp / f"{i}.part"), i, i, "sha", (i,)))
     prefix = str(tmp_path / "data")
-    first = _publish(b"", parts, prefix, ".tfrecord", str(tmp))
-    again = _publish(b"", parts, prefix, ".tfrecord", str(tmp))  # a retried step
+    limits = Limits(max_bytes=1, max_records=0)  # every part is a shard as it is
+    first = _publish(b"", parts, [], prefix, ".tfrecord", str(tmp), limits)
+    again = _publish(b"", parts, [], prefix, ".tfrecord", str(tmp), limits)  # a retried step
     assert first == again and not tmp.exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == [f"data-0000{i}-of-00003.tfrecord" for i in range(3)]

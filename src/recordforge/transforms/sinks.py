@@ -15,6 +15,7 @@ from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
 from recordforge.encoding import binary_parts
+from recordforge.streams import HashingFile, StreamWriter
 from recordforge.tfrecord import Compression, ShardInfo, describe_shard, frame_records
 from recordforge.transforms.rolling import DEFAULT_SHARD_SIZE, WriteShardsBySize
 
@@ -68,13 +69,12 @@ class _ShardWriter:
     def write(self, shard: int, batches: Iterable[tuple[Any, pa.Array]]) -> str:
         final = self.name(shard)
         tmp = f"{final}.tmp-{uuid.uuid4().hex}"
-        handle: Any = FileSystems.create(tmp, compression_type=CompressionTypes.UNCOMPRESSED)
-        if self._compression != "none":
-            handle = _DeflateWriter(handle, self._compression, self._level)
+        handle = FileSystems.create(tmp, compression_type=CompressionTypes.UNCOMPRESSED)
+        writer = StreamWriter(HashingFile(handle), self._compression, self._level)
         for _, records in sorted(batches, key=lambda kv: kv[0]):
             offsets, data = binary_parts(frame_records(records))
-            handle.write(memoryview(data[offsets[0] : offsets[-1]]))
-        handle.close()
+            writer.write(memoryview(data[offsets[0] : offsets[-1]]), len(records))
+        writer.close()
         if FileSystems.exists(final):
             FileSystems.delete([final])
         FileSystems.rename([tmp], [final])
@@ -102,24 +102,6 @@ class _WriteEmptyShardsFn(beam.DoFn):
                 yield self._writer.write(shard, [])
 
 
-class _DeflateWriter:
-    """A file handle that deflates what is written to it with ISA-L (gzip or zlib framing)."""
-
-    def __init__(self, handle: Any, compression: str, level: int) -> None:
-        from isal import isal_zlib
-
-        self._handle = handle
-        wbits = 31 if compression == "gzip" else 15  # 31: gzip header; 15: zlib header
-        self._deflate = isal_zlib.compressobj(level, isal_zlib.DEFLATED, wbits)
-
-    def write(self, data: bytes) -> None:
-        self._handle.write(self._deflate.compress(data))
-
-    def close(self) -> None:
-        self._handle.write(self._deflate.flush())
-        self._handle.close()
-
-
 class _TFRecordBatchSink(filebasedsink.FileBasedSink):
     """Beam's file-based sink machinery (temporary files, finalisation, shard names, retries),
     fed whole batches of serialized examples: framing is vectorised and deflate is ISA-L."""
@@ -137,16 +119,12 @@ class _TFRecordBatchSink(filebasedsink.FileBasedSink):
         self._compression = compression
         self._level = level
 
-    def open(self, temp_path: str) -> Any:
-        handle = super().open(temp_path)
-        if self._compression == "none":
-            return handle
-        return _DeflateWriter(handle, self._compression, self._level)
+    def open(self, temp_path: str) -> StreamWriter:
+        return StreamWriter(HashingFile(super().open(temp_path)), self._compression, self._level)
 
-    def write_record(self, file_handle: Any, value: pa.Array) -> None:
-        framed = frame_records(value)
-        offsets, data = binary_parts(framed)
-        file_handle.write(memoryview(data[offsets[0] : offsets[-1]]))
+    def write_record(self, file_handle: StreamWriter, value: pa.Array) -> None:
+        offsets, data = binary_parts(frame_records(value))
+        file_handle.write(memoryview(data[offsets[0] : offsets[-1]]), len(value))
 
 
 class _DescribeShardFn(beam.DoFn):
