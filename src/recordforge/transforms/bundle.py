@@ -181,31 +181,53 @@ def _check_counts(spec: BundleSpec, meta: dict[str, Any], counts: RunCounts) -> 
         )
 
 
-def _write_bundle(
-    _: bytes,
-    shards: list[ShardInfo],
-    rows_per_batch: list[int],
-    rules: list[str],
-    unreadable: list[str],
-    rejected_files: list[str],
-    spec: BundleSpec,
-    transform_written: list[str] | None = None,  # only waited for
-) -> str:
-    rejected: dict[str, int] = {}
-    for rule in rules:
-        rejected[rule] = rejected.get(rule, 0) + 1
+class _Facts(beam.CombineFn):
+    """What the bundle step needs from the whole run, gathered in bounded memory: row and
+    rejection counts are summed where they are made (a combine's partial sums), only the small
+    per-shard, per-file and per-rejected-file facts are kept as lists."""
+
+    def create_accumulator(self) -> dict[str, Any]:
+        return {"rows": 0, "rules": {}, "shards": [], "unreadable": [], "rejected_files": []}
+
+    def add_input(self, acc: dict[str, Any], fact: tuple[str, Any]) -> dict[str, Any]:
+        kind, value = fact
+        if kind == "rows":
+            acc["rows"] += value
+        elif kind == "rule":
+            acc["rules"][value] = acc["rules"].get(value, 0) + 1
+        elif kind in ("shards", "unreadable", "rejected_files"):
+            acc[kind].append(value)
+        return acc  # "waited": only makes the combine wait for it
+
+    def merge_accumulators(self, accumulators: Any) -> dict[str, Any]:
+        out = self.create_accumulator()
+        for acc in accumulators:
+            out["rows"] += acc["rows"]
+            for rule, n in acc["rules"].items():
+                out["rules"][rule] = out["rules"].get(rule, 0) + n
+            for kind in ("shards", "unreadable", "rejected_files"):
+                out[kind].extend(acc[kind])
+        return out
+
+    def extract_output(self, acc: dict[str, Any]) -> dict[str, Any]:
+        return acc
+
+
+def _write_bundle(facts: dict[str, Any], spec: BundleSpec) -> str:
+    rejected: dict[str, int] = facts["rules"]
     # Rows the source itself rejected never became a batch; they were read all the same.
     source_rejected = rejected.get("csv_columns", 0)
     counts = RunCounts(
-        rows_read=sum(rows_per_batch) + source_rejected,
+        rows_read=facts["rows"] + source_rejected,
         rejected_by_rule=rejected,
-        unreadable=tuple(json.loads(u) for u in sorted(unreadable)),
+        unreadable=tuple(json.loads(u) for u in sorted(facts["unreadable"])),
     )
+    shards: list[ShardInfo] = facts["shards"]
     meta = metadata_dict(spec, shards, counts)
     _check_counts(spec, meta, counts)
     _check_inputs_unchanged(spec)
     root = spec.root
-    _drop_empty_rejected(root, rejected_files)
+    _drop_empty_rejected(root, facts["rejected_files"])
     source = spec.source_plan
     files = {
         SCHEMA_PBTXT: tfmd_text(spec.plan).encode(),
@@ -295,12 +317,12 @@ def rule_of(line: str) -> str:
 class WriteBundle(beam.PTransform):
     """Writes schema.pbtxt, schema.yaml, feature_spec.json, metadata.json, then `_SUCCESS`.
 
-    In: the `ShardInfo`s of the written shards. Side inputs: `rows_per_batch` (the rows of
-    every source batch), the rule of every rejected row, the JSON line of every unreadable file,
-    the rejected files written (publishing waits for them), and with tensorflow-transform the
-    signal that transform_fn/ is written. Out: the output path, once. Fails, publishing nothing,
-    when rows_read != rows_written + rows_rejected or when more rows were rejected than the
-    bounds allow (with the top reasons).
+    In: the `ShardInfo`s of the written shards; besides, `rows_per_batch` (the rows of every
+    source batch), the rule of every rejected row, the JSON line of every unreadable file, the
+    rejected files written (publishing waits for them), and with tensorflow-transform the signal
+    that transform_fn/ is written, all gathered by one combine. Out: the output path, once.
+    Fails, publishing nothing, when rows_read != rows_written + rows_rejected or when more rows
+    were rejected than the bounds allow (with the top reasons).
     """
 
     def __init__(
@@ -323,23 +345,23 @@ class WriteBundle(beam.PTransform):
         self._transform_written = transform_written
 
     def expand(self, shards: beam.PCollection[ShardInfo]) -> beam.PCollection[str]:
-        waits = {}
+        def tagged(kind: str, values: beam.PCollection) -> beam.PCollection:
+            return values | f"Tag[{kind}]" >> beam.Map(lambda v, k=kind: (k, v))
+
+        facts = [
+            tagged("shards", shards),
+            tagged("rows", self._rows),
+            tagged("rule", self._rules),
+            tagged("unreadable", self._unreadable),
+            tagged("rejected_files", self._rejected_files),
+        ]
         if self._transform_written is not None:
-            waits["transform_written"] = beam.pvalue.AsList(self._transform_written)
-        # Once (Impulse's one element), with everything as side inputs: one stage, where a
-        # global combine of the shards would add two (and a round trip to each local worker apiece).
+            facts.append(tagged("waited", self._transform_written))
+        # One combine gathers every fact; its single output runs the bundle step once, after
+        # everything it depends on is written.
         return (
-            shards.pipeline
-            | "Once" >> beam.Impulse()
-            | "Write"
-            >> beam.Map(
-                _write_bundle,
-                beam.pvalue.AsList(shards),
-                beam.pvalue.AsList(self._rows),
-                beam.pvalue.AsList(self._rules),
-                beam.pvalue.AsList(self._unreadable),
-                beam.pvalue.AsList(self._rejected_files),
-                spec=self._spec,
-                **waits,
-            )
+            facts
+            | "AllFacts" >> beam.Flatten()
+            | "Gather" >> beam.CombineGlobally(_Facts())
+            | "Write" >> beam.Map(_write_bundle, spec=self._spec)
         )
