@@ -11,13 +11,14 @@ import sys
 import tarfile
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import apache_beam as beam
 import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
 from conftest import published_root
 
-from recordforge.errors import RecordForgeError
+from recordforge.errors import RecordForgeError, UsageError
 from recordforge.pipelines.config import ConvertConfig
 from recordforge.pipelines.convert import build, dataflow_preflight, run
 from recordforge.pipelines.options import ConvertOptions
@@ -119,9 +120,8 @@ def test_dataflow_dry_run_builds_the_job_graph(parquet_source: str) -> None:
     # The only Create with data holds file paths; the others start the run-once steps (publish
     # the shards, write the bundle) or are Beam's own singleton machinery.
     impulses = {t.unique_name for t in proto.components.transforms.values() if t.spec.urn == IMPULSE}
-    once = {"WriteTFRecords/WriteBySize/Once", "WriteBundle/Once"}
-    assert once <= impulses
-    assert impulses == {"Read/Files/Impulse"} | once | {n for n in impulses if "/DoOnce/" in n}
+    assert "Read/Files/Impulse" in impulses and "WriteTFRecords/WriteBySize/Once" in impulses
+    assert all("Once" in n for n in impulses - {"Read/Files/Impulse"}), impulses
     envs = list(proto.components.environments.values())
     assert [e.urn for e in envs] == ["beam:env:docker:v1"]
     assert b"gcr.io/my-project/recordforge:1" in envs[0].payload
@@ -276,3 +276,147 @@ def test_batch_coders_round_trip_and_size_from_buffers() -> None:
     records = pa.array([b"\x0a\x00", b""], pa.large_binary())
     assert ArrowArrayCoder().decode(ArrowArrayCoder().encode(records)).equals(records)
     assert ArrowArrayCoder().estimate_size(records) == records.nbytes
+
+
+# --- `recordforge convert --runner DataflowRunner --dry_run=True`, as users run it -------------
+
+# Without credentials, Beam's first look-up of them waits ~22 s (retries, then anonymous); a dry
+# run that reached for the output would show it in its time and in its log.
+_NO_CREDENTIALS_WAIT_S = 20
+
+
+def _dry_run_cli(*args: str, env: dict[str, str] | None = None) -> tuple[subprocess.CompletedProcess, float]:
+    import time
+
+    start = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, "-m", "recordforge", "convert", *DATAFLOW, "--dry_run=True", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+    return proc, time.monotonic() - start
+
+
+def _no_credentials_env() -> dict[str, str]:
+    env = dict(os.environ)
+    for name in ("GOOGLE_APPLICATION_CREDENTIALS", "GOOGLE_CLOUD_PROJECT"):
+        env.pop(name, None)
+    return env
+
+
+def _check_summary(proc: subprocess.CompletedProcess, output: str) -> None:
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.splitlines()
+    assert lines[0].startswith("dry run: built the Dataflow job beamapp-"), lines
+    assert lines[0].endswith(f"offline; nothing submitted, nothing written to {output}")
+    assert "primitive transforms (" in lines[1] and "ParDo" in lines[1] and "GroupByKey" in lines[1]
+    stages = [line.strip() for line in lines[3:]]
+    assert lines[2].strip().startswith(f"{len(stages)} fused stages")
+    assert [s.split(". ", 1)[0] for s in stages] == [str(i) for i in range(1, len(stages) + 1)]
+    # Row groups are listed in one stage and read after the Reshuffle that spreads them, and
+    # reading is fused with encoding.
+    listing = next(i for i, s in enumerate(stages) if "Read/RowGroups" in s)
+    reading = next(i for i, s in enumerate(stages) if "Read/Read" in s)
+    assert listing < reading and "Read/Spread" in stages[listing] and "Read/Spread" in stages[reading]
+    assert "ToExamples/Encode" in stages[reading], stages
+    assert "credentials" not in proc.stderr.lower(), proc.stderr[-3000:]
+
+
+def test_cli_dry_run_with_a_local_output_leaves_it_untouched(parquet_source: str, tmp_path: Path) -> None:
+    output = tmp_path / "not" / "made"
+    proc, took = _dry_run_cli("--source", parquet_source, "--output", str(output), env=_no_credentials_env())
+    _check_summary(proc, str(output))
+    assert took < _NO_CREDENTIALS_WAIT_S, took
+    assert list(tmp_path.iterdir()) == [tmp_path / "src"]  # not even the parent folder
+
+
+def test_cli_dry_run_with_a_gcs_output_sends_it_no_request(
+    parquet_source: str, gcs_bucket: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The output is not listed, locked or written: the emulator (which any gs:// request from
+    the dry run would reach) receives no request at all, and without credentials in the
+    environment nothing waits for them."""
+    from gcp_storage_emulator import server
+    from google.cloud import storage
+
+    bucket = storage.Client.create_anonymous_client().bucket(gcs_bucket.removeprefix("gs://"))
+    bucket.blob("out/notes.txt").upload_from_string(b"a user's file")
+    before = sorted((b.name, b.generation) for b in bucket.list_blobs())
+    requests: list[str] = []
+    handle = server.Router.handle
+
+    def logged(router: Any, method: str) -> None:
+        requests.append(f"{method} {router._request_handler.path}")
+        handle(router, method)
+
+    monkeypatch.setattr(server.Router, "handle", logged)
+    output = f"{gcs_bucket}/out"
+    proc, took = _dry_run_cli("--source", parquet_source, "--output", output, env=_no_credentials_env())
+    monkeypatch.setattr(server.Router, "handle", handle)
+    _check_summary(proc, output)
+    assert took < _NO_CREDENTIALS_WAIT_S, took
+    assert requests == []
+    assert sorted((b.name, b.generation) for b in bucket.list_blobs()) == before
+
+
+def test_dry_run_returns_the_job_summary(parquet_source: str, tmp_path: Path) -> None:
+    """run() builds the job offline and returns its summary; the counts agree with the proto."""
+    output = tmp_path / "out"
+    output.mkdir()
+    (output / "notes.txt").write_text("kept")
+    summary = run(["--source", parquet_source, "--output", str(output), *DATAFLOW, "--dry_run=True"])
+    assert summary["dry_run"] is True and summary["output"] == str(output)
+    assert summary["job_name"].startswith("beamapp-")
+    assert sum(summary["kinds"].values()) == summary["primitives"]
+    assert {"ParDo", "GroupByKey", "Impulse", "Flatten"} <= set(summary["kinds"])
+    steps = [label for stage in summary["stages"] for label in stage]
+    for label in ["Read/Files", "Read/Spread", "Read/Read", "ToExamples/Encode", "WriteBundle/Write"]:
+        assert label in steps, label
+    assert [p.name for p in output.iterdir()] == ["notes.txt"]
+
+
+def test_dry_run_with_tensorflow_transform_deletes_what_building_wrote(
+    parquet_source: str, tmp_path: Path
+) -> None:
+    """TFT's analyzers write temporary assets into the run's version folder while the graph is
+    built: a local dry run deletes that folder again; on gs:// it is refused before building."""
+    from recordforge.pipelines.inputs import read_arrow_schema
+    from recordforge.schemas import dump_schema, infer_schema, schema_from_dict
+
+    first = expand_patterns([parquet_source])[0].path
+    doc = infer_schema(read_arrow_schema(first, "parquet")).to_dict()
+    feature = next(f for f in doc["features"] if f["type"] == "string")
+    feature["transform"] = {"vocabulary": {"top_k": 10}, "output": f"{feature['name']}_id"}
+    (tmp_path / "s.yaml").write_text(dump_schema(schema_from_dict(doc)))
+    common = ["--source", parquet_source, "--schema", str(tmp_path / "s.yaml"), *DATAFLOW, "--dry_run=True"]
+    output = tmp_path / "out"
+    output.mkdir()
+    (output / "notes.txt").write_text("kept")
+    summary = run([*common, "--output", str(output)])
+    assert any("Preprocess/Analyze" in stage for stage in summary["stages"])
+    assert [p.name for p in output.iterdir()] == ["notes.txt"]
+    with pytest.raises(UsageError, match="give a local --output for the dry run"):
+        run([*common, "--output", "gs://bucket/out"])
+
+
+@pytest.mark.parametrize(
+    ("flags", "problem"),
+    [
+        (["--dry_run=True"], "needs --runner DataflowRunner"),
+        ([*DATAFLOW[:-1], "--temp_location=gs://b/tmp", "--dry_run=True"], "Invalid GCS bucket"),
+        ([*DATAFLOW[:-1], "--dry_run=True"], "--temp_location None: Missing GCS path option"),
+        ([*DATAFLOW[:1], "--project=p", *DATAFLOW[2:], "--dry_run=True"], "Invalid Project ID (p)"),
+    ],
+)
+def test_dry_run_flags_refused_in_one_line(
+    parquet_source: str, tmp_path: Path, flags: list[str], problem: str
+) -> None:
+    """Refused before anything is built: a dry run on another runner would run for real, and a
+    missing or invalid temp location would make Beam create a bucket (waiting on credentials)."""
+    import re
+
+    with pytest.raises(UsageError, match=re.escape(problem)):
+        run(["--source", parquet_source, "--output", str(tmp_path / "out"), *flags])
+    assert not (tmp_path / "out").exists()

@@ -89,6 +89,11 @@ def _convert(argv: list[str]) -> int:
     from recordforge.pipelines.convert import run
 
     meta = run(argv)
+    if meta.get("dry_run"):
+        from recordforge.pipelines.dryrun import format_summary
+
+        print("\n".join(format_summary(meta)))
+        return 0
     out = next((argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--output"), None)
     out = out or next(a.split("=", 1)[1] for a in argv if a.startswith("--output="))
     print(

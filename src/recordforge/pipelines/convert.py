@@ -298,7 +298,8 @@ def dataflow_preflight(options: PipelineOptions, config: ConvertConfig, files: l
     if problems:
         raise RecordForgeError("cannot submit to Dataflow: " + "; ".join(problems))
     total = sum(f.size or 0 for f in files)
-    _LOGGER.warning("Dataflow job input: %d files, %.1f MB in all", len(files), total / 1e6)
+    plural = "" if len(files) == 1 else "s"
+    _LOGGER.warning("Dataflow job input: %d file%s, %.1f MB in all", len(files), plural, total / 1e6)
 
 
 def _with_span(config: ConvertConfig) -> ConvertConfig:
@@ -339,6 +340,8 @@ def _remove_if_empty(folder: str) -> None:
 
 
 def _pipeline_options(argv: list[str]) -> PipelineOptions:
+    from recordforge.errors import UsageError
+
     options = PipelineOptions(argv)
     standard = options.view_as(StandardOptions)
     if standard.runner is None:
@@ -352,17 +355,46 @@ def _pipeline_options(argv: list[str]) -> PipelineOptions:
             "--direct_running_mode=multi_threading is refused: Beam's multi-threaded mode was seen "
             "to drop rows and still exit 0. Use in_memory (default) or multi_processing"
         )
+    dataflow = "dataflow" in str(standard.runner).lower()
+    if options.view_as(TestOptions).dry_run and not dataflow:
+        # Only the Dataflow runner reads --dry_run: any other would run the pipeline for real.
+        raise UsageError(
+            "--dry_run=True builds a Dataflow job without submitting it: it needs --runner DataflowRunner"
+        )
+    if dataflow:
+        from apache_beam.options.pipeline_options_validator import PipelineOptionsValidator
+
+        # Checked before Beam validates the options: without a valid gs:// temp location Beam
+        # tries to create a default bucket, which waits ~20 s on credentials first (and a dry
+        # run would then need the network).
+        gcp = options.view_as(GoogleCloudOptions)
+        errors = PipelineOptionsValidator(options, None).validate_gcs_path(gcp, "temp_location")
+        if errors:
+            raise UsageError(f"--temp_location {gcp.temp_location!r}: {errors[0].strip()}")
     return options
 
 
 def run(argv: list[str] | None = None) -> dict[str, Any]:
     """Parses flags, runs the conversion, publishes it (pipelines/publishing.py), returns the
     published metadata. Nothing in the output is touched until inputs, schema and flags have been
-    checked and the pipeline built."""
+    checked and the pipeline built. With --dry_run=True (Dataflow only), returns the summary of
+    the job built offline instead (pipelines/dryrun.py) and touches nothing in the output."""
+    from recordforge.errors import UsageError
+    from recordforge.pipelines.dryrun import dry_run
+
     argv = list(sys.argv[1:] if argv is None else argv)
     options = _pipeline_options(argv)
     config = _with_span(ConvertConfig.from_options(options.view_as(ConvertOptions), tuple(argv)))
     check_output_path(config.output)
+    try:
+        pipeline = beam.Pipeline(options=options)  # Beam validates the options here
+    except ValueError as exn:
+        problems = str(exn).splitlines()[1:] or [str(exn)]
+        raise UsageError("invalid pipeline options: " + "; ".join(p.strip() for p in problems)) from exn
+    if options.view_as(TestOptions).dry_run:
+        # The job is built offline and summarised; the output is not looked at (on gs:// even a
+        # listing would need credentials), so --overwrite and --if_changed are not checked.
+        return dry_run(pipeline, dataclasses.replace(config, version=new_version()), build)
     state = read_state(config.output)
     if config.if_changed:
         published = _unchanged(config, state)
@@ -373,7 +405,6 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
             return {**published, "skipped": True}
     check_state(state, overwrite=config.overwrite, if_changed=config.if_changed)
     config = dataclasses.replace(config, version=new_version(), previous_version=state.version)
-    pipeline = beam.Pipeline(options=options)
     try:
         build(pipeline, config)
     except BaseException:

@@ -1,0 +1,165 @@
+"""A Dataflow dry run: the job built offline and summarised, with nothing submitted, read from or
+written to the output.
+
+What it relies on in Beam (2.77), so that an upgrade shows here first:
+- `DataflowRunner.run_pipeline` with `TestOptions.dry_run` returns before it makes a Dataflow API
+  client: a `PipelineResult` in state DONE whose `job` is the `apiclient.Job` it would submit,
+  and the runner keeps the portable pipeline it would stage in `proto_pipeline`.
+- Dataflow fuses steps on the service and Beam does not expose that fusion; the stages shown are
+  those of Beam's own fuser (`fn_api_runner.translations.greedily_fuse`, the phases the
+  FnApiRunner uses up to fusion), which breaks fusion where Dataflow does: at every GroupByKey
+  and at every side input's materialisation.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+import apache_beam as beam
+from apache_beam.portability import common_urns
+
+from recordforge.errors import UsageError
+from recordforge.layout import version_root
+from recordforge.pipelines.config import ConvertConfig
+from recordforge.schemas import load_schema
+from recordforge.storage import delete_tree, is_local
+
+__all__ = ["dry_run", "job_summary", "format_summary"]
+
+# Primitive transforms by URN, named as users know them.
+_KINDS = {
+    common_urns.primitives.PAR_DO.urn: "ParDo",
+    common_urns.primitives.GROUP_BY_KEY.urn: "GroupByKey",
+    common_urns.primitives.IMPULSE.urn: "Impulse",
+    common_urns.primitives.FLATTEN.urn: "Flatten",
+    common_urns.combine_components.COMBINE_PER_KEY_PRECOMBINE.urn: "CombinePerKey",
+    common_urns.composites.COMBINE_PER_KEY.urn: "CombinePerKey",
+    common_urns.composites.COMBINE_GLOBALLY.urn: "CombineGlobally",
+    common_urns.composites.RESHUFFLE.urn: "Reshuffle",
+}
+
+
+def dry_run(
+    pipeline: beam.Pipeline,
+    config: ConvertConfig,
+    build: Callable[[beam.Pipeline, ConvertConfig], Any],
+) -> dict[str, Any]:
+    """Builds the Dataflow job for `config` on `pipeline` (whose options say DataflowRunner and
+    --dry_run=True) and returns its summary (`job_summary`, with "dry_run": True, the output and
+    the job's name). Inputs and schema are resolved as for a run; the output is not looked at:
+    no listing, no lock, and what building writes (tensorflow-transform's analyzers write
+    temporary assets into the run's version folder) is deleted again."""
+    output = config.output.rstrip("/")
+    if not is_local(output) and _transforms(config):
+        raise UsageError(
+            "a dry run with tensorflow-transform writes the analyzers' temporary assets under "
+            "--output while the job is built: give a local --output for the dry run"
+        )
+    made = _first_missing(output) if is_local(output) else None
+    try:
+        build(pipeline, config)
+        result = pipeline.run()
+    finally:
+        if is_local(output):
+            _undo(output, version_root(output, config.version), made)
+    summary = job_summary(pipeline.runner.proto_pipeline)
+    job = getattr(result, "job", None)
+    summary.update(dry_run=True, output=config.output, job_name=job.proto.name if job else None)
+    return summary
+
+
+def _transforms(config: ConvertConfig) -> bool:
+    """Whether the job has a tensorflow-transform step (only a declared schema can ask for one)."""
+    if config.preprocessing_fn:
+        return True
+    return bool(config.schema_path) and load_schema(config.schema_path).has_transforms
+
+
+def _first_missing(folder: str) -> str | None:
+    """The outermost folder of `folder`'s path that does not exist yet (None if it exists)."""
+    missing = None
+    path = os.path.abspath(folder)
+    while not os.path.exists(path):
+        missing, path = path, os.path.dirname(path)
+    return missing
+
+
+def _undo(output: str, version: str, made: str | None) -> None:
+    """Deletes the dry run's own version folder (a fresh, unique name), then the folders the dry
+    run made on the way to `output`, each only while empty."""
+    if os.path.isdir(version):
+        delete_tree(version)
+    if made is None:
+        return
+    path = os.path.abspath(output)
+    while os.path.isdir(path) and not os.listdir(path):
+        os.rmdir(path)
+        if path == made:
+            return
+        path = os.path.dirname(path)
+
+
+def _label(unique_name: str) -> str:
+    # A step as the pipeline names it: its first two label levels (`Read/Spread`), not Beam's
+    # inner transforms (`Read/Spread/ReshufflePerKey/GroupByKey/Write`).
+    return "/".join(unique_name.split("/")[:2])
+
+
+def job_summary(proto: Any) -> dict[str, Any]:
+    """{"primitives": count, "kinds": {kind: count}, "stages": [[step labels] per fused stage]}
+    for a portable pipeline proto."""
+    from apache_beam.runners.portability.fn_api_runner import translations
+
+    components = proto.components
+    leaves = [t for t in components.transforms.values() if not t.subtransforms]
+    kinds = Counter(_KINDS.get(t.spec.urn, t.spec.urn) for t in leaves)
+    _, stages = translations.create_and_optimize_stages(
+        copy.deepcopy(proto),
+        phases=[
+            translations.annotate_downstream_side_inputs,
+            translations.fix_side_input_pcoll_coders,
+            translations.pack_combiners,
+            translations.lift_combiners,
+            translations.expand_sdf,
+            translations.expand_gbk,
+            translations.sink_flattens,
+            translations.greedily_fuse,
+            translations.read_to_impulse,
+            translations.impulse_to_input,
+            translations.sort_stages,
+        ],
+        known_runner_urns=frozenset(
+            [common_urns.primitives.FLATTEN.urn, common_urns.primitives.GROUP_BY_KEY.urn]
+        ),
+    )
+    steps = {t.unique_name for t in components.transforms.values()}
+    named = []
+    for stage in stages:
+        # Fusion adds transforms of its own (buffers between stages) that the pipeline does not
+        # name: only the pipeline's steps are listed.
+        labels = [label for t in stage.transforms if (label := _label(t.unique_name)) in steps]
+        if labels:
+            named.append(list(dict.fromkeys(labels)))
+    return {
+        "primitives": len(leaves),
+        "kinds": dict(kinds.most_common()),
+        "stages": named,
+    }
+
+
+def format_summary(summary: dict[str, Any]) -> list[str]:
+    """The dry run's summary as the lines `recordforge convert` prints."""
+    kinds = ", ".join(f"{n} {kind}" for kind, n in summary["kinds"].items())
+    lines = [
+        f"dry run: built the Dataflow job {summary['job_name']} offline; nothing submitted, "
+        f"nothing written to {summary['output']}",
+        f"  {summary['primitives']} primitive transforms ({kinds})",
+        f"  {len(summary['stages'])} fused stages (as Beam fuses them; Dataflow fuses on the service):",
+    ]
+    for i, labels in enumerate(summary["stages"], 1):
+        lines.append(f"    {i}. {', '.join(labels)}")
+    return lines
