@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-from conftest import published_root
+from conftest import example_to_dict, published_root
 
 from recordforge.errors import RecordForgeError
 from recordforge.pipelines.convert import run
@@ -161,3 +161,47 @@ def test_a_killed_run_leaves_no_success_and_the_rerun_publishes(tmp_path: Path) 
     assert "wrote 400000 records in 8 shards" in proc.stdout
     assert (out / "_SUCCESS").exists() and not list(out.glob("v-*/_tmp-*"))
     assert [p.name for p in out.glob("v-*")] == [json.loads((out / "metadata.json").read_text())["version"]]
+
+
+def _shard_files(out: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(published_root(out).glob("data-*"))}
+
+
+def test_deterministic_shards_are_balanced_runs_of_the_input_whoever_writes_them(
+    tmp_path: Path, source: str
+) -> None:
+    common = ["--source", source, "--deterministic", "--num_shards", "4", "--batch_size", "1000"]
+    run([*common, "--output", str(tmp_path / "one")])
+    two = ["--direct_num_workers", "2", "--direct_running_mode", "multi_processing"]
+    run([*common, "--output", str(tmp_path / "two"), *two])
+    one = _shard_files(tmp_path / "one")
+    assert one == _shard_files(tmp_path / "two")
+    assert list(one) == [f"data-0000{i}-of-00004.tfrecord.gz" for i in range(4)]
+    # Contiguous and in input order: the shards read one after another are the table's rows.
+    shards = _shards(tmp_path / "one")
+    assert [s["records"] for s in shards] == [5000] * 4
+    ids = [
+        example_to_dict(r)["trip_id"][0]
+        for s in shards
+        for r in iter_records(str(tmp_path / "one" / s["file"]), "gzip")
+    ]
+    assert ids == pq.read_table(source).column("trip_id").to_pylist()
+
+
+def test_deterministic_without_num_shards_makes_a_shard_per_shard_size_of_input(
+    tmp_path: Path, source: str
+) -> None:
+    size = Path(source).stat().st_size
+    meta = run(
+        [
+            "--source",
+            source,
+            "--output",
+            str(tmp_path / "out"),
+            "--deterministic",
+            "--shard_size",
+            str(size // 3),
+        ]
+    )
+    assert len(meta["shards"]) == 4  # ceil(size / (size // 3))
+    assert sum(s["records"] for s in meta["shards"]) == 20_000

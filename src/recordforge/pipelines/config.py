@@ -87,12 +87,15 @@ class ConvertConfig:
             problems.append("--max_rejected must be 0 or more")
         if not 0.0 <= self.max_rejected_fraction <= 1.0:
             problems.append("--max_rejected_fraction must be between 0 and 1")
-        if (self.shard_size or self.records_per_shard) and (
-            self.num_shards or self.deterministic or self.sink != "fast"
-        ):
+        if (self.shard_size or self.records_per_shard) and (self.num_shards or self.sink != "fast"):
             problems.append(
                 "--shard_size and --records_per_shard size shards of the fast sink; "
-                "they do not combine with --num_shards, --deterministic or --sink beam"
+                "they do not combine with --num_shards or --sink beam"
+            )
+        if self.records_per_shard and self.deterministic:
+            problems.append(
+                "--records_per_shard does not combine with --deterministic (it takes --num_shards, "
+                "or --shard_size for a shard per that much input)"
             )
         if self.records_per_shard < 0:
             problems.append("--records_per_shard must be 0 (no limit) or more")

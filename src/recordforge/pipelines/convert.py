@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import os
 import shutil
 import sys
@@ -180,11 +181,27 @@ def build(pipeline: beam.Pipeline, config: ConvertConfig) -> beam.PCollection[st
     else:
         rejected_files = rejected_lines | "WriteRejected" >> WriteRejected(root)
 
-    def write(examples: beam.PCollection, folder: str, name: str, label: str) -> beam.PCollection:
+    file_rows = None
+    if config.deterministic:
+        # Where each file ends, in rows: the deterministic sink places every batch by it.
+        file_rows = (
+            batches
+            | "BatchEnds" >> beam.Map(lambda b: (b.file, b.first_row + b.batch.num_rows))
+            | "FileRows" >> beam.CombinePerKey(max)
+        )
+
+    def num_shards(name: str) -> int:
+        if config.num_shards or not config.deterministic:
+            return config.num_shards
+        share = 1.0 if splits is None else splits.weights[splits.names.index(name)] / sum(splits.weights)
+        return deterministic_shards(files, folder, config, share)
+
+    def write(examples: beam.PCollection, into: str, name: str, label: str) -> beam.PCollection:
         return examples | label >> WriteTFRecords(
-            folder,
+            into,
             compression=compression,
-            num_shards=config.num_shards or (1 if config.deterministic else 0),
+            num_shards=num_shards(name),
+            file_rows=file_rows,
             sink=config.sink,
             compression_level=config.compression_level,
             deterministic=config.deterministic,
@@ -235,6 +252,16 @@ def build(pipeline: beam.Pipeline, config: ConvertConfig) -> beam.PCollection[st
         rejected_files=rejected_files,
         transform_written=transform_written,
     )
+
+
+def deterministic_shards(files: list[Any], folder: Any, config: ConvertConfig, share: float) -> int:
+    """--deterministic without --num_shards: a shard per --shard_size of input (a split gets its
+    share), or per 1,024 images of a folder whose listing gave no sizes. A function of the input
+    and the flags alone, as the output's bytes must be."""
+    sizes = [f.size for f in files if f.size is not None]
+    if folder is not None and folder.sizes is None:
+        return max(1, math.ceil(folder.count * share / 1024))
+    return max(1, math.ceil(sum(sizes) * share / config.shard_bytes))
 
 
 def worker_mode(options: PipelineOptions) -> str:

@@ -68,7 +68,8 @@ class ConvertOptions(PipelineOptions):
             "--shard_size",
             default=None,
             help="Target compressed bytes per shard, e.g. 128MB (the default when --num_shards "
-            "is 0): a shard is closed once it reaches the size.",
+            "is 0): every shard but one per split is within 25%% of it, however the runner "
+            "splits the work. With --deterministic: one shard per this much input.",
         )
         parser.add_argument(
             "--records_per_shard",
@@ -104,7 +105,8 @@ class ConvertOptions(PipelineOptions):
             const=True,
             default=False,
             help="Byte-identical output for the same input and config on any runner: exactly "
-            "--num_shards shards (default 1), each a contiguous run of the input in order.",
+            "--num_shards shards (default: one per --shard_size of input), each a contiguous "
+            "run of the input in order, written in parallel.",
         )
         parser.add_argument(
             "--max_rejected",

@@ -42,15 +42,35 @@ def _values(keyed: tuple[Any, pa.Array]) -> pa.Array:
     return keyed[1]
 
 
-def _ranks(keys: list[Any]) -> dict[Any, int]:
-    return {k: i for i, k in enumerate(sorted(keys))}
+class _AssignShardFn(beam.DoFn):
+    """Shard by the batch's position in the input: rows of the files before its file (in path
+    order, the keys' order) plus its first row, over all rows. Shards are then contiguous runs of
+    the input of about equal rows, a pure function of the input, without a global list of keys.
 
+    `file_rows` (a side input) holds, per file, the end row of its last batch."""
 
-def _assign_shard(
-    keyed: tuple[Any, pa.Array], ranks: dict[Any, int], num_shards: int
-) -> tuple[int, tuple[Any, pa.Array]]:
-    """Shard by the batch key's rank among all keys: contiguous runs of input order per shard."""
-    return ranks[keyed[0]] * num_shards // len(ranks), keyed
+    def __init__(self, num_shards: int) -> None:
+        self._num_shards = num_shards
+        self._seen: tuple[int, dict[str, int], int] | None = None
+
+    def _offsets(self, file_rows: dict[str, int]) -> tuple[dict[str, int], int]:
+        if self._seen is None or self._seen[0] != id(file_rows):
+            offsets, total = {}, 0
+            for name in sorted(file_rows):
+                offsets[name] = total
+                total += file_rows[name]
+            self._seen = (id(file_rows), offsets, total)
+        return self._seen[1], self._seen[2]
+
+    def process(
+        self, keyed: tuple[Any, pa.Array], file_rows: dict[str, int]
+    ) -> Iterator[tuple[int, tuple[Any, pa.Array]]]:
+        (_, file, first_row), _records = keyed
+        offsets, total = self._offsets(file_rows)
+        yield (
+            min(self._num_shards - 1, (offsets[file] + first_row) * self._num_shards // max(total, 1)),
+            keyed,
+        )
 
 
 class _ShardWriter:
@@ -148,8 +168,9 @@ class WriteTFRecords(beam.PTransform):
     sink frames batches vectorised and deflates with ISA-L at `compression_level`; `sink="beam"`
     is `beam.io.WriteToTFRecord`,
     one element per record, zlib level 6. `deterministic=True` writes exactly `num_shards` shards,
-    each holding a contiguous run of the input in key order: the same input and config give the
-    same bytes on any runner (it groups each shard's batches in memory to sort them).
+    each holding a contiguous run of the input in key order, placed by `file_rows` ((file, end row
+    of its last batch) pairs): the same input and config give the same bytes on any runner. Each
+    shard is written by one worker, which holds that shard's batches in memory to sort them.
     """
 
     def __init__(
@@ -164,9 +185,11 @@ class WriteTFRecords(beam.PTransform):
         shard_size: int = DEFAULT_SHARD_SIZE,
         records_per_shard: int = 0,
         name: str = "data",
+        file_rows: beam.PCollection[tuple[str, int]] | None = None,
     ) -> None:
         super().__init__()
         self._name = name
+        self._file_rows = file_rows
         self._shard_size = shard_size
         self._records_per_shard = records_per_shard
         if deterministic and sink != "fast":
@@ -193,16 +216,14 @@ class WriteTFRecords(beam.PTransform):
         suffix = Compression.suffix(self._compression)
         if self._deterministic:
             writer = _ShardWriter(prefix, suffix, self._num_shards, self._compression, self._level)
-            ranks = (
-                batches
-                | "Keys" >> beam.Keys()
-                | "AllKeys" >> beam.combiners.ToList()
-                | "Ranks" >> beam.Map(_ranks)
-            )
+            if self._file_rows is None:
+                raise ValueError("deterministic output needs file_rows: the end row of every input file")
             written = (
                 batches
-                | "AssignShards" >> beam.Map(_assign_shard, beam.pvalue.AsSingleton(ranks), self._num_shards)
-                # (shard, ((file, first_row), records))
+                | "AssignShards"
+                >> beam.ParDo(_AssignShardFn(self._num_shards), beam.pvalue.AsDict(self._file_rows))
+                # (shard, ((split, file, first_row), records)): one group per shard, written by
+                # whichever worker gets it, every shard in parallel.
                 | "GroupShards" >> beam.GroupByKey()
                 | "WriteShards" >> beam.ParDo(_WriteShardFn(writer))
             )
