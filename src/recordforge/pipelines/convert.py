@@ -373,6 +373,11 @@ def _pipeline_options(argv: list[str]) -> PipelineOptions:
     standard = options.view_as(StandardOptions)
     if standard.runner is None:
         standard.runner = DEFAULT_RUNNER
+    elif "dask" in str(standard.runner).lower():
+        # Beam's own DaskRunner loses outputs; RecordForge's corrects it (pipelines/dask_runner.py).
+        from recordforge.pipelines.dask_runner import resolve_runner
+
+        standard.runner = resolve_runner(standard.runner) or standard.runner
     if not any(a.split("=")[0] in ("--pipeline_type_check", "--no_pipeline_type_check") for a in argv):
         # Beam's construction-time type check costs ~0.2 s a run (a third of a small job) and
         # checks nothing here: elements are Arrow batches and dataclasses its hints cannot see.
