@@ -15,7 +15,15 @@ import pytest
 
 from recordforge.streams import HashingFile, StreamWriter, combine_checks, splice
 from recordforge.tfrecord import frame_records, iter_records
-from recordforge.transforms.rolling import FULL_FRACTION, Limits, _join, _plan, _publish, _Roller
+from recordforge.transforms.rolling import (
+    FULL_FRACTION,
+    Limits,
+    _join,
+    _plan,
+    _publish,
+    _Roller,
+    _RollingWriteFn,
+)
 
 
 def _records(n: int, seed: int) -> list[bytes]:
@@ -23,7 +31,7 @@ def _records(n: int, seed: int) -> list[bytes]:
     # Compressible and varied: words from a small vocabulary, some random bytes, varied lengths.
     words = [b"alpha", b"beta", b"gamma", b"delta", b"epsilon"]
     return [
-        b" ".join(rng.choice(words) for _ in range(rng.randint(0, 60))) + os.urandom(rng.randint(0, 20))
+        b" ".join(rng.choice(words) for _ in range(rng.randint(0, 60))) + rng.randbytes(rng.randint(0, 20))
         for _ in range(n)
     ]
 
@@ -166,3 +174,35 @@ def test_joined_shards_are_read_by_tf_data(tmp_path: Path) -> None:
     for s in shards:
         got = [r.numpy() for r in tf.data.TFRecordDataset(s.path, compression_type="GZIP")]
         assert got == list(iter_records(s.path, "gzip", check_crc=True))
+
+
+def _attempt(fn: _RollingWriteFn, batches: list[tuple]) -> list:
+    """One bundle attempt: what a runner would commit if this attempt succeeded."""
+    fn.start_bundle()
+    out = [p for b in batches for p in fn.process(b)]
+    return out + [w.value for w in fn.finish_bundle()]
+
+
+def test_a_bundle_or_a_join_run_twice_writes_each_record_once(tmp_path: Path) -> None:
+    limits = Limits(max_bytes=25_000, max_records=0)
+    tmp = tmp_path / "_tmp"
+    tmp.mkdir()
+    fn = _RollingWriteFn(str(tmp), "gzip", 1, limits)
+    bundles = [
+        [((k,), pa.array(_records(100, k), pa.large_binary())) for k in range(b, b + 2)] for b in (0, 2, 4)
+    ]
+    parts = []
+    for batches in bundles:
+        _attempt(fn, batches)  # an attempt that failed after writing: its outputs are discarded
+        parts += _attempt(fn, batches)  # the retry the runner commits
+    joins = list(_plan(b"", parts, limits))
+    assert joins
+    for j in joins:
+        _join(j, str(tmp), "gzip", 1, limits)  # a join attempt whose result is lost
+    joined = [_join(j, str(tmp), "gzip", 1, limits) for j in joins]
+    shards = _publish(b"", parts, joined, str(tmp_path / "data"), ".tfrecord.gz", str(tmp), limits)
+    again = _publish(b"", parts, joined, str(tmp_path / "data"), ".tfrecord.gz", str(tmp), limits)
+    assert shards == again and not tmp.exists()  # the orphans of failed attempts went with it
+    written = sorted(r for s in shards for r in iter_records(s.path, "gzip", check_crc=True))
+    assert written == sorted(r for k in range(6) for r in _records(100, k))
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(Path(s.path).name for s in shards)
