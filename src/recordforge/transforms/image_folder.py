@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 import functools
 import hashlib
 import itertools
@@ -70,6 +71,27 @@ class ImageFolder:
             for name in names
         ]
 
+    def part(self, start: int, rows: int) -> tuple[list[tuple[str, list[str], str, str]], list[int] | None]:
+        """Rows [start, start + rows) of the listing in its own compact form: the groups they fall
+        in, each with its slice of names, and their sizes (None for a local folder). What a chunk
+        carries to a worker that does not hold the listing."""
+        end = start + rows
+        ends = self._group_ends
+        groups = []
+        for i in range(bisect.bisect_right(ends, start), len(ends)):
+            folder, names, label, split = self.groups[i]
+            first = ends[i] - len(names)
+            groups.append((folder, names[max(start - first, 0) : end - first], label, split))
+            if ends[i] >= end:
+                break
+        sizes = self.sizes[start:end] if self.sizes is not None else None
+        return groups, sizes
+
+    @functools.cached_property
+    def _group_ends(self) -> list[int]:
+        """Per group, the listing row after its last image."""
+        return list(itertools.accumulate(len(names) for _, names, _, _ in self.groups))
+
     @functools.cached_property
     def digest(self) -> str:
         """sha256 of the paths in listing order, NUL-separated: one join per folder."""
@@ -113,8 +135,8 @@ def _remember(folder: ImageFolder) -> None:
 
 def list_image_folder(root: str) -> ImageFolder:
     """Lists names only, never contents; no image found is an error. Called at construction (for
-    the labels and to fail early) and again on a worker, so the listing is not in the job graph.
-    Entries are in folder order, then name order."""
+    the labels, and to fail early); `ReadImageFolder` hands the listing to the workers. Entries
+    are in folder order, then name order."""
     root = root.rstrip("/")
     sizes: list[int] | None = None
     modified = 0.0
@@ -244,6 +266,26 @@ def folder_schema(folder: ImageFolder) -> Schema:
     )
 
 
+def _read_local_chunk(
+    root: str, first: int, batch: pa.RecordBatch, batch_bytes: int
+) -> Iterator[SourceBatch]:
+    """A local folder's chunk, its images read here into each batch's `read`: bounded in file
+    bytes too, the batch cut as the files are read (a stat per file first would cost ~1.5 us of
+    the ~5 us an image takes)."""
+    for start, data in read_local_files(batch.column("path").to_pylist(), batch_bytes):
+        part = batch.slice(start, len(data))
+        yield SourceBatch(root, first + start, part, read={"path": data})
+
+
+def _cut_by_bytes(
+    root: str, first: int, batch: pa.RecordBatch, sizes: list[int], batch_bytes: int
+) -> Iterator[SourceBatch]:
+    """An object store's chunk, cut by the listed sizes: the images of a batch are in memory
+    together (read by ToExamples, on threads)."""
+    for start, end in split_by_bytes(sizes, batch_bytes):
+        yield SourceBatch(root, first + start, batch.slice(start, end - start))
+
+
 class _ListFolderFn(beam.DoFn):
     def __init__(self, expected: int, listing_id: str, batch_size: int, labels: list[str]) -> None:
         self._expected = expected
@@ -285,11 +327,7 @@ class _LocalChunkFn(SharedItemsFn):
     def read(self, chunk: tuple[int, int], claims: Claims | None) -> Iterator[SourceBatch]:
         first, rows = chunk
         batch = chunk_at(self._listing(), first, rows, self._labels)
-        # Bounded in file bytes too, the batch cut as the files are read (a stat per file first
-        # would cost ~1.5 us of the ~5 us an image takes).
-        for start, data in read_local_files(batch.column("path").to_pylist(), self._batch_bytes):
-            part = batch.slice(start, len(data))
-            yield SourceBatch(self._root, first + start, part, read={"path": data})
+        yield from _read_local_chunk(self._root, first, batch, self._batch_bytes)
 
     def _listing(self) -> ImageFolder:
         folder = _LISTINGS.get(self._listing_id)
@@ -321,9 +359,29 @@ class _FolderBatchFn(SharedItemsFn):
         self, chunk: tuple[int, pa.RecordBatch, list[int]], claims: Claims | None
     ) -> Iterator[SourceBatch]:
         first, batch, sizes = chunk
-        # Bounded in file bytes too: the images of a batch are in memory together.
-        for start, end in split_by_bytes(sizes, self._batch_bytes):  # read by ToExamples, on threads
-            yield SourceBatch(self._root, first + start, batch.slice(start, end - start))
+        yield from _cut_by_bytes(self._root, first, batch, sizes, self._batch_bytes)
+
+
+class _CarriedChunkFn(beam.DoFn):
+    """Reads a chunk that carries its part of the listing, (first row, groups, sizes) as
+    `ImageFolder.part` makes it: for workers that may run anywhere, so that none lists the
+    folder again (an object store's listing can take minutes, and is made at construction)."""
+
+    def __init__(self, root: str, labels: list[str], batch_bytes: int) -> None:
+        self._root = root
+        self._labels = labels  # as the pipeline was built with them (ids in metadata.json)
+        self._batch_bytes = batch_bytes
+
+    def process(
+        self, chunk: tuple[int, list[tuple[str, list[str], str, str]], list[int] | None]
+    ) -> Iterator[SourceBatch]:
+        first, groups, sizes = chunk
+        part = ImageFolder(self._root, groups, self._labels, [], sizes, 0.0)
+        batch = chunk_at(part, 0, part.count, self._labels)
+        if sizes is None:
+            yield from _read_local_chunk(self._root, first, batch, self._batch_bytes)
+        else:
+            yield from _cut_by_bytes(self._root, first, batch, sizes, self._batch_bytes)
 
 
 class ReadImageFolder(beam.PTransform):
@@ -354,20 +412,33 @@ class ReadImageFolder(beam.PTransform):
 
     def expand(self, pbegin: beam.pvalue.PBegin) -> dict[str, beam.PCollection]:
         folder = self._folder
-        _remember(folder)  # workers in this process or forked from it take it as it is
-        if folder.sizes is None:
-            # A local folder: chunks are (first row, rows), known now; the workers make the
-            # paths. Spread by Create's reshuffle on other runners, shared locally (sharing.py).
+        read_fn: beam.DoFn
+        every: list = []
+        if self._workers == SPREAD:
+            # Workers may run anywhere (Dataflow, a Dask cluster): each chunk carries its part of
+            # the listing made at construction, in the listing's compact form (a folder's names,
+            # not full paths), and Create's reshuffle spreads them.
+            items = [
+                (start, *folder.part(start, rows))
+                for start, rows in chunk_ranges(folder.count, self._batch_size)
+            ]
+            chunks = pbegin | "Chunks" >> beam.Create(items, reshuffle=True)
+            read_fn = _CarriedChunkFn(folder.root, folder.labels, self._batch_bytes)
+        elif folder.sizes is None:
+            # A local folder, read by the local runner's workers, which run in the driver's
+            # process or are forked from it: chunks are (first row, rows), known now, and the
+            # workers make the paths from the listing they hold. Shared between them (sharing.py).
+            _remember(folder)
             _ = folder._columns  # made here once: forked workers inherit them
             items = list(chunk_ranges(folder.count, self._batch_size))
-            read_fn: SharedItemsFn = _LocalChunkFn(folder, self._batch_bytes)
+            read_fn = _LocalChunkFn(folder, self._batch_bytes)
             if self._workers == SHARE:
                 read_fn.share(items)
-            chunks = pbegin | "Chunks" >> beam.Create(items, reshuffle=self._workers == SPREAD)
-            every: list = []
+            chunks = pbegin | "Chunks" >> beam.Create(items, reshuffle=False)
         else:
-            # An object store's listing is made once, on a worker (it can take minutes), and its
-            # paths and sizes travel in the chunks.
+            # An object store's folder on the local runner: the chunks are made from the listing
+            # by a worker that holds it, and their paths and sizes travel in them.
+            _remember(folder)
             listed = (
                 pbegin
                 | "Root" >> beam.Create([folder.root])
