@@ -17,9 +17,11 @@ import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 from apache_beam.io.filesystems import FileSystems
+from apache_beam.metrics import Metrics
 
 from recordforge.errors import SourceError
 from recordforge.transforms.coders import SourceBatchCoder, declare_element_type
+from recordforge.transforms.row_groups import list_row_groups, not_parquet, pieces, read_rows, resolve_columns
 from recordforge.transforms.sharing import SHARE, SPREAD, Claims, SharedItemsFn, check_workers, spread
 
 __all__ = ["ReadCsv", "ReadParquet", "SourceBatch", "expand_patterns", "UNREADABLE", "REJECTED"]
@@ -83,67 +85,25 @@ def _unreadable(path: str, error: str, **extra: object) -> beam.pvalue.TaggedOut
     return beam.pvalue.TaggedOutput(UNREADABLE, json.dumps({"file": path, "error": error, **extra}))
 
 
-def _row_groups(path: str) -> list[tuple[str, int, int]]:
-    """(path, row group index, first row of the group) for each row group of a Parquet file."""
-    with FileSystems.open(path) as f:
-        meta = pq.ParquetFile(f).metadata
-    groups, first = [], 0
-    for i in range(meta.num_row_groups):
-        groups.append((path, i, first))
-        first += meta.row_group(i).num_rows
-    return groups
-
-
-def _not_parquet(path: str, exn: Exception) -> SourceError:
-    return SourceError(f"{path}: not a readable Parquet file: {exn}")
-
-
-def list_row_groups(files: list[FileInfo], skip_unreadable: bool) -> list[tuple[str, int, Any]]:
-    """Every row group of the files, read from their footers now. With `skip_unreadable`, a file
-    whose footer cannot be read stands as (path, -1, error): its reader reports it."""
-    items: list[tuple[str, int, Any]] = []
-    for f in files:
-        try:
-            items.extend(_row_groups(f.path))
-        except Exception as exn:
-            if not skip_unreadable:
-                raise _not_parquet(f.path, exn) from exn
-            items.append((f.path, -1, f"not a readable Parquet file: {exn}"))
-    return items
-
-
 class _ParquetRowGroupsFn(beam.DoFn):
-    """Splits each Parquet file into its row groups, so that a big file spreads over workers."""
+    """Splits each Parquet file into its row groups, and a group larger than a batch into pieces
+    (row_groups.py), so that a big file, or a big row group, spreads over workers."""
 
-    def __init__(self, skip_unreadable: bool = False) -> None:
+    def __init__(self, batch_size: int, skip_unreadable: bool = False) -> None:
+        self._batch_size = batch_size
         self._skip = skip_unreadable
+        self._items = Metrics.counter("recordforge", "parquet_work_items")  # examples.NAMESPACE
 
     def process(self, path: str) -> Iterator[object]:
         try:
-            groups = _row_groups(path)
+            items = pieces(path, self._batch_size)
         except Exception as exn:
             if self._skip:
                 yield _unreadable(path, f"not a readable Parquet file: {exn}")
                 return
-            raise _not_parquet(path, exn) from exn
-        yield from groups
-
-
-def _resolve_columns(columns: list[str], names: list[str], path: str) -> list[str]:
-    """Top-level columns to read: `a.b` reads struct column `a` when no column is named `a.b`."""
-    out: list[str] = []
-    missing = []
-    for c in columns:
-        top = c if c in names else c.split(".", 1)[0]
-        if top not in names:
-            missing.append(c)
-        elif top not in out:
-            out.append(top)
-    if missing:
-        raise SourceError(
-            f"{path}: no column(s) {', '.join(map(repr, missing))}; columns are {', '.join(names)}"
-        )
-    return out
+            raise not_parquet(path, exn) from exn
+        self._items.inc(len(items))
+        yield from items
 
 
 class _ReadParquetFn(SharedItemsFn):
@@ -153,23 +113,32 @@ class _ReadParquetFn(SharedItemsFn):
         self._batch_size = batch_size
         self._skip = skip_unreadable
 
-    def _batches(self, element: tuple[str, int, int]) -> Iterator[SourceBatch]:
-        path, group, first_row = element
+    def _batches(self, element: tuple[Any, ...]) -> Iterator[SourceBatch]:
+        # A row group, or a piece of one: (path, group, first row[, rows]), see row_groups.py.
+        path, group, first_row, *rows = element
         with FileSystems.open(path) as f:
             # Pages written with checksums are checked against them: a flipped bit fails the read
             # rather than changing a value. Pages without one are read as before.
             pf = pq.ParquetFile(f, page_checksum_verification=True)
             columns = self._columns
             if columns is not None:
-                columns = _resolve_columns(columns, pf.schema_arrow.names, path)
-            for batch in pf.iter_batches(batch_size=self._batch_size, row_groups=[group], columns=columns):
+                columns = resolve_columns(columns, pf.schema_arrow.names, path)
+            skip = first_row - sum(pf.metadata.row_group(i).num_rows for i in range(group)) if rows else 0
+            for batch in read_rows(
+                pf,
+                group,
+                skip=skip,
+                rows=rows[0] if rows else None,
+                batch_size=self._batch_size,
+                columns=columns,
+            ):
                 yield SourceBatch(path, first_row, batch)
                 first_row += batch.num_rows
 
     def read(self, element: tuple[str, int, Any], claims: Claims | None) -> Iterator[object]:
         # Shared: each batch is claimed before it is yielded, from the first on; a worker that
         # found its own part done may have claimed the last ones (`steal`).
-        path, group, first_or_error = element
+        path, group, first_or_error, *_ = element
         if group < 0:  # a file whose footer could not be read when row groups were listed
             yield _unreadable(path, first_or_error)
             return
@@ -217,7 +186,9 @@ class ReadParquet(beam.PTransform):
     `batch_size` rows), "unreadable": JSON lines}. Patterns are expanded at
     construction: one matching nothing raises SourceError. A file that cannot be read fails the
     pipeline naming it, or with `skip_unreadable` is listed in "unreadable". `workers`: how the
-    run's workers get the row groups (sharing.py: SPREAD, SHARE or ONE).
+    run's workers get the row groups (sharing.py: SPREAD, SHARE or ONE); with SPREAD, a group
+    larger than a batch is split into pieces (row_groups.py), counted in the
+    `recordforge/parquet_work_items` metric.
     """
 
     def __init__(
@@ -251,7 +222,9 @@ class ReadParquet(beam.PTransform):
                 pbegin
                 | "Files" >> beam.Create([f.path for f in self._files])
                 | "RowGroups"
-                >> beam.ParDo(_ParquetRowGroupsFn(self._skip)).with_outputs(UNREADABLE, main="groups")
+                >> beam.ParDo(_ParquetRowGroupsFn(self._batch_size, self._skip)).with_outputs(
+                    UNREADABLE, main="groups"
+                )
             )
             spread_groups, _ = spread(groups.groups, SPREAD)
             read = spread_groups | "Read" >> beam.ParDo(read_fn).with_outputs(UNREADABLE, main="batches")

@@ -1,0 +1,133 @@
+"""Parquet row groups as units of work: listed from a file's footer, and on runners that spread
+work over workers (Dataflow, Dask) a group larger than a batch split into pieces of whole batches,
+so that a file of a few huge row groups is not read by a few workers while the rest wait.
+
+A work item is (path, row group, first row[, rows]): the file's rows [first row, first row + rows)
+(to the group's end without `rows`), all in that row group, with first row counted from the
+file's start. Pieces keep the batches an unsplit group would give (same first rows, same rows),
+so batch keys, rejected rows' numbers and deterministic output do not depend on the split.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from apache_beam.io.filesystems import FileSystems
+
+from recordforge.errors import SourceError
+
+__all__ = [
+    "MAX_PIECES",
+    "list_row_groups",
+    "not_parquet",
+    "pieces",
+    "read_rows",
+    "resolve_columns",
+    "row_groups",
+]
+
+# Parquet decodes a column chunk from its start and pyarrow reads no row ranges (nor the page
+# index), so a piece's reader fetches its whole row group and decodes every row before its own:
+# k pieces of a group cost (k + 1) / 2 decodes and k reads of it. Batch-sized pieces of a
+# default pyarrow group (1Mi rows, 64 batches) would decode it ~32 times, more work than the
+# conversion itself; at most 8 pieces keep that to 4.5 decodes while 8 workers share the group.
+MAX_PIECES = 8
+
+
+def row_groups(path: str) -> list[tuple[str, int, int]]:
+    """(path, row group index, first row of the group) for each row group of a Parquet file."""
+    with FileSystems.open(path) as f:
+        meta = pq.ParquetFile(f).metadata
+    return _groups(path, meta)
+
+
+def _groups(path: str, meta: pq.FileMetaData) -> list[tuple[str, int, int]]:
+    groups, first = [], 0
+    for i in range(meta.num_row_groups):
+        groups.append((path, i, first))
+        first += meta.row_group(i).num_rows
+    return groups
+
+
+def pieces(path: str, batch_size: int) -> list[tuple[str, int, int, int]]:
+    """The work items of a Parquet file: each row group as one (path, group, first row, rows),
+    or, when larger than a batch, as up to MAX_PIECES pieces of whole batches."""
+    with FileSystems.open(path) as f:
+        meta = pq.ParquetFile(f).metadata
+    items = []
+    for _, group, first in _groups(path, meta):
+        rows = meta.row_group(group).num_rows
+        size = piece_rows(rows, batch_size)
+        for start in range(0, max(rows, 1), size):
+            items.append((path, group, first + start, min(size, rows - start)))
+    return items
+
+
+def piece_rows(group_rows: int, batch_size: int) -> int:
+    """Rows per piece of a row group: whole batches, as few as give at most MAX_PIECES pieces."""
+    batches = math.ceil(group_rows / batch_size)
+    return max(1, math.ceil(batches / MAX_PIECES)) * batch_size
+
+
+def read_rows(
+    pf: pq.ParquetFile,
+    group: int,
+    *,
+    skip: int = 0,
+    rows: int | None = None,
+    batch_size: int,
+    columns: list[str] | None = None,
+) -> Iterator[pa.RecordBatch]:
+    """Rows [skip, skip + rows) of row group `group` (rows None: to its end), in the batches of at
+    most `batch_size` rows that reading the whole group gives (cut at `skip` and at the end when
+    those fall inside one). Decoding stops after the last row wanted."""
+    end = None if rows is None else skip + rows
+    at = 0
+    for batch in pf.iter_batches(batch_size=batch_size, row_groups=[group], columns=columns):
+        lo, at = at, at + batch.num_rows
+        if at <= skip:
+            continue  # decoded to reach the piece's first row, and dropped
+        hi = at if end is None else min(at, end)
+        yield batch.slice(max(skip - lo, 0), hi - max(skip, lo))
+        if end is not None and at >= end:
+            return
+
+
+def not_parquet(path: str, exn: Exception) -> SourceError:
+    return SourceError(f"{path}: not a readable Parquet file: {exn}")
+
+
+def list_row_groups(files: list[Any], skip_unreadable: bool) -> list[tuple[str, int, Any]]:
+    """Every row group of the files (`FileInfo`s), read from their footers now. With
+    `skip_unreadable`, a file whose footer cannot be read stands as (path, -1, error): its reader
+    reports it."""
+    items: list[tuple[str, int, Any]] = []
+    for f in files:
+        try:
+            items.extend(row_groups(f.path))
+        except Exception as exn:
+            if not skip_unreadable:
+                raise not_parquet(f.path, exn) from exn
+            items.append((f.path, -1, f"not a readable Parquet file: {exn}"))
+    return items
+
+
+def resolve_columns(columns: list[str], names: list[str], path: str) -> list[str]:
+    """Top-level columns to read: `a.b` reads struct column `a` when no column is named `a.b`."""
+    out: list[str] = []
+    missing = []
+    for c in columns:
+        top = c if c in names else c.split(".", 1)[0]
+        if top not in names:
+            missing.append(c)
+        elif top not in out:
+            out.append(top)
+    if missing:
+        raise SourceError(
+            f"{path}: no column(s) {', '.join(map(repr, missing))}; columns are {', '.join(names)}"
+        )
+    return out
