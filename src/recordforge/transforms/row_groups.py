@@ -53,6 +53,11 @@ def _groups(path: str, meta: pq.FileMetaData) -> list[tuple[str, int, int]]:
     return groups
 
 
+def group_start(meta: pq.FileMetaData, group: int) -> int:
+    """The file row of row group `group`'s first row."""
+    return sum(meta.row_group(i).num_rows for i in range(group))
+
+
 def pieces(path: str, batch_size: int) -> list[tuple[str, int, int, int]]:
     """The work items of a Parquet file: each row group as one (path, group, first row, rows),
     or, when larger than a batch, as up to MAX_PIECES pieces of whole batches."""

@@ -21,7 +21,14 @@ from apache_beam.metrics import Metrics
 
 from recordforge.errors import SourceError
 from recordforge.transforms.coders import SourceBatchCoder, declare_element_type
-from recordforge.transforms.row_groups import list_row_groups, not_parquet, pieces, read_rows, resolve_columns
+from recordforge.transforms.row_groups import (
+    group_start,
+    list_row_groups,
+    not_parquet,
+    pieces,
+    read_rows,
+    resolve_columns,
+)
 from recordforge.transforms.sharing import SHARE, SPREAD, Claims, SharedItemsFn, check_workers, spread
 
 __all__ = ["ReadCsv", "ReadParquet", "SourceBatch", "expand_patterns", "UNREADABLE", "REJECTED"]
@@ -123,14 +130,11 @@ class _ReadParquetFn(SharedItemsFn):
             columns = self._columns
             if columns is not None:
                 columns = resolve_columns(columns, pf.schema_arrow.names, path)
-            skip = first_row - sum(pf.metadata.row_group(i).num_rows for i in range(group)) if rows else 0
+            # A piece starts `skip` rows into its group.
+            skip = first_row - group_start(pf.metadata, group) if rows else 0
+            rows_wanted = rows[0] if rows else None
             for batch in read_rows(
-                pf,
-                group,
-                skip=skip,
-                rows=rows[0] if rows else None,
-                batch_size=self._batch_size,
-                columns=columns,
+                pf, group, skip=skip, rows=rows_wanted, batch_size=self._batch_size, columns=columns
             ):
                 yield SourceBatch(path, first_row, batch)
                 first_row += batch.num_rows
