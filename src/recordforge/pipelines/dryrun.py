@@ -30,17 +30,17 @@ from recordforge.storage import delete_tree, is_local
 
 __all__ = ["dry_run", "job_summary", "format_summary"]
 
-# Primitive transforms by URN, named as users know them.
+# Primitive transforms by URN, named as users know them; any other by its URN's name.
 _KINDS = {
     common_urns.primitives.PAR_DO.urn: "ParDo",
     common_urns.primitives.GROUP_BY_KEY.urn: "GroupByKey",
     common_urns.primitives.IMPULSE.urn: "Impulse",
     common_urns.primitives.FLATTEN.urn: "Flatten",
-    common_urns.combine_components.COMBINE_PER_KEY_PRECOMBINE.urn: "CombinePerKey",
-    common_urns.composites.COMBINE_PER_KEY.urn: "CombinePerKey",
-    common_urns.composites.COMBINE_GLOBALLY.urn: "CombineGlobally",
-    common_urns.composites.RESHUFFLE.urn: "Reshuffle",
 }
+
+
+def _kind(urn: str) -> str:
+    return _KINDS.get(urn) or (urn.split(":")[-2] if urn.count(":") >= 2 else urn)
 
 
 def dry_run(
@@ -116,7 +116,7 @@ def job_summary(proto: Any) -> dict[str, Any]:
 
     components = proto.components
     leaves = [t for t in components.transforms.values() if not t.subtransforms]
-    kinds = Counter(_KINDS.get(t.spec.urn, t.spec.urn) for t in leaves)
+    kinds = Counter(_kind(t.spec.urn) for t in leaves)
     _, stages = translations.create_and_optimize_stages(
         copy.deepcopy(proto),
         phases=[
