@@ -69,6 +69,7 @@ import importlib
 import logging
 import re
 import time
+import uuid
 import zlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -160,8 +161,10 @@ def _loads(library: str, payload: bytes) -> Any:
 
 @dataclass(frozen=True)
 class _ParDoSpec:
-    """A ParDo as a task needs it: its label, its output tags and its pickled DoFn."""
+    """A ParDo as a task needs it: its label, its output tags and its pickled DoFn. `run` makes
+    the task keys of two runs differ, so that a cluster never takes one run's for the other's."""
 
+    run: str
     label: str
     tags: tuple[str | None, ...]
     library: str
@@ -291,6 +294,7 @@ class _Translator(PipelineVisitor):
         self._partitions = partitions
         self._partition_size = partition_size
         self._library = pickler.desired_pickle_lib.__name__
+        self._run = uuid.uuid4().hex
 
     def unread(self) -> list[db.Bag]:
         """The Bags of the PCollections no step reads: computing them computes the pipeline."""
@@ -384,7 +388,7 @@ class _Translator(PipelineVisitor):
         payload = pickler.dumps(
             (transform.fn, transform.args, transform.kwargs, _windowing(node.inputs[0]), views)
         )
-        spec = _ParDoSpec(node.full_label, tags, self._library, payload)
+        spec = _ParDoSpec(self._run, node.full_label, tags, self._library, payload)
         sides = [self._side_input(si.pvalue) for si in node.side_inputs]
         out = bag.map_partitions(_run_bundle, spec, *sides, token=name)
         if len(tags) == 1:

@@ -1,0 +1,318 @@
+"""RecordForge on a real Dask cluster (pipelines/dask_runner.py): a scheduler and two worker
+processes started as subprocesses on 127.0.0.1, each worker in its own working folder; inputs
+read from and bundles written to the GCS emulator; every result compared with the local runner's.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+import pytest
+import yaml
+from apache_beam.io.filesystem import CompressionTypes
+from apache_beam.io.filesystems import FileSystems
+
+import recordforge
+from recordforge import layout
+from recordforge.pipelines.convert import run
+from recordforge.pipelines.dask_runner import RUNNER
+from recordforge.sampledata import taxi_table
+from recordforge.storage import read_bytes
+from recordforge.tfrecord import iter_records
+from recordforge.tools.verify import verify
+
+_COUNTS = ("num_records", "rows_read", "rows_written", "rows_rejected", "rejected_by_rule")
+ROWS_PER_FILE = 20_000  # the killed run's input: 4 files, 16 row groups
+
+
+@dataclass
+class Cluster:
+    """A scheduler and its workers, each a subprocess; `start_worker` adds one."""
+
+    root: Path
+    scheduler_file: Path
+    env: dict[str, str]
+    address: str = ""
+    workers: dict[str, subprocess.Popen] = field(default_factory=dict)
+    procs: list[subprocess.Popen] = field(default_factory=list)
+
+    def start(self, name: str, args: list[str], cwd: Path) -> subprocess.Popen:
+        cwd.mkdir(parents=True, exist_ok=True)
+        log = open(self.root / f"{name}.log", "wb")  # noqa: SIM115 - closed with the process
+        proc = subprocess.Popen(
+            [sys.executable, "-m", *args], cwd=cwd, env=self.env, stdout=log, stderr=subprocess.STDOUT
+        )
+        log.close()
+        self.procs.append(proc)
+        return proc
+
+    def start_worker(self, name: str) -> subprocess.Popen:
+        folder = self.root / name  # the worker's working folder, not the driver's
+        self.workers[name] = self.start(
+            name,
+            [
+                "distributed.cli.dask_worker",
+                "--scheduler-file",
+                str(self.scheduler_file),
+                "--nworkers",
+                "1",
+                "--nthreads",
+                "1",
+                "--no-nanny",  # the subprocess is the worker: killing it kills the worker
+                "--no-dashboard",
+                "--name",
+                name,
+                "--local-directory",
+                str(folder / "scratch"),
+            ],
+            folder,
+        )
+        return self.workers[name]
+
+
+@pytest.fixture(scope="module")
+def cluster(gcs_emulator: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """A Dask scheduler and two workers, subprocesses with the GCS emulator's environment."""
+    root = tmp_path_factory.mktemp("dask-cluster")
+    c = Cluster(root, root / "scheduler.json", {**os.environ, **gcs_emulator.env})
+    c.start(
+        "scheduler",
+        [
+            "distributed.cli.dask_scheduler",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "0",
+            "--no-dashboard",
+            "--scheduler-file",
+            str(c.scheduler_file),
+        ],
+        root / "scheduler",
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not c.address:
+            try:  # written by the scheduler once it listens
+                c.address = json.loads(c.scheduler_file.read_text())["address"]
+            except (OSError, ValueError, KeyError):
+                assert time.monotonic() < deadline, (root / "scheduler.log").read_text()
+                time.sleep(0.05)
+        c.start_worker("w0")
+        c.start_worker("w1")
+        with _client(c) as client:
+            client.wait_for_workers(2, timeout=60)
+        yield c
+    finally:
+        # Workers first, then the scheduler; each given 20 s to stop, then killed.
+        for proc in sorted(c.procs, key=lambda p: p is c.procs[0]):
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+def _client(c: Cluster) -> Any:
+    from distributed import Client
+
+    return Client(c.address, set_as_default=False, timeout=30)
+
+
+def _dask(c: Cluster) -> list[str]:
+    return ["--runner", RUNNER, "--dask_client_address", c.address]
+
+
+def _put(path: str, data: bytes) -> None:
+    with FileSystems.create(path) as f:
+        f.write(data)
+
+
+def _parquet_inputs(src: str) -> str:
+    for i in range(3):
+        buf = io.BytesIO()
+        pq.write_table(taxi_table(900, seed=i, first_id=i * 900), buf, row_group_size=300)
+        _put(f"{src}/t{i}.parquet", buf.getvalue())
+    return f"{src}/*.parquet"
+
+
+_CSV_SCHEMA = {
+    "features": [
+        {"name": "id", "type": "int64", "nulls": "required"},
+        {"name": "name", "type": "string"},
+        {"name": "amount", "type": "float64", "narrow": True, "min": 0},
+    ]
+}
+
+
+def _csv_input(src: str) -> tuple[str, int]:
+    """A CSV of 400 rows, 40 of them bad (a wrong column count, a non-integer id, a negative
+    amount, a missing id): the path and the number of bad rows."""
+    lines, bad = ["id,name,amount"], 0
+    for i in range(400):
+        kind = i % 10
+        if kind == 3 and i % 40 == 3:
+            lines.append(f"{i},extra,1.5,surplus")
+        elif kind == 3 and i % 40 == 13:
+            lines.append(f"x{i},bad id,2.0")
+        elif kind == 3 and i % 40 == 23:
+            lines.append(f"{i},negative,-{i}.25")
+        elif kind == 3:
+            lines.append(f",no id,{i}.0")
+        else:
+            lines.append(f'{i},"name {i}, quoted",{i}.5')
+            continue
+        bad += 1
+    _put(f"{src}/rows.csv", ("\n".join(lines) + "\n").encode())
+    return f"{src}/rows.csv", bad
+
+
+def _raw_bytes(path: str) -> bytes:
+    """A file's bytes as stored (FileSystems.open would gunzip a .gz)."""
+    with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
+        return f.read()
+
+
+def _records(out: str) -> Counter:
+    bundle = recordforge.load_bundle(out)
+    return Counter(r for f in bundle["files"] for r in iter_records(f, bundle["metadata"]["compression"]))
+
+
+def _rejected(out: str) -> Counter:
+    root = recordforge.version_path(out)
+    matches = FileSystems.match([layout.join(root, layout.REJECTED_DIR) + "/**"])[0].metadata_list
+    return Counter(line for m in matches for line in read_bytes(m.path).decode().splitlines())
+
+
+def _counts(meta: dict[str, Any]) -> dict[str, Any]:
+    return {k: meta.get(k) for k in _COUNTS}
+
+
+def test_workers_run_in_their_own_folders(cluster: Cluster) -> None:
+    with _client(cluster) as client:
+        folders = client.run(os.getcwd)
+    assert sorted(folders.values()) == sorted(str(cluster.root / n) for n in cluster.workers)
+    assert os.getcwd() not in folders.values()
+
+
+def test_converts_from_and_to_gcs_like_the_local_runner(
+    cluster: Cluster, gcs_bucket: str, tmp_path: Path
+) -> None:
+    from distributed import get_task_stream
+    from distributed.utils import key_split
+
+    parquet = _parquet_inputs(f"{gcs_bucket}/in/parquet")
+    csv, bad = _csv_input(f"{gcs_bucket}/in/csv")
+    (tmp_path / "csv.yaml").write_text(yaml.safe_dump(_CSV_SCHEMA))
+    runs = {
+        "parquet": ["--source", parquet, "--schema", "examples/taxi.yaml"],
+        "csv": ["--source", csv, "--schema", str(tmp_path / "csv.yaml"), "--max_rejected", "100"],
+    }
+    with _client(cluster) as client:
+        for name, args in runs.items():
+            local = run([*args, "--output", f"{gcs_bucket}/local-{name}"])
+            with get_task_stream(client=client) as stream:
+                dask = run([*args, "--output", f"{gcs_bucket}/dask-{name}", *_dask(cluster)])
+            assert _counts(dask) == _counts(local), name
+            assert _records(f"{gcs_bucket}/dask-{name}") == _records(f"{gcs_bucket}/local-{name}"), name
+            assert _rejected(f"{gcs_bucket}/dask-{name}") == _rejected(f"{gcs_bucket}/local-{name}"), name
+            assert verify(f"{gcs_bucket}/dask-{name}") == [] and verify(f"{gcs_bucket}/local-{name}") == []
+            if name == "parquet":  # nine row groups; the CSV file is one piece of work
+                # The scheduler's record of where each task ran: reads and encoding ran on both.
+                steps: dict[str, set[str]] = {}
+                for task in stream.data:
+                    steps.setdefault(key_split(task["key"]), set()).add(task["worker"])
+                both = {s for s, workers in steps.items() if len(workers) == 2}
+                assert any(s.startswith("ToExamples") for s in both), steps
+                assert any(s.startswith("Read") for s in both), steps
+    assert dask["num_records"] == 400 - bad and dask["rows_rejected"] == bad
+    assert sum(_rejected(f"{gcs_bucket}/dask-csv").values()) == bad
+    assert local["rejected_by_rule"] and dask["rows_read"] == 400
+
+
+def test_deterministic_shards_are_byte_identical(cluster: Cluster, gcs_bucket: str) -> None:
+    args = ["--source", _parquet_inputs(f"{gcs_bucket}/in"), "--schema", "examples/taxi.yaml"]
+    args += ["--deterministic", "--num_shards", "3"]
+    local = run([*args, "--output", f"{gcs_bucket}/local"])
+    dask = run([*args, "--output", f"{gcs_bucket}/dask", *_dask(cluster)])
+
+    def shards(out: str, meta: dict[str, Any]) -> list[tuple[str, str, str]]:
+        return [
+            (
+                s["file"].split("/", 1)[1],
+                s["sha256"],
+                hashlib.sha256(_raw_bytes(layout.join(out, s["file"]))).hexdigest(),
+            )
+            for s in meta["shards"]
+        ]
+
+    local_shards, dask_shards = shards(f"{gcs_bucket}/local", local), shards(f"{gcs_bucket}/dask", dask)
+    assert len(dask_shards) == 3 and all(listed == measured for _, listed, measured in dask_shards)
+    assert dask_shards == local_shards
+    assert verify(f"{gcs_bucket}/dask") == []
+
+
+def test_a_worker_killed_mid_run(cluster: Cluster, tmp_path: Path) -> None:
+    """SIGKILL the worker running the encoding while a conversion runs: the run either
+    completes with exactly the right records, or fails with one error line and publishes
+    nothing (the previous bundle intact). Never wrong data with exit 0."""
+    from distributed.utils import key_split
+
+    src = tmp_path / "src"
+    src.mkdir()
+    for i in range(4):
+        table = taxi_table(ROWS_PER_FILE, seed=i, first_id=i * ROWS_PER_FILE)
+        pq.write_table(table, src / f"t{i}.parquet", row_group_size=5000)
+    out = tmp_path / "out"
+    args = ["--source", str(src / "*.parquet"), "--schema", "examples/taxi.yaml", "--output", str(out)]
+    previous = run(args)  # the local runner: the published bundle, and the records expected
+    expected = _records(str(out))
+    # The CLI, as a user runs it (the import registers Beam's Dask flags before they are checked).
+    cli = "import sys, recordforge.pipelines.dask_runner; from recordforge.cli import main; sys.exit(main())"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", cli, "convert", *args, "--overwrite", *_dask(cluster)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    killed = None
+    with _client(cluster) as client:
+        names = {addr: info["name"] for addr, info in client.scheduler_info()["workers"].items()}
+        deadline = time.monotonic() + 120
+        while killed is None and proc.poll() is None and time.monotonic() < deadline:
+            for addr, keys in client.processing().items():
+                if any(key_split(k).startswith("ToExamples") for k in keys):
+                    killed = names[addr]
+                    cluster.workers[killed].send_signal(signal.SIGKILL)
+                    break
+            time.sleep(0.02)
+    assert killed is not None, "the run ended before a worker could be killed during the encoding"
+    _, stderr = proc.communicate(timeout=300)
+    cluster.workers[killed].wait(timeout=30)
+    cluster.start_worker(f"{killed}-again")  # the module's cluster goes on with two workers
+    published = json.loads((out / "metadata.json").read_text())
+    if proc.returncode == 0:
+        # Dask ran the lost worker's tasks again elsewhere: the right records, once each.
+        assert published["version"] != previous["version"]
+        assert _counts(published) == _counts(previous)
+        outcome = "completed"
+    else:
+        lines = stderr.strip().splitlines()
+        assert proc.returncode == 1 and len(lines) == 1, stderr
+        assert lines[0].startswith("recordforge convert: error: "), stderr
+        assert published["version"] == previous["version"]
+        outcome = f"failed: {lines[0]}"
+    assert _records(str(out)) == expected  # and conftest verifies the bundle under tmp_path
+    print(f"worker {killed} killed mid-run; the run {outcome}")
