@@ -12,6 +12,7 @@ import base64
 import glob
 import os
 import pickle
+import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -375,6 +376,30 @@ def test_a_failing_dofn_fails_the_run_with_its_error_and_step(scheduler: str) ->
         result.wait_until_finish()
     assert result.state == beam.runners.runner.PipelineState.FAILED
     assert result.client.status == "closed"
+
+
+def _fail_or_write_slowly(x: int, folder: str) -> int:
+    if x == 3:
+        raise RecordForgeError(f"bad element {x}")
+    time.sleep(0.7)
+    Path(folder, f"written-{x}").write_text("late")
+    return x
+
+
+def test_a_failed_run_raises_only_once_its_running_tasks_have_ended(scheduler: str, tmp_path: Path) -> None:
+    """A caller that cleans up after a failed run must not see files appear afterwards: the run
+    cancels its tasks and waits for those still executing before it raises. Partitions [3, 1],
+    [2, 4], [5, 6]: the first fails at once while the second is writing on the other worker."""
+    options = ["--runner", RUNNER, "--dask_client_address", scheduler, "--dask_npartitions", "3"]
+    p = beam.Pipeline(options=PipelineOptions(options))
+    p | beam.Create([3, 1, 2, 4, 5, 6]) | "Fails" >> beam.Map(_fail_or_write_slowly, str(tmp_path))
+    result = p.run()
+    with pytest.raises(RecordForgeError, match=r"bad element 3 \[while running 'Fails'\]"):
+        result.wait_until_finish()
+    files = sorted(os.listdir(tmp_path))
+    time.sleep(2.0)  # longer than any task still running could take
+    assert sorted(os.listdir(tmp_path)) == files
+    assert "written-1" not in files and "written-4" in files
 
 
 def test_unsupported_primitives_fail_at_translation(scheduler: str) -> None:
