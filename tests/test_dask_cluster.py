@@ -279,10 +279,10 @@ def test_a_worker_killed_mid_run(cluster: Cluster, tmp_path: Path) -> None:
     args = ["--source", str(src / "*.parquet"), "--schema", "examples/taxi.yaml", "--output", str(out)]
     previous = run(args)  # the local runner: the published bundle, and the records expected
     expected = _records(str(out))
-    # The CLI, as a user runs it (the import registers Beam's Dask flags before they are checked).
-    cli = "import sys, recordforge.pipelines.dask_runner; from recordforge.cli import main; sys.exit(main())"
+    # The CLI, as a user runs it, with the runner's user-facing name.
+    dask = ["--runner", "DaskRunner", "--dask_client_address", cluster.address]
     proc = subprocess.Popen(
-        [sys.executable, "-c", cli, "convert", *args, "--overwrite", *_dask(cluster)],
+        [sys.executable, "-m", "recordforge", "convert", *args, "--overwrite", *dask],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

@@ -216,6 +216,17 @@ def _parser() -> _CheckingParser:
     return parser
 
 
+def _load_dask_options() -> None:
+    """Beam declares its Dask flags (--dask_client_address, ...) only once its Dask runner module
+    is imported; RecordForge's runner imports it."""
+    try:
+        import recordforge.pipelines.dask_runner  # noqa: F401
+    except ImportError as exn:
+        raise UsageError(
+            f"the Dask runner needs dask[distributed] ({exn}): pip install 'recordforge[dask]'"
+        ) from exn
+
+
 def check_flags(argv: list[str]) -> None:
     """Raises UsageError for a flag that neither RecordForge nor Beam knows (with the nearest
     known name), a value a flag does not accept, or a stray argument (a shell-expanded glob).
@@ -223,6 +234,8 @@ def check_flags(argv: list[str]) -> None:
     Beam only warns about unknown flags and drops them, so a typo such as `--num-shards 2` would
     otherwise convert with the default and exit 0. Pure: calling it twice is harmless.
     """
+    if any("dask" in a.lower() for a in argv):
+        _load_dask_options()
     parser = _parser()
     _, unknown = parser.parse_known_args(list(argv))
     if not unknown:
