@@ -315,3 +315,24 @@ def test_a_worker_killed_mid_run(cluster: Cluster, tmp_path: Path) -> None:
         outcome = f"failed: {last}"
     assert _records(str(out)) == expected  # and conftest verifies the bundle under tmp_path
     print(f"worker {killed} killed mid-run; the run {outcome}")
+
+
+def test_many_partitions_still_make_shards_of_the_target_size(cluster: Cluster, tmp_path: Path) -> None:
+    """Each Dask partition is a bundle, and each bundle leaves a short last part: with 24
+    partitions and a 60 KB target, the joins must still give shards within 25% of the target,
+    but for one short shard."""
+    src = tmp_path / "src"
+    src.mkdir()
+    for i in range(4):
+        pq.write_table(taxi_table(3000, seed=i, first_id=i * 3000), src / f"t{i}.parquet", row_group_size=500)
+    out, local = tmp_path / "out", tmp_path / "local"
+    target = 60_000
+    args = ["--source", str(src / "*.parquet"), "--schema", "examples/taxi.yaml"]
+    args += ["--shard_size", str(target), "--batch_size", "250"]
+    meta = run([*args, "--output", str(out), *_dask(cluster), "--dask_npartitions", "24"])
+    sizes = [s["bytes"] for s in meta["shards"]]
+    short = [b for b in sizes if not 0.75 * target <= b <= 1.25 * target]
+    assert len(sizes) > 3 and len(short) <= 1 and all(b < target for b in short), sizes
+    run([*args, "--output", str(local)])
+    assert _records(str(out)) == _records(str(local))
+    assert meta["rows_written"] == 12_000 and verify(str(out)) == []

@@ -116,11 +116,6 @@ class StreamWriter:
         self._raw = self._seg_raw = self._seg_records = 0
         self._seg_start = file.bytes
 
-    @property
-    def segment_bytes(self) -> int:
-        """Compressed bytes of the open segment so far (deflate may still hold some back)."""
-        return self.file.bytes - self._seg_start
-
     def write(self, framed: bytes | memoryview, records: int) -> None:
         if self._deflate is None:
             self.file.write(framed)

@@ -333,12 +333,16 @@ def _work(conn: socket.socket, env: dict[str, str]) -> None:
     status = 1
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the fork server's handler is not ours
     try:
-        # The worker logs through the driver's handlers, at what the driver shows: Beam's harness
-        # lowers the root logger's level to its own default (INFO) while it starts.
+        # The worker logs through the driver's handlers, at what the driver shows (RecordForge's
+        # own INFO lines with --debug): Beam's harness lowers the root logger's level to its own
+        # default (INFO) while it starts.
         root = logging.getLogger()
-        shown = root.getEffectiveLevel()
+        driver = root.getEffectiveLevel()
+        shown = min(driver, logging.getLogger("recordforge").getEffectiveLevel())
         for handler in root.handlers:
             handler.setLevel(max(handler.level, shown))
+        beam_logger = logging.getLogger("apache_beam")
+        beam_logger.setLevel(beam_logger.getEffectiveLevel() if beam_logger.level else driver)
         logging.getLogger("apache_beam.runners.worker.sdk_worker_main").addFilter(_NoMainSession())
         os.environ.clear()
         os.environ.update(env)

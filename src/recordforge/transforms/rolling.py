@@ -54,10 +54,11 @@ def parse_size(text: str) -> int:
 
 # A part at least this fraction of the target size is a shard as it is; smaller parts are joined.
 FULL_FRACTION = 0.75
-# Batches are written in slices of at most 1/16 of the target (uncompressed), and a segment ends
-# once it holds 1/16 of the target compressed: shards overshoot the target by a few percent.
+# Batches are written in slices of at most 1/16 of the target (uncompressed), each ending a
+# segment: the flush makes the size on disk exact where a part is checked against the target, so
+# a part overshoots it by less than one slice, compressed.
 _SLICES_PER_SHARD = 16
-_MIN_SLICE = 64 << 10
+_MIN_SLICE = 4 << 10
 _REWRITE_BATCH = 8192
 
 
@@ -111,13 +112,17 @@ class _Roller:
         self._first_key = key
         return self._writer
 
-    def close(self) -> _Part | None:
+    def close(self, *, full: bool = False) -> _Part | None:
+        """The part being written, finished. A full part is never joined: its segments, the
+        bulk of what the planning step would otherwise receive, are not kept."""
         if self._writer is None:
             return None
         file = self._writer.file
         segments = self._writer.close()
         self._writer = None
-        return _Part(self._tmp, self._records, file.bytes, file.hexdigest(), self._first_key, segments)
+        return _Part(
+            self._tmp, self._records, file.bytes, file.hexdigest(), self._first_key, () if full else segments
+        )
 
     def add(self, key: Any, records: pa.Array) -> Iterator[_Part]:
         limits = self._limits
@@ -132,11 +137,10 @@ class _Roller:
             writer.write(memoryview(data[offsets[start] : offsets[end]]), end - start)
             self._records += end - start
             start = end
-            if writer.segment_bytes >= limits.slice_bytes:
-                writer.end_segment()
+            writer.end_segment()
             full_records = limits.max_records and self._records >= limits.max_records
             if full_records or (limits.max_bytes and writer.file.bytes >= limits.max_bytes):
-                yield from filter(None, [self.close()])
+                yield from filter(None, [self.close(full=True)])
 
 
 class _RollingWriteFn(beam.DoFn):

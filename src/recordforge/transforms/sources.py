@@ -177,10 +177,14 @@ class _ReadParquetFn(SharedItemsFn):
             return
         # One at a time: a batch is encoded and written downstream before the next is claimed,
         # so that thief and owner meet where they have done equal work.
+        taken = 0
         for batch in reversed(batches):
             if not claims.claim(f"{name}@{batch.first_row}"):
                 break
+            taken += 1
             yield batch
+        if taken:
+            _LOGGER.info("took over the last %d batches of %s row group %d", taken, element[0], element[1])
 
 
 class ReadParquet(beam.PTransform):
