@@ -173,3 +173,18 @@ def test_the_dry_run_summary_of_a_spread_image_read(tmp_path: Path) -> None:
     assert "Read/Chunks" in steps and "Read/Read" in steps
     assert not any(s in steps for s in ("Read/Root", "Read/List")), steps
     assert json.dumps(summary)  # plain data
+
+
+def test_a_gcs_image_folder_converts_from_and_to_gcs(gcs_bucket: str, tmp_path: Path) -> None:
+    """The whole run on gs://: the folder stands as one input in the bundle (not a file the
+    publish step could look up), every image becomes a record."""
+    written = mnist_folder(str(tmp_path / "digits"), per_class=4)
+    root = f"{gcs_bucket}/digits"
+    _upload(tmp_path / "digits", root)
+    out = f"{gcs_bucket}/out"
+    meta = run(["--format", "images", "--source", root, "--output", out, *SPREAD_FLAGS])
+    assert meta["num_records"] == meta["images"] == len(written)
+    assert meta["sources"][0]["path"] == root and meta["sources"][0]["bytes"] > 0
+    from recordforge.tools.verify import verify
+
+    assert verify(out) == []
