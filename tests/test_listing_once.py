@@ -188,3 +188,16 @@ def test_a_gcs_image_folder_converts_from_and_to_gcs(gcs_bucket: str, tmp_path: 
     from recordforge.tools.verify import verify
 
     assert verify(out) == []
+
+
+def test_if_changed_lists_the_inputs_once(tmp_path: Path, matches: list[str]) -> None:
+    src = tmp_path / "src"
+    src.mkdir()
+    pq.write_table(taxi_table(300, seed=1), src / "a.parquet")
+    pattern, out = str(src / "*.parquet"), str(tmp_path / "out")
+    run(["--source", pattern, "--output", out])
+    pq.write_table(taxi_table(300, seed=2, first_id=300), src / "b.parquet")  # a new input
+    del matches[:]
+    meta = run(["--source", pattern, "--output", out, "--if_changed"])
+    assert meta["num_records"] == 600 and not meta.get("skipped")
+    assert matches.count(pattern) == 1, matches

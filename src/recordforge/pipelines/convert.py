@@ -42,7 +42,7 @@ from recordforge import layout
 from recordforge.errors import RecordForgeError
 from recordforge.layout import new_version, version_root
 from recordforge.pipelines.config import ConvertConfig, parse_splits
-from recordforge.pipelines.inputs import input_fingerprint, resolve_inputs
+from recordforge.pipelines.inputs import Inputs, input_fingerprint, resolve_inputs
 from recordforge.pipelines.options import ConvertOptions
 from recordforge.pipelines.publishing import (
     OutputState,
@@ -79,10 +79,13 @@ _LOGGER = logging.getLogger(__name__)
 DEFAULT_RUNNER = "recordforge.pipelines.workers.LocalRunner"
 
 
-def build(pipeline: beam.Pipeline, config: ConvertConfig) -> beam.PCollection[str]:
+def build(
+    pipeline: beam.Pipeline, config: ConvertConfig, inputs: Inputs | None = None
+) -> beam.PCollection[str]:
     """Adds the conversion to `pipeline`; returns a PCollection holding the output path once the
-    bundle is published. Input patterns and the schema are resolved now, not at run time."""
-    inputs = resolve_inputs(config)
+    bundle is published. Input patterns and the schema are resolved now, not at run time (or
+    given: `inputs` as resolve_inputs(config) returned them, so that they are listed once)."""
+    inputs = inputs or resolve_inputs(config)
     files, fmt, plan, folder = inputs.files, inputs.fmt, inputs.plan, inputs.folder
     check_not_inside(config.output, [f.path for f in files], "the input")
     if config.schema_path:
@@ -349,14 +352,14 @@ def _with_span(config: ConvertConfig) -> ConvertConfig:
     )
 
 
-def _unchanged(config: ConvertConfig, state: OutputState) -> dict[str, Any] | None:
-    """The published metadata when --if_changed finds nothing to do."""
+def _unchanged(config: ConvertConfig, state: OutputState) -> tuple[dict[str, Any] | None, Inputs | None]:
+    """The published metadata when --if_changed finds nothing to do, and the inputs it resolved."""
     if state.published is None:
-        return None
+        return None, None
     inputs = resolve_inputs(config)
     if state.published.get("input_fingerprint") == input_fingerprint(inputs.files, inputs.plan, config):
-        return state.published
-    return None
+        return state.published, inputs
+    return None, inputs
 
 
 def _remove_if_empty(folder: str) -> None:
@@ -428,8 +431,9 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
         # listing would need credentials), so --overwrite and --if_changed are not checked.
         return dry_run(pipeline, dataclasses.replace(config, version=new_version()), build)
     state = read_state(config.output)
+    inputs = None
     if config.if_changed:
-        published = _unchanged(config, state)
+        published, inputs = _unchanged(config, state)
         if published is not None:
             _LOGGER.warning(
                 "%s is up to date (same inputs, schema and settings): nothing to do", config.output
@@ -438,7 +442,7 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
     check_state(state, overwrite=config.overwrite, if_changed=config.if_changed)
     config = dataclasses.replace(config, version=new_version(), previous_version=state.version)
     try:
-        build(pipeline, config)
+        build(pipeline, config, inputs)
     except BaseException:
         _remove_if_empty(version_root(config.output, config.version))
         raise
