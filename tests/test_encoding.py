@@ -239,3 +239,95 @@ def test_fixed_width_columns_match_protobuf(nulls: float) -> None:
             values.SetInParent()
             values.value.extend(v if isinstance(v, list) else [v])
         assert encoded[i].as_py() == want.SerializeToString(deterministic=True), f"row {i}"
+
+
+def _spanning(rows: list[list], null_rows: set[int], value_type: pa.DataType) -> pa.ListArray:
+    """A list array of `rows` whose null rows still span their values (legal Arrow, unlike
+    Parquet's reader output)."""
+    offsets = np.concatenate([[0], np.cumsum([len(r) for r in rows])]).astype(np.int32)
+    values = pa.array([v for r in rows for v in r], value_type)
+    mask = pa.array([i in null_rows for i in range(len(rows))])
+    return pa.ListArray.from_arrays(pa.array(offsets), values, mask=mask)
+
+
+def _protobuf(rows: list[dict], kinds: dict[str, str]) -> list[bytes]:
+    """protobuf's own deterministic serialization of each {feature: values} row."""
+    fields = {"INT64": "int64_list", "FLOAT": "float_list", "BYTES": "bytes_list"}
+    out = []
+    for row in rows:
+        want = example_pb2.Example()
+        want.features.SetInParent()
+        for name, v in row.items():
+            values = getattr(want.features.feature[name], fields[kinds[name]])
+            values.SetInParent()
+            values.value.extend(v)
+        out.append(want.SerializeToString(deterministic=True))
+    return out
+
+
+SPANNING_PLAN = compile_schema(
+    schema_from_dict(
+        {
+            "features": [
+                {"name": "il", "type": "int64", "shape": [-1]},
+                {"name": "fl", "type": "float32", "shape": [2], "max": 10},
+                {"name": "bl", "type": "bytes", "shape": [-1]},
+                {"name": "sc", "type": "int64", "shape": [-1], "column": "scalar"},
+            ]
+        }
+    )
+)
+# Rows 1, 3 and 4 are null, but span values: nulls, values a check rejects, lengths [2] forbids.
+SPANNING_NULLS = {1, 3, 4}
+SPANNING_ROWS = {
+    "il": [[1, 2], [None, 300], [4], [5, 6], [2**40], [7, 8]],
+    "fl": [[1, 2], [99, None], [5, 6], [7, 8, 9], [None], [1.5, 2.5]],
+    "bl": [[b"a"], [b"\xff" * 200, None, b""], [b"bc"], [b"d"], [b"e"], [b"f", b"g"]],
+}
+SPANNING_EXPECTED = [
+    {"bl": [b"a"], "fl": [1.0, 2.0], "il": [1, 2], "sc": [1]},
+    {},
+    {"bl": [b"bc"], "fl": [5.0, 6.0], "il": [4], "sc": [3]},
+    {},
+    {},
+    {"bl": [b"f", b"g"], "fl": [1.5, 2.5], "il": [7, 8], "sc": [6]},
+]
+
+
+@pytest.mark.parametrize(("first", "rows"), [(0, 6), (1, 5), (3, 2)])
+def test_null_lists_spanning_values_are_absent(first: int, rows: int) -> None:
+    """Through conform: no row rejected for values under a null, the null rows absent, the
+    others exact (protobuf's own bytes); also for slices of the batch."""
+    types = {"il": pa.int64(), "fl": pa.float32(), "bl": pa.binary()}
+    batch = pa.RecordBatch.from_pydict(
+        {
+            **{k: _spanning(v, SPANNING_NULLS, types[k]) for k, v in SPANNING_ROWS.items()},
+            # a nullable scalar column feeding a [-1] feature (as a TFMD schema maps one)
+            "scalar": pa.array([1, None, 3, None, None, 6]),
+        }
+    ).slice(first, rows)
+    conformed = conform_batch(batch, SPANNING_PLAN, file="mem", first_row=0)
+    assert conformed.rejected == []
+    kinds = {f.name: f.kind.name for f in SPANNING_PLAN.features}
+    encoded = ExampleEncoder(SPANNING_PLAN).encode(conformed.batch).to_pylist()
+    assert encoded == _protobuf(SPANNING_EXPECTED[first : first + rows], kinds)
+
+
+@pytest.mark.parametrize(("first", "rows"), [(0, 6), (1, 5)])
+def test_encoder_takes_null_lists_spanning_values(first: int, rows: int) -> None:
+    """Straight into the encoder (a caller's own batches in the plan's Arrow schema), with only
+    valid values under the null rows: the same bytes as protobuf's."""
+    rows_by_name = {
+        "il": [[1, 2], [3, 300], [4], [5, 6], [2**40], [7, 8]],
+        "fl": [[1, 2], [9, 9], [5, 6], [7, 8], [3, 4], [1.5, 2.5]],
+        "bl": [[b"a"], [b"\xff" * 200, b""], [b"bc"], [b"d"], [b"e"], [b"f", b"g"]],
+        "sc": [[1], [2], [3], [4], [5], [6]],
+    }
+    arrays = [
+        _spanning(rows_by_name[field.name], SPANNING_NULLS, field.type.value_type).cast(field.type)
+        for field in SPANNING_PLAN.arrow_schema
+    ]
+    batch = pa.RecordBatch.from_arrays(arrays, schema=SPANNING_PLAN.arrow_schema).slice(first, rows)
+    kinds = {f.name: f.kind.name for f in SPANNING_PLAN.features}
+    encoded = ExampleEncoder(SPANNING_PLAN).encode(batch).to_pylist()
+    assert encoded == _protobuf(SPANNING_EXPECTED[first : first + rows], kinds)

@@ -24,7 +24,7 @@ import pyarrow.compute as pc
 from recordforge.schemas.model import ExampleKind
 from recordforge.schemas.plan import Column, Plan
 
-__all__ = ["ExampleEncoder", "binary_array", "binary_parts"]
+__all__ = ["ExampleEncoder", "binary_array", "binary_parts", "drop_hidden_values"]
 
 _EMPTY = pa.scalar(b"", pa.large_binary())
 _FEATURE_TAG = {ExampleKind.BYTES: 0x0A, ExampleKind.FLOAT: 0x12, ExampleKind.INT64: 0x1A}
@@ -127,6 +127,28 @@ class _Column:
     payload_lens: np.ndarray  # bytes of payload per row
 
 
+def drop_hidden_values(lists: pa.Array) -> pa.Array:
+    """A large_list array whose null rows span no values. Arrow lets a null list's slot cover
+    any run of values (Parquet's reader leaves it empty; `ListArray.from_arrays(..., mask=)`, a
+    cast from a fixed_size_list and other producers do not): values that belong to no row, and
+    must be neither checked nor written. Returns `lists` itself when no null row spans values."""
+    if not lists.null_count:
+        return lists
+    offsets = _primitive_offsets(lists)
+    counts = np.diff(offsets)
+    valid = pc.is_valid(lists).to_numpy(zero_copy_only=False)
+    if not counts[~valid].any():
+        return lists
+    start = int(offsets[0])
+    values = lists.values.slice(start, int(offsets[-1]) - start)
+    kept = np.where(valid, counts, 0)
+    compact = np.zeros(len(lists) + 1, dtype=np.int64)
+    np.cumsum(kept, out=compact[1:])
+    return pa.LargeListArray.from_arrays(
+        pa.array(compact), values.filter(pa.array(np.repeat(valid, counts))), mask=pa.array(~valid)
+    )
+
+
 def _list_layout(arr: pa.Array) -> tuple[np.ndarray, np.ndarray, pa.Array]:
     """(present, offsets relative to values, values) for a scalar or large_list column."""
     n = len(arr)
@@ -134,6 +156,7 @@ def _list_layout(arr: pa.Array) -> tuple[np.ndarray, np.ndarray, pa.Array]:
         np.ones(n, dtype=bool) if arr.null_count == 0 else pc.is_valid(arr).to_numpy(zero_copy_only=False)
     )
     if pa.types.is_large_list(arr.type):
+        arr = drop_hidden_values(arr)
         offsets = _primitive_offsets(arr)
         start = int(offsets[0])
         values = arr.values.slice(start, int(offsets[-1]) - start)

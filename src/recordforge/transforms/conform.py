@@ -15,7 +15,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from recordforge.encoding import binary_array, binary_parts
+from recordforge.encoding import binary_array, binary_parts, drop_hidden_values
 from recordforge.errors import DataError, SourceError
 from recordforge.images import ImageOptions, load_image_column, manifest_dir
 from recordforge.schemas.model import DType, Feature, NullPolicy
@@ -141,9 +141,11 @@ def _is_list(t: pa.DataType) -> bool:
 
 
 def _as_large_list(col: pa.Array) -> pa.Array:
-    if pa.types.is_large_list(col.type):
-        return col
-    return col.cast(pa.large_list(col.type.value_type))
+    """Any list column as large_list, its null rows spanning no values (the values under a null
+    row are no one's: never checked, never written)."""
+    if not pa.types.is_large_list(col.type):
+        col = col.cast(pa.large_list(col.type.value_type))
+    return drop_hidden_values(col)
 
 
 def _offsets(lists: pa.Array) -> np.ndarray:
@@ -268,9 +270,14 @@ def _conform_image(col: pa.Array, f: Feature, fails: _Failures, read: pa.Array |
 
 
 def _one_value_lists(col: pa.Array) -> pa.Array:
-    """A scalar column as lists of one value (a null stays a null list)."""
-    offsets = np.arange(len(col) + 1, dtype=np.int64)
-    return pa.LargeListArray.from_arrays(pa.array(offsets), col, mask=pc.is_null(col))
+    """A scalar column as lists of one value; a null is a null list holding no value (so it is
+    absent, not a list with a null in it)."""
+    if not col.null_count:
+        return pa.LargeListArray.from_arrays(pa.array(np.arange(len(col) + 1, dtype=np.int64)), col)
+    valid = pc.is_valid(col)
+    offsets = np.zeros(len(col) + 1, dtype=np.int64)
+    np.cumsum(valid.to_numpy(zero_copy_only=False), out=offsets[1:])
+    return pa.LargeListArray.from_arrays(pa.array(offsets), col.filter(valid), mask=pc.invert(valid))
 
 
 def _flatten_nested(
