@@ -44,7 +44,10 @@ class Compression:
         "none": CompressionTypes.UNCOMPRESSED,
     }
     _TF = {"gzip": "GZIP", "zlib": "ZLIB", "none": ""}
-    _SUFFIX = {"gzip": ".tfrecord.gz", "zlib": ".tfrecord.zz", "none": ".tfrecord"}
+    # Suffixes that Beam's CompressionTypes.detect_compression_type maps to the same compression,
+    # so readers that go by the name (ReadFromTFRecord's AUTO, tfx-bsl's Beam source, TFDV) need
+    # no setting: Beam's DEFLATE is a zlib stream, as tf.data's "ZLIB" is.
+    _SUFFIX = {"gzip": ".tfrecord.gz", "zlib": ".tfrecord.deflate", "none": ".tfrecord"}
 
     @classmethod
     def beam(cls, name: str) -> str:

@@ -19,24 +19,38 @@ _TFMD_TYPES = {
 }
 
 
+def _one_value_per_record(feat: schema_pb2.Feature, absent: bool) -> None:
+    """A feature of one value per record where present: a scalar FixedShape (dense, as the feature
+    spec's FixedLenFeature []) unless it may be absent (a value count of one: VarLen)."""
+    if absent:
+        feat.value_count.min = feat.value_count.max = 1
+    else:
+        feat.shape.SetInParent()  # an empty FixedShape is a scalar
+
+
 def to_tfmd_schema(plan: Plan) -> schema_pb2.Schema:
-    """The TFMD Schema that TFDV, TFT and TFX read; shapes and presence mirror the feature spec."""
+    """The TFMD Schema that TFDV, TFT and TFX read. Shapes, presence and tensor representations
+    mirror the feature spec, so that TFXIO and TFT make the same tensors as `feature_spec.json`
+    does with tf.data: dense where it says FixedLenFeature, sparse where VarLenFeature, and one
+    RaggedTensor (TFT's representation) where RaggedFeature."""
     out = schema_pb2.Schema()
     for f in plan.features:
         feat = out.feature.add(name=f.name, type=_TFMD_TYPES[f.kind])
-        feat.presence.min_fraction = 0.0 if f.nulls is NullPolicy.ABSENT else 1.0
-        fixed = f.num_values is not None and f.nulls is not NullPolicy.ABSENT
-        if f.float64_bytes:
-            feat.value_count.min = feat.value_count.max = 1
-            feat.annotation.comment.append(
-                f"float64 values, little-endian, shape {list(f.shape)}: tf.io.decode_raw(x, tf.float64)"
-            )
-        elif fixed:
-            feat.shape.SetInParent()  # an empty FixedShape is a scalar
+        absent = f.nulls is NullPolicy.ABSENT
+        feat.presence.min_fraction = 0.0 if absent else 1.0
+        if f.float64_bytes or f.is_image:
+            # One bytes value per record, whatever the declared shape.
+            _one_value_per_record(feat, absent)
+        elif f.num_values is not None and not absent:
+            feat.shape.SetInParent()
             for d in f.shape:
                 feat.shape.dim.add(size=d)
         elif f.num_values is not None:
             feat.value_count.min = feat.value_count.max = f.num_values
+        if f.float64_bytes:
+            feat.annotation.comment.append(
+                f"float64 values, little-endian, shape {list(f.shape)}: tf.io.decode_raw(x, tf.float64)"
+            )
         if f.is_image:
             feat.image_domain.SetInParent()
             for part, kind in (
@@ -47,10 +61,16 @@ def to_tfmd_schema(plan: Plan) -> schema_pb2.Schema:
             ):
                 extra = out.feature.add(name=f.part_name(part), type=kind)
                 extra.presence.min_fraction = feat.presence.min_fraction
+                _one_value_per_record(extra, absent)
         if f.is_ragged:
             feat.annotation.comment.append(f"ragged: row lengths in {f.row_lengths_name}")
             lengths = out.feature.add(name=f.row_lengths_name, type=schema_pb2.INT)
             lengths.presence.min_fraction = feat.presence.min_fraction
+            # The group TFT writes ragged features into (its schema_utils); TFXIO then reads the
+            # pair as one RaggedTensor named after the feature, the lengths being its partition.
+            ragged = out.tensor_representation_group[""].tensor_representation[f.name].ragged_tensor
+            ragged.feature_path.step.append(f.name)
+            ragged.partition.add(row_length=f.row_lengths_name)
         if f.dtype is DType.BOOL:
             feat.bool_domain.SetInParent()
         elif f.dtype is DType.STRING and not f.hashed:
