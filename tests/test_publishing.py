@@ -221,6 +221,7 @@ def test_inputs_changed_during_the_run_are_not_published(tmp_path: Path) -> None
     st = path.stat()
     spec = BundleSpec.__new__(BundleSpec)
     object.__setattr__(spec, "sources", ((str(path), st.st_size, st.st_mtime),))
+    object.__setattr__(spec, "source_format", "csv")
     _check_inputs_unchanged(spec)
     path.write_text("x\n1\n")  # cut short
     with pytest.raises(SourceError, match="a.csv: the input changed while it was being read"):
