@@ -303,3 +303,49 @@ def test_zlib_shards_are_found_by_beam_and_tfxio_from_their_suffix(tmp_path: Pat
         assert_that(tfxio_read, equal_to(expected), label="TFXIOReads")
     by_tf, _ = read_tf_data(out)
     assert sorted((r["id"], tuple(r["v"])) for r in by_tf) == expected
+
+
+TFT_SCHEMA = """
+features:
+  - {name: id, type: int64, nulls: required}
+  - {name: color, type: string, transform: {vocabulary: {}, output: color_id}}
+  - {name: y, type: float32, transform: {scale_to_0_1: {}}}
+  - {name: tags, type: int64, shape: [-1]}
+  - {name: n, type: int64}
+  - {name: w, type: float64, encode: bytes}
+"""
+
+
+def test_transformed_records_leave_absent_values_absent(tmp_path: Path) -> None:
+    """With a `transform:`, null values stay absent as in a plain run: in the features passed
+    through, transformed in place and written under `output:`; an empty list stays an empty
+    list. Read back by TFXIO with the bundle's schema.pbtxt (None: absent) and by tf.data."""
+    table = pa.table(
+        {
+            "id": pa.array(range(8), pa.int64()),
+            "color": pa.array(["a", None, "b", "", None, "a", "b", "a"]),
+            "y": pa.array([1.0, None, 2.0, 3.0, None, 4.0, 5.0, 6.0], pa.float32()),
+            "tags": pa.array([[1], None, [], [2, 3], None, [], [4], [5]], pa.list_(pa.int64())),
+            "n": pa.array([1, None, 0, 3, None, 4, 5, 6], pa.int64()),
+            "w": pa.array([0.5, None, 1e300, None, None, -0.0, 2.0, 3.0]),
+        }
+    )
+    out = _convert(tmp_path, table, TFT_SCHEMA, "schema.yaml", "--compression=gzip")
+    vocabulary = {"a": 0, "b": 1, "": 2}  # most frequent first, ties: the larger token first
+    expected = {}
+    for r in table.to_pylist():
+        one = {k: None if r[k] is None else [r[k]] for k in ("id", "n")}
+        expected[r["id"]] = {
+            **one,
+            "color": None if r["color"] is None else [r["color"].encode()],
+            "color_id": None if r["color"] is None else [vocabulary[r["color"]]],
+            "y": None if r["y"] is None else [float(np.float32((r["y"] - 1.0) / 5.0))],
+            "tags": r["tags"],
+            "w": None if r["w"] is None else [_f64([r["w"]])],
+        }
+    assert _by_id(read_tfxio_arrow(out)) == expected
+    by_tf, kinds = read_tf_data(out)
+    assert kinds == {name: "dense" if name == "id" else "sparse" for name in expected[0]}
+    assert _by_id(by_tf) == {
+        i: {k: v[0] if k == "id" else v or [] for k, v in rec.items()} for i, rec in expected.items()
+    }

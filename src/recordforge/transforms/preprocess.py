@@ -22,8 +22,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from recordforge.encoding import ExampleEncoder, binary_array
+from recordforge.encoding import ExampleEncoder, binary_array, binary_parts
 from recordforge.layout import RAW_METADATA
+from recordforge.schemas.model import NullPolicy
 from recordforge.schemas.plan import Plan, value_type
 from recordforge.schemas.preprocessing import (
     build_preprocessing_fn,
@@ -37,13 +38,38 @@ __all__ = ["AnalyzeAndTransform"]
 
 _WHERE = "__recordforge_where"  # per row: b"split\0file"
 _ROW = "__recordforge_row"  # per row: its position, so an output batch knows its first row
+# Per row: one byte for each raw feature that may be absent, 1 where the record holds it. TFT's
+# outputs are SparseTensors, which hold an absent value and an empty list alike as a row with no
+# values; this tells the encoder which of those rows were absent in the raw record.
+_PRESENT = "__recordforge_present"
+_PASSTHROUGH = {_WHERE, _ROW, _PRESENT}
+
+
+def _absentable(plan: Plan) -> list[str]:
+    """The raw features a record may leave out, in the order of their bytes in _PRESENT."""
+    return [f.name for f in plan.features if f.nulls is NullPolicy.ABSENT]
+
+
+def _presence_sources(plan: Plan) -> dict[str, int]:
+    """Output feature -> the byte of _PRESENT of the raw feature it comes from: a raw feature
+    kept, or transformed in place or under `output:`. A preprocessing_fn's other outputs have
+    no raw feature to follow."""
+    index = {name: i for i, name in enumerate(_absentable(plan))}
+    sources = {}
+    for f in plan.features:
+        if f.name in index:
+            sources[f.name] = index[f.name]
+            if f.transformed_name is not None:
+                sources[f.transformed_name] = index[f.name]
+    return sources
 
 
 class _DecodeFn(beam.DoFn):
     """Serialized raw Examples to the record batch TFT's tensor adapter reads, plus key columns."""
 
-    def __init__(self, raw_schema: bytes) -> None:
+    def __init__(self, raw_schema: bytes, absentable: list[str]) -> None:
         self._raw_schema = raw_schema
+        self._absentable = absentable
 
     def setup(self) -> None:
         from tfx_bsl.coders import example_coder
@@ -60,17 +86,29 @@ class _DecodeFn(beam.DoFn):
             offsets, binary_array(np.frombuffer(where * n, np.uint8), np.full(n, len(where)))
         )
         rows_col = pa.LargeListArray.from_arrays(offsets, pa.array(first_row + np.arange(n, dtype=np.int64)))
+        present = np.zeros((n, len(self._absentable)), np.uint8)
+        for i, name in enumerate(self._absentable):
+            present[:, i] = pc.is_valid(batch.column(name)).to_numpy(zero_copy_only=False)
+        present_col = pa.LargeListArray.from_arrays(
+            offsets, binary_array(present.reshape(-1), np.full(n, len(self._absentable)))
+        )
         yield pa.RecordBatch.from_arrays(
-            [*batch.columns, where_col, rows_col],
-            schema=batch.schema.append(pa.field(_WHERE, where_col.type)).append(
-                pa.field(_ROW, rows_col.type)
-            ),
+            [*batch.columns, where_col, rows_col, present_col],
+            schema=batch.schema.append(pa.field(_WHERE, where_col.type))
+            .append(pa.field(_ROW, rows_col.type))
+            .append(pa.field(_PRESENT, present_col.type)),
         )
 
 
-def _conformed(batch: pa.RecordBatch, plan: Plan) -> pa.RecordBatch:
+def _conformed(batch: pa.RecordBatch, plan: Plan, sources: dict[str, int]) -> pa.RecordBatch:
     """TFT's output columns (lists) in the types the encoder reads: scalars flattened, values
-    cast to int64 / float32 / bytes as tf.train.Example holds them."""
+    cast to int64 / float32 / bytes as tf.train.Example holds them. A sparse output's row with
+    no values is absent (null) where the raw feature it comes from (`sources`) was absent; an
+    empty list stays one where the raw record held it."""
+    present = None
+    if sources:
+        offsets, data = binary_parts(batch.column(_PRESENT).values)
+        present = data[offsets[0] : offsets[-1]].reshape(batch.num_rows, -1)
     arrays = []
     for feature, field in zip(plan.features, plan.arrow_schema, strict=True):
         column = batch.column(feature.name)
@@ -81,13 +119,22 @@ def _conformed(batch: pa.RecordBatch, plan: Plan) -> pa.RecordBatch:
                 raise ValueError(f"output {feature.name!r}: expected one value per record")
             arrays.append(pc.cast(values, values_type, safe=False))
         else:
-            arrays.append(pc.cast(column, field.type, safe=False))
+            lists = pc.cast(column, field.type, safe=False)
+            source = sources.get(feature.name)
+            if present is not None and source is not None and feature.nulls is NullPolicy.ABSENT:
+                empty = pc.fill_null(pc.list_value_length(lists), 0).to_numpy(zero_copy_only=False) == 0
+                absent = empty & (present[:, source] == 0)
+                if absent.any():
+                    mask = absent | ~pc.is_valid(lists).to_numpy(zero_copy_only=False)
+                    lists = pa.LargeListArray.from_arrays(lists.offsets, lists.values, mask=pa.array(mask))
+            arrays.append(lists)
     return pa.RecordBatch.from_arrays(arrays, schema=plan.arrow_schema)
 
 
 class _EncodeFn(beam.DoFn):
-    def __init__(self, plan: Plan) -> None:
+    def __init__(self, plan: Plan, sources: dict[str, int]) -> None:
         self._plan = plan
+        self._sources = sources
 
     def setup(self) -> None:
         self._encoder = ExampleEncoder(self._plan)
@@ -98,7 +145,7 @@ class _EncodeFn(beam.DoFn):
             return
         split, file = batch.column(_WHERE).values[0].as_py().decode().split("\0", 1)
         first_row = batch.column(_ROW).values[0].as_py()
-        yield (split, file, first_row), self._encoder.encode(_conformed(batch, self._plan))
+        yield (split, file, first_row), self._encoder.encode(_conformed(batch, self._plan, self._sources))
 
 
 def _write_raw_metadata(_: Any, raw_schema: bytes, path: str) -> str:
@@ -153,19 +200,21 @@ class AnalyzeAndTransform(beam.PTransform):
         arrow_schema = example_coder.ExamplesToRecordBatchDecoder(raw_bytes).ArrowSchema()
         arrow_schema = arrow_schema.append(pa.field(_WHERE, pa.large_list(pa.large_binary())))
         arrow_schema = arrow_schema.append(pa.field(_ROW, pa.large_list(pa.int64())))
+        arrow_schema = arrow_schema.append(pa.field(_PRESENT, pa.large_list(pa.large_binary())))
         adapter = tensor_adapter.TensorAdapterConfig(
             arrow_schema, tensor_representation_util.InferTensorRepresentationsFromSchema(raw_schema)
         )
         user_fn = load_user_fn(self._fn_ref) if self._fn_ref else None
         preprocessing_fn = build_preprocessing_fn(self._raw_plan, user_fn)
 
-        batches = examples | "Decode" >> beam.ParDo(_DecodeFn(raw_bytes))
+        absentable = _absentable(self._raw_plan)
+        batches = examples | "Decode" >> beam.ParDo(_DecodeFn(raw_bytes, absentable))
         # Only the fitting split's records are decoded for the analyzers.
         fit = examples if self._fit is None else self._fit
         if self._fit_split is not None:
             fit = fit | f"Only[{self._fit_split}]" >> beam.Filter(in_split, self._fit_split)
-        fit = fit | "DecodeForAnalysis" >> beam.ParDo(_DecodeFn(raw_bytes))
-        with tft_beam.Context(temp_dir=self.temp_dir, passthrough_keys={_WHERE, _ROW}):
+        fit = fit | "DecodeForAnalysis" >> beam.ParDo(_DecodeFn(raw_bytes, absentable))
+        with tft_beam.Context(temp_dir=self.temp_dir, passthrough_keys=_PASSTHROUGH):
             transform_fn = (fit, adapter) | "Analyze" >> tft_beam.AnalyzeDataset(preprocessing_fn)
             transformed, metadata = ((batches, adapter), transform_fn) | "Transform" >> (
                 tft_beam.TransformDataset(output_record_batches=True)
@@ -176,5 +225,7 @@ class AnalyzeAndTransform(beam.PTransform):
         written = written | "WriteRawMetadata" >> beam.Map(
             _write_raw_metadata, raw_bytes, f"{self._output}/{RAW_METADATA}"
         )
-        encoded = transformed | "Encode" >> beam.ParDo(_EncodeFn(self.output_plan))
+        encoded = transformed | "Encode" >> beam.ParDo(
+            _EncodeFn(self.output_plan, _presence_sources(self._raw_plan))
+        )
         return {"examples": encoded, "written": written}
