@@ -331,3 +331,16 @@ def test_encoder_takes_null_lists_spanning_values(first: int, rows: int) -> None
     kinds = {f.name: f.kind.name for f in SPANNING_PLAN.features}
     encoded = ExampleEncoder(SPANNING_PLAN).encode(batch).to_pylist()
     assert encoded == _protobuf(SPANNING_EXPECTED[first : first + rows], kinds)
+
+
+def test_nullable_fixed_size_list_rows_are_absent() -> None:
+    """A fixed_size_list's null rows hold their N values (here nulls); cast to a list they span
+    them. The row is absent, not rejected as `list_null` (pyarrow 25's Parquet reader cannot read
+    such a column back, but any in-memory Arrow source has them)."""
+    plan = compile_schema(schema_from_dict({"features": [{"name": "x", "type": "float32", "shape": [2]}]}))
+    values = pa.array([1.0, 2.0, None, None, 3.0, 4.0, 0.0, 0.0], pa.float32())
+    x = pa.FixedSizeListArray.from_arrays(values, 2, mask=pa.array([False, True, False, True]))
+    conformed = conform_batch(pa.RecordBatch.from_pydict({"x": x}), plan, file="mem", first_row=0)
+    assert conformed.rejected == []
+    encoded = ExampleEncoder(plan).encode(conformed.batch).to_pylist()
+    assert encoded == _protobuf([{"x": [1.0, 2.0]}, {}, {"x": [3.0, 4.0]}, {}], {"x": "FLOAT"})
