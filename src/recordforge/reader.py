@@ -5,19 +5,18 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from apache_beam.io.filesystems import FileSystems
-
 from recordforge import layout
 from recordforge.errors import RecordForgeError
 from recordforge.layout import FEATURE_SPEC, METADATA, SUCCESS
 from recordforge.schemas.export import decode_images as _decode_images
 from recordforge.schemas.export import decode_parsed, to_tf_feature_spec
+from recordforge.storage import exists, open_read
 
 __all__ = ["load_bundle", "read", "version_path"]
 
 
 def _load_json(path: str) -> Any:
-    with FileSystems.open(path) as f:
+    with open_read(path) as f:
         return json.loads(f.read())
 
 
@@ -26,7 +25,7 @@ def load_bundle(path: str, *, split: str | None = None) -> dict[str, Any]:
     refuses unpublished output. `split` keeps that split's shards. The manifest is read once and
     the rest from the version it names, so a rebuild publishing meanwhile cannot mix two versions."""
     out = path.rstrip("/")
-    if not FileSystems.exists(f"{out}/{SUCCESS}"):
+    if not exists(f"{out}/{SUCCESS}"):
         raise RecordForgeError(f"{out}: no {SUCCESS} marker; the dataset is missing or incomplete")
     meta = _load_json(f"{out}/{METADATA}")
     root = layout.version_root(out, meta["version"]) if meta.get("version") else out

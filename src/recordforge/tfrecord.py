@@ -12,10 +12,9 @@ import google_crc32c
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from apache_beam.io.filesystem import CompressionTypes
-from apache_beam.io.filesystems import FileSystems
 
 from recordforge.errors import RecordForgeError
+from recordforge.storage import open_read
 
 __all__ = [
     "Compression",
@@ -38,11 +37,9 @@ class Compression:
     """The compression names users give, mapped to Beam's and tf.data's names and file suffixes."""
 
     CHOICES = ("gzip", "zlib", "none")
-    _BEAM = {
-        "gzip": CompressionTypes.GZIP,
-        "zlib": CompressionTypes.DEFLATE,
-        "none": CompressionTypes.UNCOMPRESSED,
-    }
+    # Beam's CompressionTypes values, spelled out: reading shards must not need Beam (a test
+    # checks they match).
+    _BEAM = {"gzip": "gzip", "zlib": "deflate", "none": "uncompressed"}
     _TF = {"gzip": "GZIP", "zlib": "ZLIB", "none": ""}
     # Suffixes that Beam's CompressionTypes.detect_compression_type maps to the same compression,
     # so readers that go by the name (ReadFromTFRecord's AUTO, tfx-bsl's Beam source, TFDV) need
@@ -141,7 +138,7 @@ class CorruptRecord(RecordForgeError, ValueError):
 
 def detect_compression(path: str) -> str:
     """ "gzip", "zlib" or "none", from the first bytes (the suffix is not trusted)."""
-    with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
+    with open_read(path) as f:
         head = f.read(16)
     if head[:2] == b"\x1f\x8b":
         return "gzip"
@@ -162,7 +159,7 @@ def _chunks(path: str, compression: str, on_raw: Callable[[bytes], None] | None 
         inflate = isal_zlib.decompressobj(47 if compression == "gzip" else 15)
     read = 0  # compressed bytes read: where a bad deflate stream is reported
     try:
-        with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
+        with open_read(path) as f:
             while raw := f.read(_READ_CHUNK):
                 if on_raw is not None:
                     on_raw(raw)

@@ -7,8 +7,8 @@ import json
 from typing import Any
 
 import yaml
-from apache_beam.io.filesystems import FileSystems
 
+from recordforge.storage import exists, open_read
 from recordforge.tools.records import detect_compression, infer_feature_spec, parse_example, read_records
 
 __all__ = ["feature_description_code", "head", "inspect", "spec_to_schema_yaml"]
@@ -106,13 +106,13 @@ def format_head(result: dict[str, Any]) -> str:
 def inspect(path: str, *, split: str | None = None, n: int = 5) -> dict[str, Any]:
     """A bundle's schema, counts per shard and first records; a plain file is `head`ed."""
     out = path.rstrip("/")
-    if not FileSystems.exists(f"{out}/metadata.json"):
-        if FileSystems.exists(out) and not out.endswith("/"):
+    if not exists(f"{out}/metadata.json"):
+        if exists(out) and not out.endswith("/"):
             return {"kind": "file", **head(out, n)}
         raise FileNotFoundError(f"{out}: neither a RecordForge output folder nor a TFRecord file")
-    with FileSystems.open(f"{out}/metadata.json") as f:
+    with open_read(f"{out}/metadata.json") as f:
         meta = json.loads(f.read())
-    with FileSystems.open(f"{out}/feature_spec.json") as f:
+    with open_read(f"{out}/feature_spec.json") as f:
         spec = json.loads(f.read())
     if split:
         meta = {**meta, "shards": [s for s in meta["shards"] if s.get("split") == split]}
@@ -129,7 +129,7 @@ def inspect(path: str, *, split: str | None = None, n: int = 5) -> dict[str, Any
         "path": out,
         "metadata": meta,
         "feature_spec": spec,
-        "published": FileSystems.exists(f"{out}/_SUCCESS"),
+        "published": exists(f"{out}/_SUCCESS"),
         "records": records,
     }
 

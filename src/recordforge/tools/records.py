@@ -6,8 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from apache_beam.io.filesystems import FileSystems
-
+from recordforge.storage import exists, open_read
 from recordforge.tfrecord import CorruptRecord, detect_compression, read_records
 
 __all__ = [
@@ -26,10 +25,10 @@ _CHUNK = 4 << 20
 def record_files(path: str) -> list[tuple[str, str]]:
     """(file, compression) of every shard of an output folder, or of one TFRecord file."""
     out = path.rstrip("/")
-    if FileSystems.exists(f"{out}/metadata.json"):
+    if exists(f"{out}/metadata.json"):
         import json
 
-        with FileSystems.open(f"{out}/metadata.json") as f:
+        with open_read(f"{out}/metadata.json") as f:
             meta = json.loads(f.read())
         return [(f"{out}/{s['file']}", meta["compression"]) for s in meta["shards"]]
     return [(out, detect_compression(out))]

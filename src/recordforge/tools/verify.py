@@ -10,10 +10,8 @@ import posixpath
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
-from apache_beam.io.filesystems import FileSystems
-
 from recordforge import layout
-from recordforge.storage import list_files, read_bytes
+from recordforge.storage import exists, list_files, open_read, read_bytes
 from recordforge.tfrecord import FileDigest
 from recordforge.tools.progress import Progress
 from recordforge.tools.records import CorruptRecord, parse_example, read_records
@@ -55,7 +53,7 @@ def _check_shard(args: tuple[str, dict[str, Any], str, dict[str, dict]]) -> tupl
     path, shard, compression, spec = args
     problems: list[str] = []
     name = posixpath.basename(path)
-    if not FileSystems.exists(path):
+    if not exists(path):
         return 0, [f"{name}: missing shard"]
     digest = FileDigest()
     records = 0
@@ -124,9 +122,9 @@ def _copy_problems(out: str, version: str) -> list[str]:
     out_of_date = []
     for name in layout.TOP_COPIES:
         top, own = f"{out}/{name}", layout.join(out, version, name)
-        if FileSystems.exists(top) != FileSystems.exists(own):
+        if exists(top) != exists(own):
             out_of_date.append(f"{name}: present in only one of the output and the published version")
-        elif FileSystems.exists(top) and read_bytes(top) != read_bytes(own):
+        elif exists(top) and read_bytes(top) != read_bytes(own):
             out_of_date.append(f"{name}: differs from the published version's copy")
     return out_of_date
 
@@ -151,13 +149,13 @@ def verify(path: str, *, workers: int | None = None) -> list[str]:
     """One line per problem; an empty list means the bundle is complete and intact."""
     out = path.rstrip("/")
     problems = []
-    if not FileSystems.exists(f"{out}/{layout.SUCCESS}"):
+    if not exists(f"{out}/{layout.SUCCESS}"):
         problems.append("_SUCCESS is missing: the output was never published, or only in part")
     try:
-        with FileSystems.open(f"{out}/{layout.METADATA}") as f:
+        with open_read(f"{out}/{layout.METADATA}") as f:
             meta = json.loads(f.read())
         version = meta.get("version") or ""
-        with FileSystems.open(layout.join(out, version, layout.FEATURE_SPEC)) as f:
+        with open_read(layout.join(out, version, layout.FEATURE_SPEC)) as f:
             spec = json.loads(f.read())
     except Exception as exn:
         return [*problems, f"cannot read the manifest: {exn}"]
@@ -174,7 +172,7 @@ def verify(path: str, *, workers: int | None = None) -> list[str]:
         problems.extend(
             f"{f}: missing"
             for f in layout.TRANSFORM_FILES
-            if not FileSystems.exists(layout.join(out, version, f) if version else f"{out}/{f}")
+            if not exists(layout.join(out, version, f) if version else f"{out}/{f}")
         )
     total = 0
     progress = Progress("verify", len(shards))

@@ -1,0 +1,66 @@
+"""The tools that run no pipeline start without Beam or TensorFlow (importing Beam alone takes
+about 2 s): --version, --help, head, inspect, verify and stats on a local bundle. Start-up times
+are measured in docs/performance.md, not asserted here."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from recordforge.pipelines.convert import run
+from recordforge.sampledata import taxi_table
+
+_PROBE = """
+import sys
+from recordforge.cli import main
+try:
+    code = main(sys.argv[1:])
+except SystemExit as exn:
+    code = exn.code
+heavy = [m for m in ("apache_beam", "tensorflow", "tensorflow_transform") if m in sys.modules]
+print("LOADED", heavy, "CODE", code, file=sys.stderr)
+"""
+
+
+@pytest.fixture(scope="module")
+def bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("startup")
+    pq.write_table(taxi_table(500, seed=3), root / "t.parquet")
+    run(["--source", str(root / "t.parquet"), "--output", str(root / "out")])
+    return root / "out"
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["--version"],
+        ["--help"],
+        ["head", "SHARD", "-n", "1"],
+        ["inspect", "OUT", "-n", "1"],
+        ["verify", "OUT"],
+        ["stats", "OUT"],
+    ],
+    ids=lambda c: c[0],
+)
+def test_read_only_commands_do_not_import_beam_or_tensorflow(bundle: Path, command: list[str]) -> None:
+    shard = str(next(bundle.glob("v-*/data-*")))
+    argv = [shard if a == "SHARD" else str(bundle) if a == "OUT" else a for a in command]
+    proc = subprocess.run([sys.executable, "-c", _PROBE, *argv], capture_output=True, text=True, timeout=120)
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last == "LOADED [] CODE 0", proc.stderr[-2000:]
+
+
+def test_compression_names_are_beams() -> None:
+    from apache_beam.io.filesystem import CompressionTypes
+
+    from recordforge.tfrecord import Compression
+
+    assert [Compression.beam(c) for c in ("gzip", "zlib", "none")] == [
+        CompressionTypes.GZIP,
+        CompressionTypes.DEFLATE,
+        CompressionTypes.UNCOMPRESSED,
+    ]
