@@ -19,6 +19,7 @@ run() holds the output's lock around the run and deletes what a failed run wrote
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import math
@@ -44,6 +45,7 @@ from recordforge.layout import new_version, version_root
 from recordforge.pipelines.config import ConvertConfig, parse_splits
 from recordforge.pipelines.inputs import Inputs, input_fingerprint, resolve_inputs
 from recordforge.pipelines.options import ConvertOptions
+from recordforge.pipelines.progress import Watch
 from recordforge.pipelines.publishing import (
     OutputState,
     Publication,
@@ -334,8 +336,6 @@ def dataflow_preflight(options: PipelineOptions, config: ConvertConfig, files: l
 
 def _with_span(config: ConvertConfig) -> ConvertConfig:
     """Resolves {YYYY}/{MM}/{DD}/{SPAN} in --source and --output to one span."""
-    import dataclasses
-
     from recordforge.pipelines.spans import has_tokens, resolve_span, substitute
 
     if not any(has_tokens(p) for p in (*config.sources, config.output)):
@@ -360,6 +360,28 @@ def _unchanged(config: ConvertConfig, state: OutputState) -> tuple[dict[str, Any
     if state.published.get("input_fingerprint") == input_fingerprint(inputs.files, inputs.plan, config):
         return state.published, inputs
     return None, inputs
+
+
+def _progress(options: PipelineOptions, inputs: Inputs) -> Any:
+    """A progress line while RecordForge's local runner converts (pipelines/progress.py); the
+    total rows where they are known cheaply: Parquet footers of local files, an image listing."""
+    if worker_mode(options) == SPREAD:
+        return contextlib.nullcontext()
+
+    def total() -> int | None:
+        if inputs.folder is not None:
+            return int(inputs.folder.count)
+        if (
+            inputs.fmt != "parquet"
+            or len(inputs.files) > 1000
+            or not all(is_local(f.path) for f in inputs.files)
+        ):
+            return None
+        import pyarrow.parquet as pq
+
+        return sum(pq.ParquetFile(f.path).metadata.num_rows for f in inputs.files)
+
+    return Watch(total)
 
 
 def _remove_if_empty(folder: str) -> None:
@@ -441,12 +463,13 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
             return {**published, "skipped": True}
     check_state(state, overwrite=config.overwrite, if_changed=config.if_changed)
     config = dataclasses.replace(config, version=new_version(), previous_version=state.version)
+    inputs = inputs or resolve_inputs(config)
     try:
         build(pipeline, config, inputs)
     except BaseException:
         _remove_if_empty(version_root(config.output, config.version))
         raise
-    with Publication(config, expected=state):
+    with Publication(config, expected=state), _progress(options, inputs):
         pipeline.run().wait_until_finish()
     out = config.output.rstrip("/")
     published = read_state(out).published

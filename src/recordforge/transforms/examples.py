@@ -12,6 +12,7 @@ from apache_beam import typehints
 from apache_beam.metrics import Metrics
 
 from recordforge.encoding import ExampleEncoder
+from recordforge.pipelines import progress
 from recordforge.schemas.model import Schema
 from recordforge.schemas.plan import Plan, compile_schema
 from recordforge.transforms.coders import ArrowArrayCoder, declare_element_type
@@ -51,6 +52,8 @@ class _ToExamplesFn(beam.DoFn):
     def process(self, element: SourceBatch) -> Iterator[Any]:
         batch = element.batch
         self._rows_read.inc(batch.num_rows)
+        if self._namespace == NAMESPACE:  # the analysis pass of a transform reads the rows again
+            progress.count(batch.num_rows)
         if batch.num_rows == 0:
             return
         result = conform_batch(
