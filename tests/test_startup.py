@@ -4,6 +4,7 @@ are measured in docs/performance.md, not asserted here."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -64,3 +65,30 @@ def test_compression_names_are_beams() -> None:
         CompressionTypes.DEFLATE,
         CompressionTypes.UNCOMPRESSED,
     ]
+
+
+def test_a_transform_run_prints_no_tensorflow_noise(tmp_path: Path) -> None:
+    """TensorFlow, imported for tensorflow-transform, writes C++ start-up lines to descriptor 2
+    (CUDA stubs, CPU features, absl's pre-init notice) unless the CLI silences its import."""
+    import pyarrow as pa
+
+    pq.write_table(
+        pa.table({"word": ["a", "b", "a", "c"] * 50, "x": [1.0, 2.0, 3.0, 4.0] * 50}), tmp_path / "t.parquet"
+    )
+    (tmp_path / "s.yaml").write_text(
+        "features:\n"
+        "  - {name: word, type: string, transform: {vocabulary: {}}}\n"
+        "  - {name: x, type: float64, narrow: true, transform: {scale_to_z_score: {}}}\n"
+    )
+    argv = ["--source", str(tmp_path / "t.parquet"), "--schema", str(tmp_path / "s.yaml")]
+    env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}  # a user's shell
+    proc = subprocess.run(
+        [sys.executable, "-m", "recordforge", "convert", *argv, "--output", str(tmp_path / "out")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stderr == "", proc.stderr[-3000:]
+    assert proc.stdout.startswith("wrote 200 records in 1 shard")

@@ -242,8 +242,10 @@ def _configure_logging(debug: bool) -> None:
     logging.getLogger("recordforge").setLevel(logging.INFO if debug else logging.WARNING)
     if debug:
         return
-    # Must be set before TensorFlow is first imported, which happens later in this process.
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    # Before TensorFlow is first imported, which happens later in this process or its workers.
+    from recordforge.quiet import silence_tensorflow_import
+
+    silence_tensorflow_import()
     logging.getLogger("absl").setLevel(logging.ERROR)
     for handler in logging.getLogger().handlers:
         handler.addFilter(_drop_beam_errors)

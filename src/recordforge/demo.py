@@ -22,6 +22,10 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=20_000)
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
+    if not os.environ.get("RECORDFORGE_DEBUG"):
+        from recordforge.quiet import silence_tensorflow_import
+
+        silence_tensorflow_import()
 
     data = os.path.join(args.workdir, "data")
     os.makedirs(data, exist_ok=True)
