@@ -10,8 +10,6 @@ import pprint
 import pyarrow.parquet as pq
 
 from recordforge.pipelines.convert import run
-
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's start-up chatter
 from recordforge.sampledata import mnist_folder, taxi_table
 
 
