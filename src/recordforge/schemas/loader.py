@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+from dataclasses import replace
 from typing import Any
 
 import yaml
@@ -101,12 +102,20 @@ def load_schema(path: str) -> Schema:
     if path.endswith((".pbtxt", ".textproto")):
         from recordforge.schemas.tfmd import schema_from_tfmd_text
 
-        return schema_from_tfmd_text(text, origin=path)
+        return _tfmd_floats_narrow(schema_from_tfmd_text(text, origin=path))
     try:
         data = yaml.load(text, Loader=_LineLoader)  # noqa: S506 - SafeLoader subclass
     except yaml.YAMLError as exn:
         raise SchemaError(f"{path}: not valid YAML: {exn}") from exn
     return schema_from_dict(data, origin=path)
+
+
+def _tfmd_floats_narrow(schema: Schema) -> Schema:
+    """A TFMD FLOAT feature is float32 in TensorFlow, and a pbtxt has no way to say `narrow`: its
+    float64 source columns are narrowed into it, as `narrow: true` does (a value beyond float32's
+    range is a bad row), so that a schema TFDV inferred from float64 data converts that data."""
+    features = tuple(replace(f, narrow=True) if f.dtype is DType.FLOAT32 else f for f in schema.features)
+    return replace(schema, features=features)
 
 
 def schema_from_dict(data: Any, *, origin: str = "declared") -> Schema:

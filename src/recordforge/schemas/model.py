@@ -103,7 +103,7 @@ class Feature:
     column: str | None = None
     nulls: NullPolicy = NullPolicy.ABSENT
     default: Any = None
-    narrow: bool = False
+    narrow: bool = False  # float64 written as float32; float32: float64 source columns accepted
     encode: str | None = None  # "bytes": float64 kept bit-exact as little-endian bytes
     unit: str | None = None  # timestamp unit
     decimal_as: str | None = None
@@ -185,8 +185,9 @@ class Feature:
             if self.float64_bytes and self.is_ragged:
                 out.append("`encode: bytes` does not support ragged shapes")
         else:
-            if self.narrow:
-                out.append("`narrow` applies only to float64 features")
+            # A float32 feature with `narrow` takes float64 columns too (what a TFMD FLOAT is).
+            if self.narrow and self.dtype is not DType.FLOAT32:
+                out.append("`narrow` applies only to float64 and float32 features")
             if self.encode is not None:
                 out.append("`encode` applies only to float64 features")
         if (self.dtype is DType.TIMESTAMP) != (self.unit is not None):

@@ -22,6 +22,9 @@ __all__ = ["Failure", "cast_values", "apply_ops", "check_values"]
 
 _INT64_MAX = 2**63 - 1
 _CONVERSION_ERRORS = (pa.ArrowInvalid, pa.ArrowTypeError)
+# What Arrow's CSV reader ignores around a number or a date (not around a timestamp or a bool):
+# text parsed here, from a CSV cell or a string column, is read the same way.
+_BLANKS = " \t"
 
 
 @dataclass(frozen=True)
@@ -106,9 +109,28 @@ def _per_value(
     return pa.array(values, out_type)
 
 
+def _is_text(t: pa.DataType) -> bool:
+    return pa.types.is_string(t) or pa.types.is_large_string(t)
+
+
+def _is_binary(t: pa.DataType) -> bool:
+    return pa.types.is_binary(t) or pa.types.is_large_binary(t)
+
+
+def _decimal(v: object) -> decimal.Decimal:
+    if isinstance(v, decimal.Decimal):
+        return v
+    if isinstance(v, bytes):
+        v = v.decode("utf-8")  # not UTF-8: a UnicodeDecodeError, which is a ValueError
+    try:
+        return decimal.Decimal(str(v).strip())
+    except decimal.InvalidOperation:
+        raise ValueError(f"{v!r} is not a decimal number") from None
+
+
 def _scaled_int(scale: int) -> Callable[[object], int]:
     def convert(v: object) -> int:
-        d = v if isinstance(v, decimal.Decimal) else decimal.Decimal(str(v).strip())
+        d = _decimal(v)
         if not d.is_finite():
             raise ValueError(f"{v!r} is not a finite decimal")
         scaled = d.scaleb(scale)
@@ -123,23 +145,78 @@ def _scaled_int(scale: int) -> Callable[[object], int]:
 
 
 def _decimal_text(v: object) -> bytes:
-    d = v if isinstance(v, decimal.Decimal) else decimal.Decimal(str(v).strip())
+    d = _decimal(v)
     if not d.is_finite():
         raise ValueError(f"{v!r} is not a finite decimal")
     return str(d).encode()
 
 
+def _is_inf_word(text: object) -> bool:
+    """Whether a text that parsed as infinite says so (`inf`, `-Infinity`), rather than being a
+    number beyond the type's range, which Arrow's parser also turns into an infinity."""
+    if isinstance(text, bytes):
+        text = text.decode("utf-8", "replace")
+    return str(text).strip(_BLANKS).lstrip("+-").lower() in ("inf", "infinity")
+
+
+def _narrowed(wide: pa.Array, failures: list[Failure]) -> pa.Array:
+    """float64 values as float32; a finite value beyond float32's range fails (rule `range`)."""
+    narrow = pc.cast(wide, pa.float32(), safe=False)
+    overflow = np.isfinite(wide.to_numpy(zero_copy_only=False)) & ~np.isfinite(
+        narrow.to_numpy(zero_copy_only=False)
+    )
+    if overflow.any():
+        idx = np.flatnonzero(overflow)
+        failures.append(Failure(idx, "range", "float64 value is outside float32 range"))
+        narrow = _null_out(narrow, idx)
+    return narrow
+
+
+def _overflows(arr: pa.Array, out: pa.Array, failures: list[Failure], what: str) -> pa.Array:
+    """Nulls and records the values that became infinite without being written as infinite."""
+    infinite = np.flatnonzero(np.isinf(out.to_numpy(zero_copy_only=False)))  # a null reads as NaN
+    if infinite.size:
+        if _is_text(arr.type) or _is_binary(arr.type):
+            texts = arr.take(pa.array(infinite)).to_pylist()
+            infinite = infinite[[not _is_inf_word(t) for t in texts]]
+        elif pa.types.is_floating(arr.type):  # an infinite source value stays infinite
+            infinite = infinite[np.isfinite(arr.take(pa.array(infinite)).to_numpy(zero_copy_only=False))]
+        if infinite.size:
+            failures.append(Failure(infinite, "range", f"value is outside {what} range"))
+            out = _null_out(out, infinite)
+    return out
+
+
+def _empty_text_to_null(arr: pa.Array) -> pa.Array:
+    if not (_is_text(arr.type) or _is_binary(arr.type)):
+        return arr
+    empty = pc.equal(pc.binary_length(arr), 0)
+    return pc.if_else(empty, pa.scalar(None, arr.type), arr)
+
+
 def cast_values(arr: pa.Array, f: Feature, file: str) -> tuple[pa.Array, list[Failure]]:
     """Casts source values to the feature's value type (float64 stays float64 for `encode:
-    bytes`). A column whose type can never hold the feature raises SourceError."""
+    bytes`). A column whose type can never hold the feature raises SourceError.
+
+    Numbers and dates in text (a CSV cell, a string column) are parsed as Arrow's CSV reader
+    parses them, blanks around them included, so that a CSV value reads the same whichever way
+    its block was read; a number beyond its type's range fails (rule `range`) rather than
+    becoming infinite."""
     failures: list[Failure] = []
     src = arr.type
     column = f.source_column
+    text = _is_text(src)
+    dated = pa.types.is_date(src) or pa.types.is_timestamp(src)
 
-    def cast(target: pa.DataType, what: str, rule: str = "type") -> Callable[[pa.Array], pa.Array]:
+    def cast(target: pa.DataType, trim: bool) -> Callable[[pa.Array], pa.Array]:
         def fn(a: pa.Array) -> pa.Array:
             try:
-                return pc.cast(a, target)
+                try:
+                    return pc.cast(a, target)
+                except pa.ArrowInvalid:
+                    if not trim:
+                        raise
+                    return pc.cast(pc.utf8_trim(a, _BLANKS), target)
             except pa.ArrowNotImplementedError as exn:
                 raise SourceError(
                     f"{file}: column {column!r} of type {src} cannot hold feature {f.name!r} "
@@ -148,28 +225,29 @@ def cast_values(arr: pa.Array, f: Feature, file: str) -> tuple[pa.Array, list[Fa
 
         return fn
 
-    def conv(a: pa.Array, target: pa.DataType, what: str, rule: str = "type") -> pa.Array:
-        return _checked_cast(a, cast(target, what), rule, what, failures)
+    def conv(a: pa.Array, target: pa.DataType, what: str, rule: str = "type", trim: bool = False) -> pa.Array:
+        return _checked_cast(a, cast(target, trim and _is_text(a.type)), rule, what, failures)
+
+    def floats(target: pa.DataType, what: str) -> pa.Array:
+        return _overflows(arr, conv(arr, target, f"not a valid {what}", trim=True), failures, what)
 
     dt = f.dtype
-    if dt is DType.FLOAT32 and pa.types.is_float64(src):
+    if dated and f.value_kind is ExampleKind.FLOAT:
         raise SourceError(
-            f"{file}: column {column!r} is float64 but feature {f.name!r} is float32; declare "
-            "`type: float64` with `narrow: true` (float32) or `encode: bytes` (exact)"
+            f"{file}: column {column!r} holds {src} values but feature {f.name!r} is {dt.value}; "
+            "declare it `type: date` or `type: timestamp` (written as int64), or `type: int64`"
         )
+    if dt is DType.FLOAT32 and pa.types.is_float64(src):
+        if not f.narrow:
+            raise SourceError(
+                f"{file}: column {column!r} is float64 but feature {f.name!r} is float32; add "
+                "`narrow: true` (float32, a value beyond its range is a bad row), or declare "
+                "`type: float64` with `encode: bytes` (exact)"
+            )
+        return _narrowed(arr, failures), failures
     if dt is DType.FLOAT64:
-        wide = conv(arr, pa.float64(), "not a float64")
-        if f.float64_bytes:
-            return wide, failures
-        narrow = pc.cast(wide, pa.float32(), safe=False)
-        overflow = np.isfinite(wide.to_numpy(zero_copy_only=False)) & ~np.isfinite(
-            narrow.to_numpy(zero_copy_only=False)
-        )
-        if overflow.any():
-            idx = np.flatnonzero(overflow)
-            failures.append(Failure(idx, "range", "float64 value is outside float32 range"))
-            narrow = _null_out(narrow, idx)
-        return narrow, failures
+        wide = floats(pa.float64(), "float64") if text else conv(arr, pa.float64(), "not a float64")
+        return (wide if f.float64_bytes else _narrowed(wide, failures)), failures
     if dt is DType.BOOL:
         if pa.types.is_integer(src):
             ok = pc.is_in(arr, pa.array([0, 1], src)).to_numpy(zero_copy_only=False)
@@ -180,6 +258,8 @@ def cast_values(arr: pa.Array, f: Feature, file: str) -> tuple[pa.Array, list[Fa
         elif not pa.types.is_boolean(src):
             arr = conv(arr, pa.bool_(), "not a bool")
         return pc.cast(arr, pa.int64()), failures
+    if dt in (DType.STRING, DType.BYTES) and dated:
+        arr = pc.cast(arr, pa.large_string())  # ISO 8601, as Arrow writes it
     if dt is DType.STRING:
         if not (pa.types.is_string(src) or pa.types.is_large_string(src)):
             if pa.types.is_fixed_size_binary(src):
@@ -197,7 +277,8 @@ def cast_values(arr: pa.Array, f: Feature, file: str) -> tuple[pa.Array, list[Fa
             arr = pc.cast(arr, pa.timestamp("s"))
         ts = conv(arr, pa.timestamp(f.unit), f"not a timestamp in unit {f.unit}")
         return pc.cast(ts, pa.int64()), failures
-    if dt is DType.DATE:
+    if dt is DType.DATE or (dt is DType.INT64 and pa.types.is_date(src)):
+        # An int64 feature of a date column holds what `type: date` writes: days since 1970-01-01.
         if pa.types.is_integer(src):
             return conv(arr, pa.int64(), "not an int64 day count"), failures
         if pa.types.is_timestamp(src):
@@ -209,15 +290,23 @@ def cast_values(arr: pa.Array, f: Feature, file: str) -> tuple[pa.Array, list[Fa
             if partial.size:
                 failures.append(Failure(partial, "type", "a timestamp with a time of day is not a date"))
                 arr = _null_out(arr, partial)
-        days = conv(arr, pa.date32(), "not a date")
+        days = conv(arr, pa.date32(), "not a date", trim=True)
         return pc.cast(pc.cast(days, pa.int32()), pa.int64()), failures
+    if dt is DType.INT64 and pa.types.is_timestamp(src):
+        # What `type: timestamp` writes with the column's own unit: its count since the epoch.
+        return pc.cast(arr, pa.int64()), failures
     if dt is DType.DECIMAL:
+        # An empty text is a null decimal, as an empty CSV cell of any other number is.
+        arr = _empty_text_to_null(arr)
         if f.decimal_as == "scaled_int":
             return _per_value(arr, _scaled_int(f.scale or 0), pa.int64(), "type", failures), failures
         return _per_value(arr, _decimal_text, pa.large_binary(), "type", failures), failures
-    # INT64 (and FLOAT32 from non-float64 sources): safe casts refuse fractions and overflow.
-    target = pa.int64() if dt is DType.INT64 else pa.float32()
-    return conv(arr, target, f"not a valid {dt.value}"), failures
+    if dt is DType.FLOAT32:
+        if text:
+            return floats(pa.float32(), "float32"), failures
+        return _overflows(arr, conv(arr, pa.float32(), "not a valid float32"), failures, "float32"), failures
+    # INT64: safe casts refuse fractions and overflow.
+    return conv(arr, pa.int64(), "not a valid int64", trim=True), failures
 
 
 def apply_ops(values: pa.Array, f: Feature) -> pa.Array:
