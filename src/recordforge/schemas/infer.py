@@ -88,6 +88,13 @@ def infer_schema(arrow_schema: pa.Schema, *, origin: str = "inferred", lossless:
     normalised, nullable columns get `nulls: absent`. float64 is narrowed to float32 (and says so)
     unless `lossless`, which keeps it bit-exact with `encode: bytes`. A column of a type with no
     faithful mapping is an error."""
+    names = arrow_schema.names
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if repeated:
+        raise SchemaError(
+            f"{origin}: column {repeated[0]!r} appears {names.count(repeated[0])} times; rename all "
+            "but one, or write a schema file (--schema) that leaves it out"
+        )
     features = []
     notes = []
     unsupported = []

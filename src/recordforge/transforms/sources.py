@@ -1,4 +1,5 @@
-"""Sources: Parquet and CSV files read as Arrow record batches through Beam's filesystems."""
+"""Sources: Parquet and CSV files read as Arrow record batches through Beam's filesystems (the
+CSV reader is in csv_source.py)."""
 
 from __future__ import annotations
 
@@ -13,8 +14,6 @@ from typing import Any, TypeVar
 
 import apache_beam as beam
 import pyarrow as pa
-import pyarrow.compute as pc
-import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
@@ -31,7 +30,7 @@ from recordforge.transforms.row_groups import (
 )
 from recordforge.transforms.sharing import SHARE, SPREAD, Claims, SharedItemsFn, check_workers, spread
 
-__all__ = ["ReadCsv", "ReadParquet", "SourceBatch", "expand_patterns", "UNREADABLE", "REJECTED"]
+__all__ = ["ReadParquet", "SourceBatch", "expand_patterns", "UNREADABLE", "REJECTED"]
 
 UNREADABLE = "unreadable"  # tagged output: JSON {"file", "error"} per file that could not be read
 REJECTED = "rejected"  # tagged output: JSON lines of rows the source itself could not parse
@@ -253,15 +252,6 @@ class ReadParquet(beam.PTransform):
         return {"batches": declare_element_type(read.batches, SourceBatch), UNREADABLE: unreadable}
 
 
-def _empty_to_null(batch: pa.RecordBatch, columns: set[str]) -> pa.RecordBatch:
-    arrays = []
-    for name, col in zip(batch.schema.names, batch.columns, strict=True):
-        if name in columns:
-            col = pc.if_else(pc.equal(col, ""), pa.scalar(None, col.type), col)
-        arrays.append(col)
-    return pa.RecordBatch.from_arrays(arrays, names=batch.schema.names)
-
-
 _T = TypeVar("_T")
 _END = object()
 
@@ -311,169 +301,11 @@ def read_ahead(items: Iterator[_T], depth: int = 2) -> Iterator[_T]:
         thread.join()
 
 
-class _ReadCsvFn(SharedItemsFn):
-    def __init__(
-        self,
-        column_types: dict[str, pa.DataType],
-        block_size: int,
-        *,
-        strict: bool = True,
-        skip_unreadable: bool = False,
-    ) -> None:
-        super().__init__()
-        self._column_types = column_types
-        self._block_size = block_size
-        self._strict = strict
-        self._skip = skip_unreadable
+def __getattr__(name: str) -> Any:
+    # ReadCsv (csv_source.py) builds on this module's types: looked up here on first use, so that
+    # callers may import it from either module, and either module first.
+    if name in ("ReadCsv", "_ReadCsvFn"):
+        from recordforge.transforms import csv_source
 
-    def read(self, path: str, claims: Claims | None) -> Iterator[object]:
-        # A file is the unit of sharing: it is read whole by one worker.
-        emitted = 0
-        try:
-            try:
-                # Parsed ahead on a thread (Arrow's parser releases the GIL): the next block is
-                # parsed while this one is conformed and encoded, on a core that is otherwise idle
-                # with one worker (~0.9 s of a 1M-row file's ~6 s).
-                for item in read_ahead(self._read(path, self._column_types, skip=0)):
-                    if isinstance(item, SourceBatch):
-                        emitted += item.batch.num_rows
-                    yield item
-            except pa.ArrowInvalid as exn:
-                if "Empty CSV file" in str(exn):
-                    return
-                # A typed parse failed in some block; pyarrow does not say which row. Read the
-                # rest of the file as text (string columns as raw bytes) so that conforming names
-                # the row, column and value of every bad cell.
-                _LOGGER.info("%s: typed CSV parse failed (%s); re-reading as text", path, exn)
-                text_types = {
-                    c: pa.binary() if pa.types.is_binary(t) or pa.types.is_string(t) else pa.string()
-                    for c, t in self._column_types.items()
-                }
-                # As in the typed pass, an empty cell of a non-string column is a null.
-                nullable = {
-                    c
-                    for c, t in self._column_types.items()
-                    if not (pa.types.is_binary(t) or pa.types.is_string(t))
-                }
-                yield from self._read(path, text_types, skip=emitted, empty_is_null=nullable)
-        except (pa.ArrowInvalid, OSError) as exn:
-            if self._skip:
-                yield _unreadable(path, f"not a readable CSV file: {exn}", rows_read_before=emitted)
-                return
-            raise SourceError(f"{path}: not a readable CSV file: {exn}") from exn
-
-    def _read(
-        self,
-        path: str,
-        types: dict[str, pa.DataType],
-        *,
-        skip: int,
-        empty_is_null: set[str] = frozenset(),  # type: ignore[assignment]
-    ) -> Iterator[object]:
-        """Yields the file's batches, leaving out its first `skip` rows, and rows with the wrong
-        number of columns as rejected lines (or a DataError when strict)."""
-        invalid: list[object] = []
-
-        def on_invalid(row: pacsv.InvalidRow) -> str:
-            invalid.append(row)
-            return "skip"
-
-        first_row = 0
-        with FileSystems.open(path) as f:
-            reader = pacsv.open_csv(
-                f,
-                read_options=pacsv.ReadOptions(block_size=self._block_size),
-                parse_options=pacsv.ParseOptions(newlines_in_values=True, invalid_row_handler=on_invalid),
-                convert_options=pacsv.ConvertOptions(
-                    column_types=types,
-                    include_columns=list(types),
-                    # Only an empty cell is null; "NaN", "NULL" and "N/A" are values.
-                    null_values=[""],
-                    strings_can_be_null=False,
-                    quoted_strings_can_be_null=False,
-                ),
-            )
-            for batch in reader:
-                if empty_is_null:
-                    batch = _empty_to_null(batch, empty_is_null)
-                yield from self._invalid_rows(path, invalid, skip_all=first_row < skip)
-                end = first_row + batch.num_rows
-                if end > skip:
-                    cut = max(skip - first_row, 0)
-                    yield SourceBatch(path, first_row + cut, batch.slice(cut), text_lists=True)
-                first_row = end
-            yield from self._invalid_rows(path, invalid, skip_all=False)
-
-    def _invalid_rows(self, path: str, invalid: list, *, skip_all: bool) -> Iterator[object]:
-        from recordforge.transforms.conform import BadRow
-        from recordforge.transforms.rejects import rejected_line
-
-        rows, invalid[:] = list(invalid), []
-        if skip_all:  # already reported by the first, typed pass
-            return
-        for row in rows:
-            where = f"line {row.number}: " if row.number else ""
-            bad = BadRow(
-                path,
-                0,
-                "*",
-                "csv_columns",
-                f"{where}expected {row.expected_columns} columns, found {row.actual_columns}",
-                row.text,
-            )
-            if self._strict:
-                raise bad.error()
-            yield beam.pvalue.TaggedOutput(REJECTED, rejected_line(bad, None))
-
-
-class ReadCsv(beam.PTransform):
-    """Reads CSV files (header row, quoted fields, embedded newlines) as record batches.
-
-    In: a PBegin. Out: {"batches": `SourceBatch`es with the given column types, "unreadable" and
-    "rejected": JSON lines}. Patterns are expanded at construction. A file is read by one worker
-    (quoted newlines make splitting unsafe). Rows with the wrong number of columns are rejected
-    (or fail the pipeline when `strict`). `workers`: how the run's workers get the files
-    (sharing.py: SPREAD, SHARE or ONE).
-    """
-
-    def __init__(
-        self,
-        patterns: list[str],
-        *,
-        column_types: dict[str, pa.DataType],
-        block_size: int = 8 << 20,
-        expanded: list[FileInfo] | None = None,
-        strict: bool = True,
-        skip_unreadable: bool = False,
-        workers: str = SPREAD,
-    ) -> None:
-        super().__init__()
-        self._files = expanded if expanded is not None else expand_patterns(patterns)
-        self._strict = strict
-        self._skip = skip_unreadable
-        self._workers = check_workers(workers)
-        self._column_types = column_types
-        self._block_size = block_size
-
-    @property
-    def files(self) -> list[FileInfo]:
-        return self._files
-
-    def expand(self, pbegin: beam.pvalue.PBegin) -> dict[str, beam.PCollection]:
-        paths = [f.path for f in self._files]
-        read_fn = _ReadCsvFn(
-            self._column_types,
-            self._block_size,
-            strict=self._strict,
-            skip_unreadable=self._skip,
-        )
-        if self._workers == SHARE:
-            read_fn.share(paths)
-        read = (
-            pbegin
-            # Spread over workers by Create's reshuffle on other runners; shared locally.
-            | "Files" >> beam.Create(paths, reshuffle=self._workers == SPREAD)
-            | "Read" >> beam.ParDo(read_fn).with_outputs(UNREADABLE, REJECTED, main="batches")
-        )
-        batches = declare_element_type(read.batches, SourceBatch)
-        return {"batches": batches, UNREADABLE: read[UNREADABLE], REJECTED: read[REJECTED]}
+        return getattr(csv_source, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
