@@ -15,7 +15,7 @@ from typing import Any, NoReturn
 
 from recordforge import __version__
 from recordforge import errors as _errors
-from recordforge.errors import Interrupted, RecordForgeError, UsageError
+from recordforge.errors import Interrupted, RecordForgeError, SourceError, UsageError
 
 __all__ = ["main"]
 
@@ -136,13 +136,20 @@ def _infer_schema(argv: list[str]) -> int:
         help="write float64 columns as float32 features (narrow: true)",
     )
     args = parser.parse_args(argv)
-    from recordforge.pipelines.config import format_from_path
-    from recordforge.pipelines.inputs import read_sample
+    from recordforge.sampling import format_from_path, local_matches, read_sample
     from recordforge.schemas import dump_schema, infer_schema
     from recordforge.schemas.infer import sample_notes
-    from recordforge.transforms.sources import expand_patterns
+    from recordforge.storage import is_local
 
-    first = expand_patterns([args.source])[0].path
+    if is_local(args.source):  # without Beam, which object stores need
+        matches = local_matches(args.source)
+        if not matches:
+            raise SourceError(f"input pattern {args.source!r} matched no files")
+        first = matches[0]
+    else:
+        from recordforge.transforms.sources import expand_patterns
+
+        first = expand_patterns([args.source])[0].path
     fmt = args.format or format_from_path(first)
     if fmt is None:
         raise RecordForgeError(f"cannot tell the format of {first} from its name; pass --format")

@@ -2,18 +2,16 @@
 
 from __future__ import annotations
 
-import posixpath
 import re
 from dataclasses import dataclass
 
 from recordforge.errors import RecordForgeError
 from recordforge.pipelines.options import FORMATS, ConvertOptions
+from recordforge.sampling import format_from_path
 from recordforge.tfrecord import Compression
 from recordforge.transforms.rolling import DEFAULT_SHARD_SIZE, parse_size
 
 __all__ = ["ConvertConfig", "format_from_path"]
-
-_EXTENSIONS = {".parquet": "parquet", ".pq": "parquet", ".csv": "csv", ".tsv": "csv"}
 
 
 def parse_splits(text: str) -> tuple[tuple[str, int], ...]:
@@ -27,13 +25,6 @@ def parse_splits(text: str) -> tuple[tuple[str, int], ...]:
     if len({n for n, _ in out}) != len(out):
         raise ValueError("split names repeat")
     return tuple(out)
-
-
-def format_from_path(path: str) -> str | None:
-    base = posixpath.basename(path.rstrip("/")).lower()
-    for suffix in (".gz", ".bz2", ".zst"):
-        base = base.removesuffix(suffix)
-    return _EXTENSIONS.get(posixpath.splitext(base)[1])
 
 
 @dataclass(frozen=True)

@@ -9,13 +9,11 @@ import json
 import logging
 from typing import Any
 
-import pyarrow as pa
-import pyarrow.csv as pacsv
-import pyarrow.parquet as pq
 from apache_beam.io.filesystems import FileSystems
 
-from recordforge.errors import RecordForgeError, SourceError
-from recordforge.pipelines.config import ConvertConfig, format_from_path
+from recordforge.errors import RecordForgeError
+from recordforge.pipelines.config import ConvertConfig
+from recordforge.sampling import format_from_path, read_arrow_schema, read_sample
 from recordforge.schemas import Plan, compile_schema, infer_schema, load_schema
 from recordforge.schemas.loader import dump_schema
 from recordforge.transforms.image_folder import folder_schema, list_image_folder
@@ -102,48 +100,3 @@ def resolve_plan(config: ConvertConfig, fmt: str, first_file: str) -> Plan:
     for note in schema.notes:
         _LOGGER.warning("inferred schema: %s", note)
     return compile_schema(schema)
-
-
-def read_sample(path: str, fmt: str, rows: int) -> pa.Table:
-    """The first `rows` rows of a file, with the types the readers would produce."""
-    try:
-        with FileSystems.open(path) as f:
-            if fmt == "parquet":
-                pf = pq.ParquetFile(f)
-                batches = []
-                for batch in pf.iter_batches(batch_size=min(rows, 65536)):
-                    batches.append(batch)
-                    rows -= batch.num_rows
-                    if rows <= 0:
-                        break
-                return pa.Table.from_batches(batches, schema=pf.schema_arrow)
-            reader = _csv_reader(f)
-            batches = []
-            for batch in reader:
-                batches.append(batch)
-                rows -= batch.num_rows
-                if rows <= 0:
-                    break
-            return pa.Table.from_batches(batches, schema=reader.schema)
-    except Exception as exn:
-        raise SourceError(f"{path}: cannot read a sample as {fmt}: {exn}") from exn
-
-
-def _csv_reader(f: Any) -> pacsv.CSVStreamingReader:
-    return pacsv.open_csv(
-        f,
-        parse_options=pacsv.ParseOptions(newlines_in_values=True),
-        convert_options=pacsv.ConvertOptions(
-            null_values=[""], strings_can_be_null=False, quoted_strings_can_be_null=False
-        ),
-    )
-
-
-def read_arrow_schema(path: str, fmt: str) -> pa.Schema:
-    try:
-        with FileSystems.open(path) as f:
-            if fmt == "parquet":
-                return pq.ParquetFile(f).schema_arrow
-            return _csv_reader(f).schema
-    except Exception as exn:
-        raise SourceError(f"{path}: cannot read its schema as {fmt}: {exn}") from exn

@@ -1,0 +1,99 @@
+"""What the schema is inferred from, without Beam: input formats from file names, local patterns
+expanded, and a sample of a file's first rows read with the types the readers produce. So
+`recordforge infer-schema` on local files starts without importing Beam; object stores still go
+through Beam's filesystems (imported on first use)."""
+
+from __future__ import annotations
+
+import bz2
+import glob
+import gzip
+import os
+import posixpath
+from typing import IO, Any
+
+import pyarrow as pa
+import pyarrow.csv as pacsv
+import pyarrow.parquet as pq
+
+from recordforge.errors import SourceError
+from recordforge.storage import is_local
+
+__all__ = ["format_from_path", "local_matches", "open_source", "read_arrow_schema", "read_sample"]
+
+_EXTENSIONS = {".parquet": "parquet", ".pq": "parquet", ".csv": "csv", ".tsv": "csv"}
+
+
+def format_from_path(path: str) -> str | None:
+    base = posixpath.basename(path.rstrip("/")).lower()
+    for suffix in (".gz", ".bz2", ".zst"):
+        base = base.removesuffix(suffix)
+    return _EXTENSIONS.get(posixpath.splitext(base)[1])
+
+
+def local_matches(pattern: str) -> list[str]:
+    """The files a local pattern matches, sorted, as absolute paths (as the pipeline lists them)."""
+    return sorted(p for p in glob.glob(os.path.abspath(pattern)) if os.path.isfile(p))
+
+
+def open_source(path: str) -> IO[bytes]:
+    """A source file's bytes, decompressed by its suffix (.gz, .bz2, .zst) as Beam's AUTO does."""
+    if not is_local(path):
+        from apache_beam.io.filesystems import FileSystems
+
+        return FileSystems.open(path)
+    lower = path.lower()
+    if lower.endswith(".gz"):
+        return gzip.open(path, "rb")
+    if lower.endswith(".bz2"):
+        return bz2.open(path, "rb")
+    if lower.endswith(".zst"):
+        import zstandard
+
+        return zstandard.open(path, "rb")
+    return open(path, "rb")  # noqa: SIM115 - the caller closes it
+
+
+def csv_reader(f: Any) -> pacsv.CSVStreamingReader:
+    return pacsv.open_csv(
+        f,
+        parse_options=pacsv.ParseOptions(newlines_in_values=True),
+        convert_options=pacsv.ConvertOptions(
+            null_values=[""], strings_can_be_null=False, quoted_strings_can_be_null=False
+        ),
+    )
+
+
+def read_sample(path: str, fmt: str, rows: int) -> pa.Table:
+    """The first `rows` rows of a file, with the types the readers would produce."""
+    try:
+        with open_source(path) as f:
+            if fmt == "parquet":
+                pf = pq.ParquetFile(f)
+                batches = []
+                for batch in pf.iter_batches(batch_size=min(rows, 65536)):
+                    batches.append(batch)
+                    rows -= batch.num_rows
+                    if rows <= 0:
+                        break
+                return pa.Table.from_batches(batches, schema=pf.schema_arrow)
+            reader = csv_reader(f)
+            batches = []
+            for batch in reader:
+                batches.append(batch)
+                rows -= batch.num_rows
+                if rows <= 0:
+                    break
+            return pa.Table.from_batches(batches, schema=reader.schema)
+    except Exception as exn:
+        raise SourceError(f"{path}: cannot read a sample as {fmt}: {exn}") from exn
+
+
+def read_arrow_schema(path: str, fmt: str) -> pa.Schema:
+    try:
+        with open_source(path) as f:
+            if fmt == "parquet":
+                return pq.ParquetFile(f).schema_arrow
+            return csv_reader(f).schema
+    except Exception as exn:
+        raise SourceError(f"{path}: cannot read its schema as {fmt}: {exn}") from exn
