@@ -304,7 +304,8 @@ def test_folder_batches_are_bounded_in_file_bytes_on_the_worker(tmp_path: Path) 
 
 def test_a_local_folder_listing_is_by_folder_then_name_with_its_digest(tmp_path: Path) -> None:
     """What the walk lists (links to files yes, links to folders not followed, a folder named like
-    an image is a folder, a dangling link is no image), in what order, labelled how; the digest is
+    an image is a folder, a dangling link named like an image is listed so that its row is
+    rejected rather than lost), in what order, labelled how; the digest is
     the sha256 of the NUL-joined paths (kept stable: --if_changed compares it across versions)."""
     import hashlib
 
@@ -338,6 +339,7 @@ def test_a_local_folder_listing_is_by_folder_then_name_with_its_digest(tmp_path:
         (f"{r}/train/solo.png", "train", ""),  # a split folder only with label folders under it
         (f"{r}/train/cat/A.PNG", "cat", "train"),
         (f"{r}/train/cat/b.png", "cat", "train"),
+        (f"{r}/train/cat/gone.png", "cat", "train"),
         (f"{r}/train/cat/link.png", "cat", "train"),
         (f"{r}/train/dog/x.jpeg", "dog", "train"),
         (f"{r}/train/odd.png/c.png", "odd.png", "train"),
@@ -500,3 +502,187 @@ def test_a_folder_image_that_cannot_be_read_or_decoded_is_rejected_by_its_path(t
     assert rejected[1]["record"] == {"path": str(truncated), "label": "3", "label_id": 3, "split": "train"}
     kept = {p for p, _ in written} - {str(gone), str(truncated)}
     assert len(_records(out)) == len(kept)
+
+
+def _chunk(kind: bytes, body: bytes, crc: int | None = None) -> bytes:
+    import struct
+    import zlib
+
+    crc = zlib.crc32(kind + body) if crc is None else crc
+    return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", crc)
+
+
+def _png(width: int, height: int, colour: int, scanlines: bytes, *, interlace: int = 0, **kw: bytes) -> bytes:
+    """A PNG of 8-bit samples built chunk by chunk; `kw` replaces the IDAT body or adds chunks."""
+    import struct
+    import zlib
+
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, colour, 0, 0, interlace)
+    idat = kw.get("idat", zlib.compress(scanlines))
+    extra = _chunk(b"PLTE", bytes(range(12))) if colour == 3 else b""
+    return (
+        b"\x89PNG\r\n\x1a\n"
+        + _chunk(b"IHDR", ihdr)
+        + extra
+        + kw.get("before", b"")
+        + _chunk(b"IDAT", idat)
+        + _chunk(b"IEND", b"")
+    )
+
+
+def _adam7(pixels: np.ndarray) -> bytes:
+    """The scanlines of an interlaced image, pass by pass (filter type 0)."""
+    out = b""
+    for x0, y0, dx, dy in (
+        (0, 0, 8, 8),
+        (4, 0, 8, 8),
+        (0, 4, 4, 8),
+        (2, 0, 4, 4),
+        (0, 2, 2, 4),
+        (1, 0, 2, 2),
+        (0, 1, 1, 2),
+    ):
+        part = pixels[y0::dy, x0::dx]
+        if part.size:
+            out += b"".join(b"\0" + row.tobytes() for row in part)
+    return out
+
+
+def _pngs_good_and_corrupt() -> dict[str, bytes]:
+    """Grey, interlaced RGB and palette PNGs, whole and damaged in every way libpng notices or
+    tolerates (a pixel-data byte flipped with its CRC stale or recomputed, data short by a row,
+    an unknown filter type, a wrong or missing Adler-32, a wrong IHDR CRC; too much data, bytes
+    after the zlib stream, an ancillary chunk's wrong CRC)."""
+    import zlib
+
+    rng = np.random.default_rng(5)
+    grey = rng.integers(0, 256, (28, 28), dtype=np.uint8)
+    rgb = rng.integers(0, 256, (7, 5, 3), dtype=np.uint8)
+    index = rng.integers(0, 4, (6, 3), dtype=np.uint8)
+    bases = {
+        "grey": (28, 28, 0, b"".join(b"\x01" + row.tobytes() for row in grey), 0),  # filter: Sub
+        "interlaced": (5, 7, 2, _adam7(rgb), 1),
+        "palette": (3, 6, 3, b"".join(b"\0" + row.tobytes() for row in index), 0),
+    }
+    out = {}
+    for name, (w, h, colour, lines, interlace) in bases.items():
+        good = _png(w, h, colour, lines, interlace=interlace)
+        stream = zlib.compress(lines)
+        flipped = bytearray(stream)
+        flipped[len(stream) // 2] ^= 0x55
+        at = good.index(b"IDAT") + 4 + len(stream) // 2
+        bad_filter = bytearray(lines)
+        bad_filter[0] = 5
+        variants = {
+            "good": good,
+            "flipped_stale_crc": good[:at] + bytes([good[at] ^ 0x55]) + good[at + 1 :],
+            "flipped": _png(w, h, colour, lines, interlace=interlace, idat=bytes(flipped)),
+            "short": _png(w, h, colour, lines[: -(len(lines) // h)], interlace=interlace),
+            "bad_filter": _png(w, h, colour, bytes(bad_filter), interlace=interlace),
+            "wrong_adler": _png(w, h, colour, lines, interlace=interlace, idat=stream[:-4] + b"\0\0\0\0"),
+            "no_adler": _png(w, h, colour, lines, interlace=interlace, idat=stream[:-4]),
+            "ihdr_crc": good[:29] + b"\0\0\0\0" + good[33:],
+            "long": _png(w, h, colour, lines + bytes(40), interlace=interlace),
+            "after_stream": _png(w, h, colour, lines, interlace=interlace, idat=stream + b"junk"),
+            "ancillary_crc": _png(
+                w, h, colour, lines, interlace=interlace, before=_chunk(b"tEXt", b"k\0v", 7)
+            ),
+        }
+        out |= {f"{name}_{k}": v for k, v in variants.items()}
+    return out
+
+
+def test_a_png_is_kept_exactly_when_tensorflow_decodes_it() -> None:
+    """tf.io.decode_png is the oracle: every PNG it decodes is kept with its header values, every
+    one it refuses is a bad image with the reason; on the batch path (non-palette PNGs) and one
+    by one (`process_image`) alike."""
+    import pyarrow as pa
+
+    from recordforge.images import ImageOptions, load_image_column, process_image
+
+    pngs = _pngs_good_and_corrupt()
+    got = load_image_column(pa.array(list(pngs.values()), pa.binary()), "", ImageOptions())
+    verdicts = {}
+    for i, (name, data) in enumerate(pngs.items()):
+        try:
+            decoded = tf.io.decode_png(data).numpy()
+        except tf.errors.InvalidArgumentError:
+            decoded = None
+        try:
+            one = process_image(data, ImageOptions())
+            assert decoded is not None, name
+            assert (one.height, one.width, one.channels) == decoded.shape, name
+        except ValueError as exn:
+            assert decoded is None, f"{name}: {exn}"
+            assert got.errors[i] == str(exn), name
+        assert got.present[i] == (decoded is not None), name
+        if decoded is not None:
+            assert got.data[i].as_py() == data
+            assert (got.height[i], got.width[i], got.channels[i]) == decoded.shape, name
+        verdicts[name] = got.errors.get(i, "kept")
+    # Each damage is found for what it is.
+    assert verdicts["grey_flipped_stale_crc"] == "corrupt PNG: CRC mismatch in chunk IDAT"
+    assert verdicts["interlaced_short"].startswith("corrupt PNG: the image data ends early")
+    assert verdicts["palette_bad_filter"] == "corrupt PNG: unknown scanline filter type"
+    assert (
+        verdicts["grey_wrong_adler"]
+        == "corrupt PNG image data: Error -3 while decompressing data: incorrect data check"
+    )
+    assert sum(v == "kept" for v in verdicts.values()) == 3 * 4
+
+
+def test_a_large_png_has_its_chunk_crcs_checked() -> None:
+    """Above the inflate limit (4 KiB of scanlines) a PNG is not inflated, as that costs about as
+    much as decoding it: damage to its stored data is still found by the CRCs; a stream its
+    encoder wrote wrong (with right CRCs) only by inflating it."""
+    import zlib
+
+    from recordforge.images import ImageOptions, _png_problem, process_image
+
+    rgb = np.random.default_rng(2).integers(0, 256, (60, 50, 3), dtype=np.uint8)
+    lines = b"".join(b"\0" + row.tobytes() for row in rgb)
+    good = _png(50, 60, 2, lines)
+    at = good.index(b"IDAT") + 4 + 3000
+    damaged = good[:at] + bytes([good[at] ^ 1]) + good[at + 1 :]
+    stream = bytearray(zlib.compress(lines))
+    stream[3000] ^= 1
+    miswritten = _png(50, 60, 2, lines, idat=bytes(stream))
+    assert process_image(good, ImageOptions()).height == 60
+    with pytest.raises(ValueError, match="^corrupt PNG: CRC mismatch in chunk IDAT$"):
+        process_image(damaged, ImageOptions())
+    assert _png_problem(miswritten) is None
+    assert _png_problem(miswritten, 0, 1 << 20).startswith("corrupt PNG image data: ")
+
+
+def test_a_dangling_link_or_a_corrupt_png_in_a_folder_is_a_rejected_row(tmp_path: Path) -> None:
+    """Neither vanishes nor is written: a strict run fails naming the file, a tolerant one
+    rejects the row (rule `image`) with the path and the reason."""
+    pngs = _pngs_good_and_corrupt()
+    written = mnist_folder(str(tmp_path / "digits"), per_class=1)
+    corrupt = tmp_path / "digits" / "train" / "4" / "corrupt.png"
+    corrupt.write_bytes(pngs["grey_flipped"])
+    dangling = tmp_path / "digits" / "train" / "5" / "gone.png"
+    dangling.symlink_to(tmp_path / "nowhere.png")
+    with pytest.raises(Exception, match="column 'path': corrupt PNG image data: .* \\[rule: image\\]"):
+        run([f"--source={tmp_path / 'digits'}", "--format=images", f"--output={tmp_path / 'strict'}"])
+    out = tmp_path / "out"
+    run([f"--source={tmp_path / 'digits'}", "--format=images", f"--output={out}", "--max_rejected=2"])
+    meta = json.loads((out / "metadata.json").read_text())
+    assert (meta["rows_read"], meta["rows_written"], meta["rows_rejected"]) == (
+        len(written) + 2,
+        len(written),
+        2,
+    )
+    rejected = sorted(
+        (
+            json.loads(x)
+            for f in (published_root(out) / "_rejected").glob("*.jsonl")
+            for x in f.read_text().splitlines()
+        ),
+        key=lambda r: r["value"],
+    )
+    assert [(r["value"], r["rule"]) for r in rejected] == [(str(corrupt), "image"), (str(dangling), "image")]
+    assert rejected[0]["reason"].startswith("corrupt PNG image data: Error -3 while decompressing data")
+    target = str(tmp_path / "nowhere.png")
+    assert rejected[1]["reason"] == f"cannot read {str(dangling)!r}: a dangling symbolic link to {target!r}"
+    assert sorted(r["image/height"] for r in _records(out)) == [28] * len(written)

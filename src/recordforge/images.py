@@ -1,8 +1,9 @@
 """Images: reading files through Beam's filesystems, header values, optional resize/re-encode.
 
 By default the original encoded bytes are kept (no decode/re-encode); the header gives height,
-width, channels (as `tf.io.decode_image` will return them) and format, and the end of the file is
-checked so that a truncated PNG or JPEG is rejected rather than written.
+width, channels (as `tf.io.decode_image` will return them) and format. A PNG is checked as far as
+decoding could fail (chunk checksums, the image data inflated and its scanlines' filter types);
+a JPEG's header and end marker are, so that a truncated one is rejected rather than written.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import io
 import os
 import posixpath
 import struct
+import zlib
 from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -20,6 +22,7 @@ import numpy as np
 import pyarrow as pa
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
+from isal import isal_zlib
 
 __all__ = [
     "ImageColumn",
@@ -132,6 +135,57 @@ def _png_header(data: bytes) -> ImageResult | None:
     return ImageResult(data, height, width, channels, "png")
 
 
+_PNG_SAMPLES = {**_PNG_CHANNELS, 3: 1}  # colour type -> samples per pixel (a palette index)
+_PNG_DEPTHS = {0: (1, 2, 4, 8, 16), 2: (8, 16), 3: (1, 2, 4, 8), 4: (8, 16), 6: (8, 16)}
+# Bytes of scanlines (and of compressed data) up to which a PNG's data is inflated to check it (a
+# few us); inflating larger ones costs about as much as decoding: their chunk CRCs are checked.
+_INFLATE_LIMIT = 4096
+_ADAM7 = ((0, 0, 8, 8), (4, 0, 8, 8), (0, 4, 4, 8), (2, 0, 4, 4), (0, 2, 2, 4), (1, 0, 2, 2), (0, 1, 1, 2))
+
+
+def _png_problem(data: bytes | memoryview, at: int = 0, inflate_limit: int = _INFLATE_LIMIT) -> str | None:
+    """Why libpng (tf.io.decode_png) would refuse a PNG that has IHDR and IEND, or None: a wrong
+    CRC of a critical chunk; up to `inflate_limit`, image data that is no whole zlib stream or is
+    short of the scanlines, or an unknown filter type (unfiltering cannot fail after that). Like
+    libpng, it tolerates ancillary chunks' CRCs and data past the scanlines. The PNG starts at
+    `at` in `data` and ends with it (a batch's buffer is walked in place, never sliced)."""
+    pos, idat, end = at + 8, [], len(data)
+    while pos + 12 <= end:
+        length, kind = struct.unpack_from(">I4s", data, pos)
+        stop = pos + 12 + length
+        if stop > end:
+            return f"corrupt PNG: chunk {kind!r} runs past the end of the file"
+        if not kind[0] & 0x20:  # a critical chunk: libpng refuses it with a wrong CRC
+            if isal_zlib.crc32(data[pos + 4 : stop - 4]) != struct.unpack_from(">I", data, stop - 4)[0]:
+                return f"corrupt PNG: CRC mismatch in chunk {kind.decode('latin-1')}"
+            if kind == b"IDAT":
+                idat.append(data[pos + 8 : stop - 4])
+            elif kind == b"IEND":
+                break
+        pos = stop
+    width, height, depth, colour, _, _, interlace = struct.unpack_from(">IIBBBBB", data, at + 16)
+    if depth not in _PNG_DEPTHS.get(colour, ()) or not width or not height:
+        return f"corrupt PNG: {width}x{height}, bit depth {depth}, colour type {colour}"
+    passes, size = [], 0  # (first byte, stride, rows): a scanline is a filter byte, then pixels
+    for x0, y0, dx, dy in _ADAM7 if interlace else ((0, 0, 1, 1),):
+        w, h = (width - x0 + dx - 1) // dx, (height - y0 + dy - 1) // dy
+        if w and h:
+            passes.append((size, 1 + (w * depth * _PNG_SAMPLES[colour] + 7) // 8, h))
+            size += passes[-1][1] * h
+    stream = idat[0] if len(idat) == 1 else b"".join(idat)
+    if size > inflate_limit or len(stream) > inflate_limit:
+        return None
+    try:  # inflating is bounded by the stream's length (at most ~1032x), a few MiB at most here
+        pixels = zlib.decompress(stream)
+    except zlib.error as exn:
+        return f"corrupt PNG image data: {exn}"
+    if len(pixels) < size:
+        return f"corrupt PNG: the image data ends early ({len(pixels)} of {size} bytes)"
+    if any(pixels[at : at + stride * h : stride].translate(None, b"\0\1\2\3\4") for at, stride, h in passes):
+        return "corrupt PNG: unknown scanline filter type"
+    return None
+
+
 def _jpeg_header(data: bytes) -> ImageResult | None:
     """Height, width and components from the first SOF marker, without Pillow."""
     if not data.startswith(b"\xff\xd8"):
@@ -166,6 +220,9 @@ def process_image(data: bytes, opts: ImageOptions) -> ImageResult:
         if fast is not None:
             if not _complete(data, fast.format.upper()):
                 raise ValueError(f"truncated {fast.format.upper()} file")
+            problem = _png_problem(data) if fast.format == "png" else None
+            if problem is not None:
+                raise ValueError(problem)
             return fast
     from PIL import Image  # only off the fast path: importing it is not free per image
 
@@ -229,10 +286,9 @@ def load_image_column(
     (null where it could not read a file: that file is tried again here, for the reason).
 
     Batch-wise where it counts: local files are read in one tight loop, their bytes gathered into
-    one Arrow buffer, and the headers of whole non-palette PNGs read with numpy over the batch
-    (~1 us an image in all, against ~5 us through `process_image` one by one). Every other image
-    (JPEG, palette PNG, any other format, or all of them when re-encoding) goes through
-    `process_image`; the results are the same either way.
+    one Arrow buffer, and the headers of whole non-palette PNGs read with numpy over the batch,
+    then only their data checked one by one. Every other image (JPEG, palette PNG, any other
+    format, or all when re-encoding) goes through `process_image`; the results are the same.
     """
     from recordforge.encoding import binary_parts
 
@@ -260,6 +316,12 @@ def load_image_column(
     formats = {"png": 0}  # format -> its index in `fmt`
     fmt = np.zeros(n, np.int64)
     fast = valid & _whole_pngs(offsets, buf) if opts.encode is None else np.zeros(n, bool)
+    view, starts = memoryview(buf), offsets.tolist()
+    for i in np.flatnonzero(fast).tolist():
+        problem = _png_problem(view[: starts[i + 1]], starts[i])
+        if problem is not None:
+            errors[i] = problem
+            fast[i] = valid[i] = False
     height[fast], width[fast], channels[fast] = _png_values(offsets[:-1][fast], buf)
     replaced: dict[int, bytes] = {}
     for i in np.flatnonzero(valid & ~fast).tolist():
@@ -336,7 +398,8 @@ def _read_local(paths: Iterable[str | None]) -> Iterator[bytes | Exception]:
         try:
             fd = open_(path, flags)
         except (OSError, ValueError) as exn:  # ValueError: a NUL in the path
-            yield exn
+            dangling = isinstance(exn, FileNotFoundError) and os.path.islink(path)
+            yield FileNotFoundError(f"a dangling symbolic link to {os.readlink(path)!r}") if dangling else exn
             continue
         try:
             data = read(fd, _READ_SIZE)

@@ -186,9 +186,13 @@ def _walk_local(root: str) -> tuple[dict[str, list[str]], float]:
             modified = max(modified, os.stat(folder).st_mtime)
             with os.scandir(folder) as it:
                 for entry in it:
-                    # An image's name decides first: one more call for it (is_file: a dangling
-                    # link is no image), one for anything else (a folder named x.png is a folder).
-                    if entry.name.lower().endswith(IMAGE_EXTENSIONS) and entry.is_file():
+                    # An image's name decides first: one more call for it (is_file), one for
+                    # anything else (a folder named x.png is a folder). A dangling link named like
+                    # an image is listed: reading it fails, so its row is rejected naming it
+                    # (rule `image`), as any image that cannot be read, instead of vanishing.
+                    if entry.name.lower().endswith(IMAGE_EXTENSIONS) and (
+                        entry.is_file() or (entry.is_symlink() and not entry.is_dir())
+                    ):
                         names.append(entry.name)
                     elif entry.is_dir(follow_symlinks=False):
                         folders.append(entry.path)
