@@ -583,3 +583,17 @@ def test_a_csv_without_header_is_an_error_and_a_header_alone_an_empty_table(tmp_
 )
 def test_header_names(data: bytes, names: list[str] | None) -> None:
     assert csv_source.header_names(io.BytesIO(data)) == names
+
+
+@pytest.mark.parametrize(
+    ("feature", "default"),
+    [({"type": "float32"}, 1e39), ({"type": "float64", "narrow": True, "shape": [2]}, [0.5, -3.5e38])],
+)
+def test_a_default_beyond_float32_is_a_schema_error(
+    tmp_path: Path, feature: dict[str, Any], default: Any
+) -> None:
+    path = _schema(tmp_path, [{"name": "x", "nulls": "default", "default": default, **feature}])
+    with pytest.raises(
+        SchemaError, match=r"schema.yaml:\d+: feature #1 'x': default value .* is outside float32 range"
+    ):
+        load_schema(str(path))

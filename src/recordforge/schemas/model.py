@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 import math
 import re
+import struct
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -397,7 +398,20 @@ def _default_problems(feature: Feature) -> list[str]:
     ]
     if bad:
         return [f"default value {bad[0]!r} is not a valid {feature.dtype.value}"]
+    if feature.value_kind is ExampleKind.FLOAT and not feature.float64_bytes:
+        beyond = [v for v in values if not _fits_float32(v)]
+        if beyond:
+            return [f"default value {beyond[0]!r} is outside float32 range"]
     return []
+
+
+def _fits_float32(value: float) -> bool:
+    """False for a finite value that float32 rounds to infinity (written, it would be one)."""
+    try:
+        struct.pack("<f", value)
+    except OverflowError:
+        return False
+    return True
 
 
 @dataclass(frozen=True)
