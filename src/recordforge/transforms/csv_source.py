@@ -102,7 +102,7 @@ def _decoded(batch: pa.RecordBatch, strings: frozenset[str]) -> pa.RecordBatch:
     return pa.RecordBatch.from_arrays(arrays, names=batch.schema.names)
 
 
-def text_batches(
+def _text_batches(
     path: str, first_row: int, batch: pa.RecordBatch, strings: frozenset[str]
 ) -> Iterator[SourceBatch]:
     """A batch of the text pass as the first pass would give it: `strings` columns (read as
@@ -232,7 +232,7 @@ class _ReadCsvFn(SharedItemsFn):
                 if end > skip:
                     cut = max(skip - first_row, 0)
                     if as_text:
-                        yield from text_batches(path, first_row + cut, batch.slice(cut), strings)
+                        yield from _text_batches(path, first_row + cut, batch.slice(cut), strings)
                     else:
                         yield SourceBatch(path, first_row + cut, batch.slice(cut), text_lists=True)
                 first_row = end
