@@ -16,15 +16,33 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
 from types import TracebackType
 from typing import TextIO
 
-__all__ = ["ENV", "Watch", "count"]
+__all__ = ["ENV", "Watch", "count", "quiet_watches", "watch_threads"]
 
 ENV = "RECORDFORGE_PROGRESS"  # "<folder>:<driver pid>", set while a watch is on
 _rows = [0]  # the driver process's count
 _worker: dict[str, int] = {"pid": -1, "rows": 0, "fd": -1}  # a forked worker's own count
+_LIVE: set[Watch] = set()
+
+
+def watch_threads() -> set[threading.Thread]:
+    """The threads of the watches running in this process."""
+    return {w._thread for w in list(_LIVE)}
+
+
+@contextmanager
+def quiet_watches() -> Iterator[None]:
+    """No watch is reading counts or writing its line inside this block: each one's mutex is
+    held. Between updates a watch's thread only waits on an Event, holding no lock another
+    thread could need; so the process may fork here (the local runner's fork server)."""
+    with ExitStack() as stack:
+        for watch in sorted(_LIVE, key=id):
+            stack.enter_context(watch._mutex)
+        yield
 
 
 def count(rows: int) -> None:
@@ -75,6 +93,7 @@ class Watch:
         self._tty = self._stream.isatty() if tty is None else tty
         self._every = every_s if every_s is not None else (0.5 if self._tty else 60.0)
         self._stop = threading.Event()
+        self._mutex = threading.Lock()
         self._shown = 0
 
     def __enter__(self) -> Watch:
@@ -84,6 +103,7 @@ class Watch:
         self._base = _rows[0]
         self._start = time.monotonic()
         self._thread = threading.Thread(target=self._loop, name="recordforge-progress", daemon=True)
+        _LIVE.add(self)
         self._thread.start()
         return self
 
@@ -100,12 +120,14 @@ class Watch:
         return total
 
     def _loop(self) -> None:
-        try:
-            total = self._total_fn()
-        except Exception:  # noqa: BLE001 - a total is a nicety: without one, no share or ETA
-            total = None
+        with self._mutex:
+            try:
+                total = self._total_fn()
+            except Exception:  # noqa: BLE001 - a total is a nicety: without one, no share or ETA
+                total = None
         while not self._stop.wait(self._every):
-            self._show(line(self.rows(), total, time.monotonic() - self._start))
+            with self._mutex:
+                self._show(line(self.rows(), total, time.monotonic() - self._start))
 
     def _show(self, text: str) -> None:
         if self._tty:
@@ -118,6 +140,7 @@ class Watch:
     def __exit__(self, exc_type: type | None, exc: BaseException | None, tb: TracebackType | None) -> None:
         self._stop.set()
         self._thread.join(timeout=5)
+        _LIVE.discard(self)
         if self._tty and self._shown:
             self._stream.write("\r" + " " * self._shown + "\r")  # the summary follows on a clean line
             self._stream.flush()

@@ -52,6 +52,7 @@ from apache_beam.runners.worker import statesampler
 from google.protobuf import json_format, text_format
 
 from recordforge.pipelines.lease import heartbeat_threads, quiet_heartbeats
+from recordforge.pipelines.progress import quiet_watches, watch_threads
 from recordforge.transforms.sharing import SHARED_WORK_ENV
 
 __all__ = ["LocalRunner", "BEAM_WORKER_COMMAND", "FORKED_WORKER_URN"]
@@ -156,10 +157,11 @@ def _shared_work() -> Iterator[None]:
 
 def _fork_unsafe() -> str | None:
     """Why forking this process now could hang a worker, or None when it is safe."""
-    others = set(threading.enumerate()) - {threading.current_thread()} - heartbeat_threads()
+    others = set(threading.enumerate()) - {threading.current_thread()} - heartbeat_threads() - watch_threads()
     if others:
         # Another thread may hold a lock (gRPC's, logging's) that the child would inherit held.
-        # An output lease's heartbeat is the exception: the fork is made in quiet_heartbeats().
+        # An output lease's heartbeat and the progress line are the exceptions: the fork is made
+        # in quiet_heartbeats() and quiet_watches().
         return "this process already runs other threads"
     if "tensorflow" in sys.modules:
         # TensorFlow starts native thread pools that a forked child cannot use (TFT pipelines).
@@ -225,7 +227,7 @@ class _ForkServer:
         driver = os.getpid()
         sys.stdout.flush()
         sys.stderr.flush()
-        with quiet_heartbeats():
+        with quiet_heartbeats(), quiet_watches():
             pid = os.fork()
         if pid == 0:  # the fork server
             code = 0
