@@ -6,7 +6,7 @@
       _SUCCESS               written after the first commit; never removed by a rebuild
       feature_spec.json ...  copies of the published version's small files, for convenience
       v-<time>-<id>/         one version: everything one run wrote, never modified once published
-        data-SSSSS-of-NNNNN.tfrecord[.gz|.zz]   (or {split}/{split}-SSSSS-of-NNNNN...)
+        data-SSSSS-of-NNNNN.tfrecord[.gz|.deflate]   (or {split}/{split}-SSSSS-of-NNNNN...)
         _rejected/  transform_fn/  transformed_metadata/  metadata/
         schema.pbtxt  schema.yaml  feature_spec.json  [raw_feature_spec.json]  metadata.json
       _recordforge/
