@@ -1,5 +1,5 @@
 """The tools that run no pipeline start without Beam or TensorFlow (importing Beam alone takes
-about 2 s): --version, --help, head, inspect, verify and stats on a local bundle. Start-up times
+about 2 s): --version, --help, head, inspect, verify, stats and infer-schema on local files. Start-up times
 are measured in docs/performance.md, not asserted here."""
 
 from __future__ import annotations
@@ -44,12 +44,14 @@ def bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
         ["inspect", "OUT", "-n", "1"],
         ["verify", "OUT"],
         ["stats", "OUT"],
+        ["infer-schema", "SRC"],
     ],
     ids=lambda c: c[0],
 )
 def test_read_only_commands_do_not_import_beam_or_tensorflow(bundle: Path, command: list[str]) -> None:
     shard = str(next(bundle.glob("v-*/data-*")))
-    argv = [shard if a == "SHARD" else str(bundle) if a == "OUT" else a for a in command]
+    names = {"SHARD": shard, "OUT": str(bundle), "SRC": str(bundle.parent / "t.parquet")}
+    argv = [names.get(a, a) for a in command]
     proc = subprocess.run([sys.executable, "-c", _PROBE, *argv], capture_output=True, text=True, timeout=120)
     last = proc.stderr.strip().splitlines()[-1]
     assert last == "LOADED [] CODE 0", proc.stderr[-2000:]

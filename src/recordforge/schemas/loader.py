@@ -7,9 +7,9 @@ from dataclasses import replace
 from typing import Any
 
 import yaml
-from apache_beam.io.filesystems import FileSystems
 
 from recordforge.errors import SchemaError
+from recordforge.sampling import open_source
 from recordforge.schemas.analyzers import Transform
 from recordforge.schemas.model import DType, Feature, NullPolicy, Op, Schema, feature_to_dict
 
@@ -95,7 +95,7 @@ def load_schema(path: str) -> Schema:
     """Reads a schema YAML, or a TFMD `schema.pbtxt` (as TFDV/SchemaGen write it), from any Beam
     filesystem path; raises SchemaError listing all problems."""
     try:
-        with FileSystems.open(path) as f:
+        with open_source(path) as f:
             text = f.read().decode("utf-8")
     except Exception as exn:
         raise SchemaError(f"cannot read schema file {path}: {exn}") from exn
