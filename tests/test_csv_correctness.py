@@ -597,3 +597,23 @@ def test_a_default_beyond_float32_is_a_schema_error(
         SchemaError, match=r"schema.yaml:\d+: feature #1 'x': default value .* is outside float32 range"
     ):
         load_schema(str(path))
+
+
+def test_float_overflow_inside_a_list_cell_is_a_bad_row(tmp_path: Path) -> None:
+    """JSON list cells go through their own parser: a number the list's float type cannot hold is
+    rejected there (rule range), never written as an infinity; Infinity written out is a value."""
+    source = tmp_path / "l.csv"
+    cells = ['"[1.5, 2]"', '"[1e39]"', '"[Infinity, -1]"', '"[3.4028235e38]"', '"[1, 1e400]"', '"[]"']
+    source.write_text("id,f32,f64\n" + "".join(f"{i},{c},{c}\n" for i, c in enumerate(cells)))
+    features = [
+        {"name": "id", "type": "int64"},
+        {"name": "f32", "type": "float32", "shape": [-1]},
+        {"name": "f64", "type": "float64", "shape": [-1], "encode": "bytes"},
+    ]
+    meta = run(_args(tmp_path, source, _schema(tmp_path, features), "out", "--max_rejected", "10"))
+    records = _records(tmp_path / "out", meta)
+    assert sorted(records) == [0, 2, 3, 5]
+    assert records[0]["f32"] == [1.5, 2.0] and records[5].get("f32", []) == []
+    assert records[2]["f32"] == [math.inf, -1.0] and records[3]["f32"] == [_f32(3.4028235e38)]
+    rejected = {(r["row"], r["column"], r["rule"]) for r in _rejected(tmp_path / "out")}
+    assert rejected == {(2, "f32", "range"), (5, "f32", "range")}  # data rows, 1-based; first column

@@ -8,6 +8,7 @@ or route them to the dead-letter output.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -369,9 +370,33 @@ def _numeric_json_lists(col: pa.Array, f: Feature) -> pa.Array | None:
         typed = pc.cast(values, value_t)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
         return None
+    if pa.types.is_floating(value_t) and pc.any(pc.is_inf(typed)).as_py():
+        return None  # an overflow or a written infinity: told apart value by value, below
     list_offsets = np.zeros(len(col) + 1, dtype=np.int64)
     np.cumsum(lengths, out=list_offsets[1:])
     return pa.LargeListArray.from_arrays(pa.array(list_offsets), typed, mask=pa.array(~is_list))
+
+
+class _OutOfRange(ValueError):
+    pass
+
+
+def _checked_float(value_t: pa.DataType | None) -> Any:
+    """For float lists: json's number parser, refusing a number the list's float type cannot hold
+    (which would otherwise become an infinity); `Infinity` written out stays a value."""
+    if value_t is None or not pa.types.is_floating(value_t):
+        return None
+    limit = float(np.finfo(np.float32).max) if value_t == pa.float32() else math.inf
+
+    def parse(text: str) -> float:
+        value = float(text)
+        with np.errstate(over="ignore"):
+            narrowed = float(np.float32(value)) if abs(value) > limit else value
+        if math.isinf(narrowed):
+            raise _OutOfRange(f"{text} is outside {value_t} range")
+        return value
+
+    return parse
 
 
 def _parse_json_lists(col: pa.Array, f: Feature, fails: _Failures) -> pa.Array:
@@ -381,22 +406,26 @@ def _parse_json_lists(col: pa.Array, f: Feature, fails: _Failures) -> pa.Array:
     if fast is not None:
         return fast
     parsed: list[Any] = []
-    bad: list[tuple[int, str]] = []
+    bad: list[tuple[int, str, str]] = []
+    number = _checked_float(TEXT_VALUE_TYPES.get(f.dtype))
     for i, cell in enumerate(col.to_pylist()):
         value = None
         if cell is not None and cell.strip(" \t\n\r"):  # a blank cell is a null, as on the fast path
             try:
-                value = json.loads(cell)
+                value = json.loads(cell, parse_float=number) if number else json.loads(cell)
                 if not isinstance(value, list):
                     raise ValueError("not a JSON array")
+            except _OutOfRange as exn:
+                bad.append((i, "range", str(exn)))
+                value = None
             except ValueError as exn:
-                bad.append((i, f"not a JSON array: {exn}"))
+                bad.append((i, "type", f"not a JSON array: {exn}"))
                 value = None
         if isinstance(value, list) and f.dtype is DType.BYTES:
             value = [v.encode() if isinstance(v, str) else v for v in value]
         parsed.append(value)
-    for i, reason in bad:
-        fails.add(np.array([i]), f.source_column, "type", reason, col, np.array([i]))
+    for i, rule, reason in bad:
+        fails.add(np.array([i]), f.source_column, rule, reason, col, np.array([i]))
     value_t = TEXT_VALUE_TYPES.get(f.dtype)
     list_t = None
     if value_t is not None:
