@@ -617,3 +617,16 @@ def test_float_overflow_inside_a_list_cell_is_a_bad_row(tmp_path: Path) -> None:
     assert records[2]["f32"] == [math.inf, -1.0] and records[3]["f32"] == [_f32(3.4028235e38)]
     rejected = {(r["row"], r["column"], r["rule"]) for r in _rejected(tmp_path / "out")}
     assert rejected == {(2, "f32", "range"), (5, "f32", "range")}  # data rows, 1-based; first column
+
+
+def test_a_schema_column_missing_from_a_csv_header_is_named_with_the_file(tmp_path: Path) -> None:
+    source = tmp_path / "x.csv"
+    source.write_text("a,b\n1,2\n")
+    schema = _schema(tmp_path, [{"name": "a", "type": "int64"}, {"name": "c", "type": "int64"}])
+    with pytest.raises(SourceError) as err:
+        run(_args(tmp_path, source, schema, "out"))
+    # In-process, Beam appends the step's name; the CLI prints the line alone.
+    assert str(err.value).startswith(
+        f"{source}: the schema reads column 'c', which the header does not name (its columns: a, b)"
+    )
+    assert not (tmp_path / "out" / "metadata.json").exists()

@@ -263,6 +263,12 @@ class _ReadCsvFn(SharedItemsFn):
 def _check_header(path: str, names: list[str] | None, wanted: dict[str, pa.DataType]) -> None:
     if names is None:
         raise SourceError(_NO_HEADER.format(path=path))
+    missing = [name for name in wanted if names and name not in names]
+    if missing:
+        raise SourceError(
+            f"{path}: the schema reads column {missing[0]!r}, which the header does not name "
+            f"(its columns: {', '.join(names)})"
+        )
     for name in wanted:
         if names.count(name) > 1:
             raise SourceError(
