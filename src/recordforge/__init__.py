@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 __all__ = [
     "__version__",
+    "convert",
     "head",
     "image_grid",
     "inspect",
@@ -19,6 +20,33 @@ __all__ = [
 
 if TYPE_CHECKING:
     import tensorflow as tf
+
+
+def convert(
+    source: str | list[str], output: str, schema: str | None = None, **options: Any
+) -> dict[str, Any]:
+    """Converts `source` (a pattern, an image folder, or a list of them) to TFRecords and a bundle
+    at `output`, as `recordforge convert` does, and returns the published metadata.json. Options
+    are the CLI's flags by name: `convert("t/*.parquet", "out", num_shards=4, overwrite=True,
+    splits="train=8,eval=2")`; Beam's pipeline options too (`direct_num_workers=2`). A misspelt
+    option raises UsageError, as the CLI refuses it."""
+    from recordforge.pipelines.convert import run
+    from recordforge.pipelines.options import check_flags
+
+    argv: list[str] = []
+    for path in [source] if isinstance(source, str) else list(source):
+        argv += ["--source", path]
+    argv += ["--output", output]
+    if schema is not None:
+        argv += ["--schema", schema]
+    for name, value in options.items():
+        for one in value if isinstance(value, list | tuple) else [value]:
+            if isinstance(one, bool):  # a switch: on, or left at its default (off)
+                argv += [f"--{name}"] if one else []
+            elif one is not None:
+                argv += [f"--{name}", str(one)]
+    check_flags(argv)
+    return run(argv)
 
 
 def read(
