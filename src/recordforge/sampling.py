@@ -19,7 +19,16 @@ import pyarrow.parquet as pq
 from recordforge.errors import SourceError
 from recordforge.storage import is_local
 
-__all__ = ["format_from_path", "local_matches", "open_source", "read_arrow_schema", "read_sample"]
+__all__ = [
+    "format_from_path",
+    "local_matches",
+    "never_null_columns",
+    "open_source",
+    "read_arrow_schema",
+    "read_sample",
+]
+# Footers read to find columns without nulls; beyond, inference keeps every column nullable.
+MAX_FOOTERS = 1000
 
 _EXTENSIONS = {".parquet": "parquet", ".pq": "parquet", ".csv": "csv", ".tsv": "csv"}
 
@@ -97,3 +106,27 @@ def read_arrow_schema(path: str, fmt: str) -> pa.Schema:
             return csv_reader(f).schema
     except Exception as exn:
         raise SourceError(f"{path}: cannot read its schema as {fmt}: {exn}") from exn
+
+
+def never_null_columns(paths: list[str]) -> frozenset[str]:
+    """The scalar columns (struct leaves as `a.b`) that every row group of every Parquet file in
+    `paths` records as holding no null: exact counts from the footers, no data read. A column
+    whose statistics are missing anywhere is not among them; nor is any when there are more
+    than MAX_FOOTERS files."""
+    if not paths or len(paths) > MAX_FOOTERS:
+        return frozenset()
+    known: set[str] | None = None
+    for path in paths:
+        with open_source(path) as f:
+            meta = pq.ParquetFile(f).metadata
+        clean: dict[str, bool] = {}
+        for g in range(meta.num_row_groups):
+            group = meta.row_group(g)
+            for c in range(group.num_columns):
+                chunk = group.column(c)
+                stats = chunk.statistics
+                ok = stats is not None and stats.has_null_count and stats.null_count == 0
+                clean[chunk.path_in_schema] = clean.get(chunk.path_in_schema, True) and ok
+        here = {name for name, ok in clean.items() if ok}
+        known = here if known is None else known & here
+    return frozenset(known or ())

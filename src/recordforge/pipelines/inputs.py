@@ -13,7 +13,7 @@ from apache_beam.io.filesystems import FileSystems
 
 from recordforge.errors import RecordForgeError
 from recordforge.pipelines.config import ConvertConfig
-from recordforge.sampling import format_from_path, read_arrow_schema, read_sample
+from recordforge.sampling import format_from_path, never_null_columns, read_arrow_schema, read_sample
 from recordforge.schemas import Plan, compile_schema, infer_schema, load_schema
 from recordforge.schemas.loader import dump_schema
 from recordforge.transforms.image_folder import folder_schema, list_image_folder
@@ -55,7 +55,7 @@ def resolve_inputs(config: ConvertConfig) -> Inputs:
         return Inputs([info], "images", plan, folder)
     files = expand_patterns(config.sources)
     fmt = _detect_format(files[0].path) if config.source_format in (None, "images") else config.source_format
-    return Inputs(files, fmt, resolve_plan(config, fmt, files[0].path))
+    return Inputs(files, fmt, resolve_plan(config, fmt, files[0].path, [f.path for f in files]))
 
 
 def input_fingerprint(files: list[FileInfo], plan: Plan, config: ConvertConfig) -> str:
@@ -85,12 +85,14 @@ def _detect_format(path: str) -> str:
     return fmt
 
 
-def resolve_plan(config: ConvertConfig, fmt: str, first_file: str) -> Plan:
-    """The declared schema, or one inferred from the first input file (and logged as YAML)."""
+def resolve_plan(config: ConvertConfig, fmt: str, first_file: str, files: list[str] | None = None) -> Plan:
+    """The declared schema, or one inferred from the first input file (and logged as YAML);
+    Parquet columns without a null in any of `files` are dense."""
     if config.schema_path:
         return compile_schema(load_schema(config.schema_path))
     arrow_schema = read_arrow_schema(first_file, fmt)
-    schema = infer_schema(arrow_schema, origin=first_file)
+    never_null = never_null_columns(files or [first_file]) if fmt == "parquet" else frozenset()
+    schema = infer_schema(arrow_schema, origin=first_file, never_null=never_null)
     _LOGGER.info(
         "No --schema given: inferred from %s (written to the bundle as schema.yaml; save it, edit "
         "it and pass it with --schema to pin it):\n%s",

@@ -83,11 +83,18 @@ def _leaves(field: pa.Field, prefix: str = "") -> Iterable[tuple[str, pa.Field, 
         yield path, field, field.nullable
 
 
-def infer_schema(arrow_schema: pa.Schema, *, origin: str = "inferred", lossless: bool = False) -> Schema:
+def infer_schema(
+    arrow_schema: pa.Schema,
+    *,
+    origin: str = "inferred",
+    lossless: bool = False,
+    never_null: frozenset[str] = frozenset(),
+) -> Schema:
     """One feature per column (per leaf field of a struct, as `struct.field`). Names are
-    normalised, nullable columns get `nulls: absent`. float64 is narrowed to float32 (and says so)
-    unless `lossless`, which keeps it bit-exact with `encode: bytes`. A column of a type with no
-    faithful mapping is an error."""
+    normalised, nullable columns get `nulls: absent`, except the scalar columns in `never_null`
+    (known to hold no null in any input), which get `nulls: required`: dense features. float64 is
+    narrowed to float32 (and says so) unless `lossless`, which keeps it bit-exact with
+    `encode: bytes`. A column of a type with no faithful mapping is an error."""
     names = arrow_schema.names
     repeated = sorted({n for n in names if names.count(n) > 1})
     if repeated:
@@ -98,6 +105,7 @@ def infer_schema(arrow_schema: pa.Schema, *, origin: str = "inferred", lossless:
     features = []
     notes = []
     unsupported = []
+    dense_columns: list[str] = []
     for top in arrow_schema:
         for path, leaf, nullable in _leaves(top):
             shape, value_t = _shape(leaf.type)
@@ -111,19 +119,28 @@ def infer_schema(arrow_schema: pa.Schema, *, origin: str = "inferred", lossless:
             is_f64 = typed.dtype is DType.FLOAT64
             if is_f64 and not lossless:
                 notes.append(f"column {path!r} is float64, written narrowed to float32")
+            dense = nullable and not shape and path in never_null
+            if dense:
+                dense_columns.append(path)
             features.append(
                 Feature(
                     name=name,
                     dtype=typed.dtype,
                     shape=shape,
                     column=path if name != path else None,
-                    nulls=NullPolicy.ABSENT if nullable else NullPolicy.REQUIRED,
+                    nulls=NullPolicy.ABSENT if nullable and not dense else NullPolicy.REQUIRED,
                     narrow=is_f64 and not lossless,
                     encode="bytes" if is_f64 and lossless else None,
                     unit=typed.unit,
                     decimal_as=typed.decimal_as,
                 )
             )
+    if dense_columns:
+        notes.append(
+            f"{len(dense_columns)} column(s) hold no null in any input (Parquet statistics), so they "
+            f"are dense features (nulls: required): {', '.join(dense_columns)}; a null in a later "
+            "input would be a bad row: pin the schema with --schema if later inputs may hold them"
+        )
     if unsupported:
         raise SchemaError(
             f"{origin}: cannot infer a feature for column(s) {', '.join(unsupported)}; "

@@ -1,0 +1,64 @@
+"""Without --schema, Parquet columns with no null in any input (the footers' exact counts) are
+dense features; read back by tf.data with feature_spec.json and by TFXIO with schema.pbtxt."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from test_export_correctness import read_tf_data, read_tfxio_tensors
+
+from recordforge.pipelines.convert import run
+
+
+def _tables() -> list[pa.Table]:
+    # `score` is null only in the second file; `tags` is a list (kept variable-length).
+    return [
+        pa.table(
+            {
+                "id": [1, 2, 3],
+                "score": [0.5, 1.5, 2.5],
+                "name": ["a", "b", "c"],
+                "tags": [["x"], [], ["y", "z"]],
+            }
+        ),
+        pa.table({"id": [4, 5], "score": [None, 4.5], "name": ["d", "e"], "tags": [None, ["w"]]}),
+    ]
+
+
+def test_columns_without_nulls_are_dense_and_read_back_exactly(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    src.mkdir()
+    for i, table in enumerate(_tables()):
+        pq.write_table(table, src / f"t{i}.parquet")
+    out = tmp_path / "out"
+    meta = run(["--source", str(src / "*.parquet"), "--output", str(out)])
+    spec = json.loads((out / "feature_spec.json").read_text())
+    assert spec["id"]["kind"] == spec["name"]["kind"] == "FixedLenFeature"
+    assert spec["score"]["kind"] == spec["tags"]["kind"] == "VarLenFeature"
+    assert any("dense features" in n and "id, name" in n for n in meta["schema_notes"]), meta["schema_notes"]
+    expected = {
+        1: (0.5, b"a", [b"x"]),
+        2: (1.5, b"b", []),
+        3: (2.5, b"c", [b"y", b"z"]),
+        4: (None, b"d", []),
+        5: (4.5, b"e", [b"w"]),
+    }
+    for rows, kinds in (read_tf_data(out), read_tfxio_tensors(out)):
+        assert kinds["id"] == kinds["name"] == "dense" and kinds["score"] != "dense", kinds
+        got = {}
+        for r in rows:
+            score = r["score"]
+            got[r["id"]] = (score[0] if score else None, r["name"], r["tags"])
+        assert got == expected
+
+
+def test_without_statistics_or_with_a_null_a_column_stays_nullable(tmp_path: Path) -> None:
+    table = pa.table({"id": [1, 2], "v": [1.0, 2.0]})
+    pq.write_table(table, tmp_path / "t.parquet", write_statistics=False)
+    out = tmp_path / "out"
+    run(["--source", str(tmp_path / "t.parquet"), "--output", str(out)])
+    spec = json.loads((out / "feature_spec.json").read_text())
+    assert spec["id"]["kind"] == spec["v"]["kind"] == "VarLenFeature"
