@@ -62,3 +62,16 @@ def test_without_statistics_or_with_a_null_a_column_stays_nullable(tmp_path: Pat
     run(["--source", str(tmp_path / "t.parquet"), "--output", str(out)])
     spec = json.loads((out / "feature_spec.json").read_text())
     assert spec["id"]["kind"] == spec["v"]["kind"] == "VarLenFeature"
+
+
+def test_infer_schema_says_what_convert_infers(tmp_path: Path, capsys: object) -> None:
+    import yaml
+
+    from recordforge.cli import main
+
+    for i, table in enumerate(_tables()):
+        pq.write_table(table, tmp_path / f"t{i}.parquet")
+    assert main(["infer-schema", str(tmp_path / "t*.parquet")]) == 0
+    printed = yaml.safe_load(capsys.readouterr().out)  # type: ignore[attr-defined]
+    nulls = {f["name"]: f["nulls"] for f in printed["features"]}
+    assert nulls == {"id": "required", "score": "absent", "name": "required", "tags": "absent"}

@@ -136,7 +136,7 @@ def _infer_schema(argv: list[str]) -> int:
         help="write float64 columns as float32 features (narrow: true)",
     )
     args = parser.parse_args(argv)
-    from recordforge.sampling import format_from_path, local_matches, read_sample
+    from recordforge.sampling import format_from_path, local_matches, never_null_columns, read_sample
     from recordforge.schemas import dump_schema, infer_schema
     from recordforge.schemas.infer import sample_notes
     from recordforge.storage import is_local
@@ -145,16 +145,20 @@ def _infer_schema(argv: list[str]) -> int:
         matches = local_matches(args.source)
         if not matches:
             raise SourceError(f"input pattern {args.source!r} matched no files")
-        first = matches[0]
     else:
         from recordforge.transforms.sources import expand_patterns
 
-        first = expand_patterns([args.source])[0].path
+        matches = [f.path for f in expand_patterns([args.source])]
+    first = matches[0]
     fmt = args.format or format_from_path(first)
     if fmt is None:
         raise RecordForgeError(f"cannot tell the format of {first} from its name; pass --format")
     sample = read_sample(first, fmt, args.sample_rows)
-    schema = infer_schema(sample.schema, origin=first, lossless=not args.narrow_float64)
+    # Dense where no file has a null, as convert infers it: pinning the schema changes nothing.
+    never_null = never_null_columns(matches) if fmt == "parquet" else frozenset()
+    schema = infer_schema(
+        sample.schema, origin=first, lossless=not args.narrow_float64, never_null=never_null
+    )
     notes = "".join(f"# note: {n}\n" for n in schema.notes)
     header = f"# inferred from {first}; edit it and pass it with --schema\n{notes}"
     sys.stdout.write(dump_schema(schema, header=header, comments=sample_notes(schema, sample)))
