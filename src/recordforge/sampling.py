@@ -111,14 +111,17 @@ def read_arrow_schema(path: str, fmt: str) -> pa.Schema:
 def never_null_columns(paths: list[str]) -> frozenset[str]:
     """The scalar columns (struct leaves as `a.b`) that every row group of every Parquet file in
     `paths` records as holding no null: exact counts from the footers, no data read. A column
-    whose statistics are missing anywhere is not among them; nor is any when there are more
-    than MAX_FOOTERS files."""
+    whose statistics are missing anywhere is not among them; nor is any when a footer cannot be
+    read or there are more than MAX_FOOTERS files."""
     if not paths or len(paths) > MAX_FOOTERS:
         return frozenset()
     known: set[str] | None = None
     for path in paths:
-        with open_source(path) as f:
-            meta = pq.ParquetFile(f).metadata
+        try:
+            with open_source(path) as f:
+                meta = pq.ParquetFile(f).metadata
+        except Exception:  # noqa: BLE001 - unreadable: the reader reports it (or skips it); no column is known clean
+            return frozenset()
         clean: dict[str, bool] = {}
         for g in range(meta.num_row_groups):
             group = meta.row_group(g)
