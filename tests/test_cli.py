@@ -62,7 +62,7 @@ def test_infer_schema_prints_editable_yaml(tmp_path: Any) -> None:
     proc = _cli("infer-schema", str(tmp_path / "t.parquet"))
     assert proc.returncode == 0, proc.stderr
     assert "column: Pickup Zone" in proc.stdout
-    assert "narrow: true" in proc.stdout
+    assert "narrow: true" in proc.stdout and "encode: bytes" not in proc.stdout  # as convert infers
     (tmp_path / "s.yaml").write_text(proc.stdout)
     out = tmp_path / "out"
     proc = _cli(
@@ -75,6 +75,10 @@ def test_infer_schema_prints_editable_yaml(tmp_path: Any) -> None:
         str(tmp_path / "s.yaml"),
     )
     assert proc.returncode == 0, proc.stderr
+    pinned = json.loads((out / "feature_spec.json").read_text())
+    inferred = tmp_path / "inferred"
+    assert _cli("convert", "--source", str(tmp_path / "t.parquet"), "--output", str(inferred)).returncode == 0
+    assert pinned == json.loads((inferred / "feature_spec.json").read_text())  # pinning changes nothing
 
 
 def test_user_errors_are_one_clear_line(tmp_path: Any) -> None:

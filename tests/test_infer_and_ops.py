@@ -86,7 +86,14 @@ def test_infer_schema_then_convert_is_lossless(tmp_path: Path) -> None:
     table = _every_type_table()
     pq.write_table(table, tmp_path / "all.parquet")
     proc = subprocess.run(
-        [sys.executable, "-m", "recordforge", "infer-schema", str(tmp_path / "all.parquet")],
+        [
+            sys.executable,
+            "-m",
+            "recordforge",
+            "infer-schema",
+            str(tmp_path / "all.parquet"),
+            "--lossless_float64",
+        ],
         capture_output=True,
         text=True,
         timeout=120,
@@ -264,7 +271,7 @@ def test_csv_infer_then_convert_and_bad_utf8_cells(tmp_path: Path) -> None:
         b"3,1e-5,\xff\xfe,true,2024-01-02T03:04:07,2024-01-04\n"
     )
     proc = subprocess.run(
-        [sys.executable, "-m", "recordforge", "infer-schema", str(path)],
+        [sys.executable, "-m", "recordforge", "infer-schema", str(path), "--lossless_float64"],
         capture_output=True,
         text=True,
         timeout=120,

@@ -117,8 +117,8 @@ def _convert(argv: list[str]) -> int:
 def _infer_schema(argv: list[str]) -> int:
     parser = _Parser(
         "recordforge infer-schema",
-        "Print a complete, commented schema YAML for the source's columns. float64 is "
-        "kept bit-exact (encode: bytes) unless --narrow_float64.",
+        "Print a complete, commented schema YAML for the source's columns. float64 columns "
+        "become float32 features (narrow: true), as convert infers them, unless --lossless_float64.",
     )
     parser.add_argument("source", help="a Parquet or CSV file (or pattern; the first match is used)")
     parser.add_argument(
@@ -131,10 +131,12 @@ def _infer_schema(argv: list[str]) -> int:
         help="rows scanned for the comments (nulls, min/max, list lengths)",
     )
     parser.add_argument(
-        "--narrow_float64",
+        "--lossless_float64",
         action="store_true",
-        help="write float64 columns as float32 features (narrow: true)",
+        help="keep float64 columns bit-exact (encode: bytes) instead of narrowing them to float32",
     )
+    # The default since float64 is narrowed by default, as convert infers it; still accepted.
+    parser.add_argument("--narrow_float64", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     from recordforge.sampling import format_from_path, local_matches, never_null_columns, read_sample
     from recordforge.schemas import dump_schema, infer_schema
@@ -156,9 +158,7 @@ def _infer_schema(argv: list[str]) -> int:
     sample = read_sample(first, fmt, args.sample_rows)
     # Dense where no file has a null, as convert infers it: pinning the schema changes nothing.
     never_null = never_null_columns(matches) if fmt == "parquet" else frozenset()
-    schema = infer_schema(
-        sample.schema, origin=first, lossless=not args.narrow_float64, never_null=never_null
-    )
+    schema = infer_schema(sample.schema, origin=first, lossless=args.lossless_float64, never_null=never_null)
     notes = "".join(f"# note: {n}\n" for n in schema.notes)
     header = f"# inferred from {first}; edit it and pass it with --schema\n{notes}"
     sys.stdout.write(dump_schema(schema, header=header, comments=sample_notes(schema, sample)))
