@@ -24,7 +24,7 @@ from recordforge.schemas.infer import infer_schema
 from recordforge.schemas.loader import load_schema
 from recordforge.schemas.model import DType, Feature
 from recordforge.tfrecord import iter_records
-from recordforge.transforms import csv_source
+from recordforge.transforms import csv_ranges, csv_source
 from recordforge.transforms.casts import cast_values
 from recordforge.transforms.rejects import decode_value
 
@@ -582,7 +582,7 @@ def test_a_csv_without_header_is_an_error_and_a_header_alone_an_empty_table(tmp_
     ],
 )
 def test_header_names(data: bytes, names: list[str] | None) -> None:
-    assert csv_source.header_names(io.BytesIO(data)) == names
+    assert csv_ranges.header_names(io.BytesIO(data)) == names
 
 
 @pytest.mark.parametrize(

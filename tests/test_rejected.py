@@ -217,13 +217,14 @@ def test_csv_rows_with_wrong_column_count_are_rejected(tmp_path: Path) -> None:
         for f in (published_root(tmp_path / "out") / "_rejected").glob("*.jsonl")
         for x in f.read_text().splitlines()
     ]
-    assert sorted((x["rule"], x["value"]) for x in lines) == [
-        ("csv_columns", "2,b,extra"),
-        ("csv_columns", "4"),
+    # Each keeps its row number in the file (a quoted line break does not start a row).
+    assert sorted((x["rule"], x["row"], x["value"]) for x in lines) == [
+        ("csv_columns", 2, "2,b,extra"),
+        ("csv_columns", 4, "4"),
     ]
     with pytest.raises(
         Exception,
-        match=r"a.csv, row unknown, column '\*'.*expected 2 columns, "
+        match=r"a.csv, row 2, column '\*'.*expected 2 columns, "
         r"found 3 \[rule: csv_columns\] \(value: '2,b,extra'\)",
     ):
         run(_args(tmp_path, path, "--overwrite"))

@@ -4,17 +4,17 @@ A file is parsed with the column types Arrow's CSV reader converts exactly (inte
 timestamps, strings, bytes); floats and bools are read as text and parsed by the cast
 (transforms/casts.py), which tells a number beyond float range from a written `inf`. A cell
 that does not convert makes Arrow fail its whole block and name no row, so the rest of the file
-is then read again as text: numbers, dates and timestamps by the cast, which parses text as
-Arrow's CSV reader does, and strings decoded as the first pass has them, so that every good row
-reads the same whichever pass read it, and conforming names each bad cell's row and column.
+(or of the range, csv_ranges.py) is then read again as text: numbers, dates and timestamps by
+the cast, which parses text as Arrow's CSV reader does, and strings decoded as the first pass
+has them, so that every good row reads the same whichever pass read it, and conforming names
+each bad cell's row and column.
 """
 
 from __future__ import annotations
 
-import csv
 import io
 import logging
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from typing import Any
 
 import apache_beam as beam
@@ -25,7 +25,15 @@ from apache_beam.io.filesystems import FileSystems
 
 from recordforge.errors import SourceError
 from recordforge.transforms.coders import declare_element_type
-from recordforge.transforms.sharing import SHARE, SPREAD, Claims, SharedItemsFn, check_workers
+from recordforge.transforms.csv_ranges import (
+    CHUNK_BYTES,
+    CsvRange,
+    ScanChunks,
+    header_names,
+    splittable,
+    whole,
+)
+from recordforge.transforms.sharing import ONE, SHARE, SPREAD, Claims, SharedItemsFn, check_workers, spread
 from recordforge.transforms.sources import (
     REJECTED,
     UNREADABLE,
@@ -42,8 +50,6 @@ _LOGGER = logging.getLogger(__name__)
 
 _Types = dict[str, pa.DataType]
 BLOCK_SIZE = 8 << 20  # bytes Arrow's CSV reader parses at a time
-# The header is looked for in at most this many first bytes (beyond: left to Arrow's parser).
-_HEADER_LIMIT = 1 << 20
 
 
 def _is_text(t: pa.DataType) -> bool:
@@ -63,30 +69,6 @@ def _empty_to_null(batch: pa.RecordBatch, columns: frozenset[str]) -> pa.RecordB
             col = pc.if_else(pc.equal(col, ""), pa.scalar(None, col.type), col)
         arrays.append(col)
     return pa.RecordBatch.from_arrays(arrays, names=batch.schema.names)
-
-
-def header_names(f: Any) -> list[str] | None:
-    """The column names of the header a CSV file starts with, as Arrow's reader sees them (a
-    UTF-8 byte order mark and empty lines before it skipped); None for a file without one (no
-    bytes, or empty lines only); [] when its first bytes do not show the header whole."""
-    data = b""
-    while len(data) < _HEADER_LIMIT:
-        chunk = f.read(1 << 16)
-        data += chunk
-        text = data.decode("utf-8", "replace").removeprefix("\ufeff")
-        lines = io.StringIO(text, newline="")
-        try:
-            names = next((row for row in csv.reader(lines, strict=True) if row), None)
-        except csv.Error:
-            if lines.tell() < len(text) or not chunk:
-                return []  # a header the csv module cannot read; Arrow's parser says why
-            continue  # a quoted name goes on past these bytes
-        if not chunk:
-            return names
-        # Whole when a line ending follows it (the file may end right after it: read on).
-        if names is not None and (lines.tell() < len(text) or text.endswith(("\n", "\r"))):
-            return names
-    return []
 
 
 def _decoded(batch: pa.RecordBatch, strings: frozenset[str]) -> pa.RecordBatch:
@@ -136,6 +118,35 @@ def _is_utf8(value: bytes) -> bool:
     return True
 
 
+class _Cursor:
+    """How far into a range's data rows a pass has got: every row before `done` was yielded, as
+    part of a batch or as a rejected line."""
+
+    def __init__(self) -> None:
+        self.done = 0
+
+
+class _Bounded(io.RawIOBase):
+    """The next `size` bytes of a file, as a file of their own (a range, for Arrow's reader)."""
+
+    def __init__(self, f: Any, size: int) -> None:
+        super().__init__()
+        self._f = f
+        self._left = size
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        n = min(len(buffer), self._left)
+        if n <= 0:
+            return 0
+        data = self._f.read(n)
+        buffer[: len(data)] = data
+        self._left -= len(data)
+        return len(data)
+
+
 class _ReadCsvFn(SharedItemsFn):
     def __init__(
         self,
@@ -161,59 +172,76 @@ class _ReadCsvFn(SharedItemsFn):
         text_nulls = frozenset(c for c, t in types.items() if not _is_text(t))
         return first, first_nulls, text, text_nulls
 
-    def read(self, path: str, claims: Claims | None) -> Iterator[object]:
-        # A file is the unit of sharing: it is read whole by one worker.
+    def read(self, item: CsvRange, claims: Claims | None) -> Iterator[object]:
+        # A range (or a whole file) is the unit of sharing: it is read whole by one worker.
+        item = CsvRange(*item)
+        path = item.path
         first, first_nulls, text, text_nulls = self._passes()
-        emitted = 0
+        cursor = _Cursor()
         try:
             try:
                 # Parsed ahead on a thread (Arrow's parser releases the GIL): the next block is
                 # parsed while this one is conformed and encoded, on a core that is otherwise idle
                 # with one worker (~0.9 s of a 1M-row file's ~6 s).
-                for item in read_ahead(self._read(path, first, skip=0, empty_is_null=first_nulls)):
-                    if isinstance(item, SourceBatch):
-                        emitted += item.batch.num_rows
-                    yield item
+                yield from read_ahead(self._read(item, first, cursor, empty_is_null=first_nulls))
             except pa.ArrowInvalid as exn:
                 # A cell did not convert, in a block pyarrow does not place in the file.
                 _LOGGER.info("%s: typed CSV parse failed (%s); re-reading as text", path, exn)
-                yield from self._read(path, text, skip=emitted, empty_is_null=text_nulls, as_text=True)
+                skip, cursor = cursor.done, _Cursor()
+                yield from self._read(item, text, cursor, skip=skip, empty_is_null=text_nulls, as_text=True)
         except SourceError as exn:
             if self._skip:
-                yield _unreadable(path, str(exn), rows_read_before=emitted)
+                yield _unreadable(path, str(exn), rows_read_before=item.first_row + cursor.done)
                 return
             raise
         except (pa.ArrowInvalid, OSError) as exn:
             if self._skip:
-                yield _unreadable(path, f"not a readable CSV file: {exn}", rows_read_before=emitted)
+                yield _unreadable(
+                    path, f"not a readable CSV file: {exn}", rows_read_before=item.first_row + cursor.done
+                )
                 return
             raise SourceError(f"{path}: not a readable CSV file: {exn}") from exn
 
     def _read(
         self,
-        path: str,
+        item: CsvRange,
         types: dict[str, pa.DataType],
+        cursor: _Cursor,
         *,
-        skip: int,
+        skip: int = 0,
         empty_is_null: frozenset[str],
         as_text: bool = False,
     ) -> Iterator[object]:
-        """Yields the file's batches, leaving out its first `skip` rows, and rows with the wrong
-        number of columns as rejected lines (or a DataError when strict)."""
-        invalid: list[object] = []
+        """Yields the range's batches, leaving out its first `skip` data rows, and rows with the
+        wrong number of columns as rejected lines (or a DataError when strict), each numbered by
+        its place in the file."""
+        path = item.path
+        invalid: list[tuple[int, pacsv.InvalidRow]] = []  # (data row in the range, row)
+        header_rows = 1 if item.names is None else 0
 
         def on_invalid(row: pacsv.InvalidRow) -> str:
-            invalid.append(row)
+            # Arrow numbers a row from 1, the header included, empty lines not (its reader runs
+            # on one thread, so that the number is known).
+            invalid.append((row.number - 1 - header_rows if row.number else -1, row))
             return "skip"
 
         strings = frozenset(c for c, t in self._column_types.items() if pa.types.is_string(t))
-        first_row = 0
+        at = 0  # the range's next data row
         with FileSystems.open(path) as f:
-            _check_header(path, header_names(f), types)
-            f.seek(0)
+            if item.names is None:
+                _check_header(path, header_names(f), types)
+                f.seek(0)
+                names = None
+            else:
+                _check_header(path, list(item.names), types)
+                f.seek(item.start)
+                names = list(item.names)
+            stream = f if item.end is None else _Bounded(f, item.end - item.start)
             reader = pacsv.open_csv(
-                f,
-                read_options=pacsv.ReadOptions(block_size=self._block_size),
+                stream,
+                read_options=pacsv.ReadOptions(
+                    block_size=self._block_size, use_threads=False, column_names=names
+                ),
                 parse_options=pacsv.ParseOptions(newlines_in_values=True, invalid_row_handler=on_invalid),
                 convert_options=pacsv.ConvertOptions(
                     column_types=types,
@@ -227,37 +255,55 @@ class _ReadCsvFn(SharedItemsFn):
             for batch in reader:
                 if empty_is_null:
                     batch = _empty_to_null(batch, empty_is_null)
-                yield from self._invalid_rows(path, invalid, skip_all=first_row < skip)
-                end = first_row + batch.num_rows
-                if end > skip:
-                    cut = max(skip - first_row, 0)
-                    if as_text:
-                        yield from _text_batches(path, first_row + cut, batch.slice(cut), strings)
-                    else:
-                        yield SourceBatch(path, first_row + cut, batch.slice(cut), text_lists=True)
-                first_row = end
-            yield from self._invalid_rows(path, invalid, skip_all=False)
+                taken = 0
+                while True:
+                    at = yield from self._rejected(item, invalid, at, skip, cursor)
+                    if taken == batch.num_rows:
+                        break
+                    # The rows before the next rejected one are contiguous in the file.
+                    nxt = min((i for i, _ in invalid), default=at + batch.num_rows)
+                    run = min(batch.num_rows - taken, nxt - at)
+                    if at + run > skip:
+                        cut = max(skip - at, 0)
+                        rows = batch.slice(taken + cut, run - cut)
+                        first_row = item.first_row + at + cut
+                        cursor.done = at + run
+                        if as_text:
+                            yield from _text_batches(path, first_row, rows, strings)
+                        else:
+                            yield SourceBatch(path, first_row, rows, text_lists=True)
+                    taken, at = taken + run, at + run
+            yield from self._rejected(item, invalid, None, skip, cursor)
 
-    def _invalid_rows(self, path: str, invalid: list, *, skip_all: bool) -> Iterator[object]:
+    def _rejected(
+        self, item: CsvRange, invalid: list, at: int | None, skip: int, cursor: _Cursor
+    ) -> Generator[object, None, int]:
+        """Reports the rejected rows that come next, at data rows `at`, `at` + 1... of the range
+        (all of them when `at` is None), and returns the data row after them. Rows before `skip`
+        were reported by the first, typed pass."""
         from recordforge.transforms.conform import BadRow
         from recordforge.transforms.rejects import rejected_line
 
-        rows, invalid[:] = list(invalid), []
-        if skip_all:  # already reported by the first, typed pass
-            return
-        for row in rows:
-            where = f"line {row.number}: " if row.number else ""
+        invalid.sort(key=lambda x: x[0])
+        while invalid and (at is None or invalid[0][0] <= at):
+            i, row = invalid.pop(0)
+            if at is not None and i == at:
+                at += 1
+            if 0 <= i < skip:
+                continue
             bad = BadRow(
-                path,
-                0,
+                item.path,
+                item.first_row + i + 1 if i >= 0 else 0,
                 "*",
                 "csv_columns",
-                f"{where}expected {row.expected_columns} columns, found {row.actual_columns}",
+                f"expected {row.expected_columns} columns, found {row.actual_columns}",
                 row.text,
             )
+            cursor.done = max(cursor.done, i + 1)
             if self._strict:
                 raise bad.error()
             yield beam.pvalue.TaggedOutput(REJECTED, rejected_line(bad, None))
+        return -1 if at is None else at
 
 
 def _check_header(path: str, names: list[str] | None, wanted: dict[str, pa.DataType]) -> None:
@@ -291,9 +337,12 @@ class ReadCsv(beam.PTransform):
     as text, parsed when conformed), "unreadable" and "rejected": JSON lines}. Patterns are
     expanded at construction; a file of no bytes (no header) is an error then, or with
     `skip_unreadable` is listed in "unreadable", as is a file that cannot be read or whose header
-    names a column to read twice. A file is read by one worker (quoted newlines make splitting
-    unsafe). Rows with the wrong number of columns are rejected (or fail the pipeline when
-    `strict`). `workers`: how the run's workers get the files (sharing.py: SPREAD, SHARE or ONE).
+    names a column to read twice. A large file is read as byte ranges that start at record
+    boundaries (csv_ranges.py), shared by the workers as files are, unless there is one worker
+    or its quoting breaks the rule that finds them; a smaller one is read by one worker. Rows
+    with the wrong number of columns are rejected (or fail the pipeline when `strict`), each
+    with its row number in the file. `workers`: how the run's workers get the files (sharing.py:
+    SPREAD, SHARE or ONE).
     """
 
     def __init__(
@@ -306,8 +355,10 @@ class ReadCsv(beam.PTransform):
         strict: bool = True,
         skip_unreadable: bool = False,
         workers: str = SPREAD,
+        chunk_bytes: int = CHUNK_BYTES,
     ) -> None:
         super().__init__()
+        self._chunk_bytes = chunk_bytes
         self._files = expanded if expanded is not None else expand_patterns(patterns)
         self._strict = strict
         self._skip = skip_unreadable
@@ -324,20 +375,27 @@ class ReadCsv(beam.PTransform):
         return self._files
 
     def expand(self, pbegin: beam.pvalue.PBegin) -> dict[str, beam.PCollection]:
-        paths = [f.path for f in self._files]
         read_fn = _ReadCsvFn(
             self._column_types,
             self._block_size,
             strict=self._strict,
             skip_unreadable=self._skip,
         )
-        if self._workers == SHARE:
-            read_fn.share(paths)
-        read = (
-            pbegin
+        # With one worker, splitting would only add a pass over the bytes.
+        split = [f for f in self._files if self._workers != ONE and splittable(f, self._chunk_bytes)]
+        whole_files = [whole(f.path) for f in self._files if f not in split]
+        if not split:
+            if self._workers == SHARE:
+                read_fn.share(whole_files)
             # Spread over workers by Create's reshuffle on other runners; shared locally.
-            | "Files" >> beam.Create(paths, reshuffle=self._workers == SPREAD)
-            | "Read" >> beam.ParDo(read_fn).with_outputs(UNREADABLE, REJECTED, main="batches")
+            items = pbegin | "Files" >> beam.Create(whole_files, reshuffle=self._workers == SPREAD)
+            extra: list[Any] = []
+        else:
+            ranges = pbegin | "Split" >> ScanChunks(split, self._chunk_bytes, self._workers)
+            files = pbegin | "Files" >> beam.Create(whole_files)
+            items, extra = spread((files, ranges) | "Ranges" >> beam.Flatten(), self._workers)
+        read = items | "Read" >> beam.ParDo(read_fn, *extra).with_outputs(
+            UNREADABLE, REJECTED, main="batches"
         )
         batches = declare_element_type(read.batches, SourceBatch)
         return {"batches": batches, UNREADABLE: read[UNREADABLE], REJECTED: read[REJECTED]}
