@@ -22,11 +22,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 from apache_beam.io.filesystems import FileSystems
+from apache_beam.metrics import Metrics
 
 from recordforge.errors import SourceError
+from recordforge.transforms import csv_ranges
 from recordforge.transforms.coders import declare_element_type
 from recordforge.transforms.csv_ranges import (
-    CHUNK_BYTES,
     CsvRange,
     ScanChunks,
     header_names,
@@ -161,6 +162,7 @@ class _ReadCsvFn(SharedItemsFn):
         self._block_size = block_size
         self._strict = strict
         self._skip = skip_unreadable
+        self._work_items = Metrics.counter("recordforge", "csv_work_items")  # examples.NAMESPACE
 
     def _passes(self) -> tuple[_Types, frozenset[str], _Types, frozenset[str]]:
         """Column types and columns whose empty cell is a null, of the first and the text pass."""
@@ -175,6 +177,7 @@ class _ReadCsvFn(SharedItemsFn):
     def read(self, item: CsvRange, claims: Claims | None) -> Iterator[object]:
         # A range (or a whole file) is the unit of sharing: it is read whole by one worker.
         item = CsvRange(*item)
+        self._work_items.inc()
         path = item.path
         first, first_nulls, text, text_nulls = self._passes()
         cursor = _Cursor()
@@ -355,10 +358,10 @@ class ReadCsv(beam.PTransform):
         strict: bool = True,
         skip_unreadable: bool = False,
         workers: str = SPREAD,
-        chunk_bytes: int = CHUNK_BYTES,
+        chunk_bytes: int | None = None,
     ) -> None:
         super().__init__()
-        self._chunk_bytes = chunk_bytes
+        self._chunk_bytes = chunk_bytes or csv_ranges.CHUNK_BYTES
         self._files = expanded if expanded is not None else expand_patterns(patterns)
         self._strict = strict
         self._skip = skip_unreadable
