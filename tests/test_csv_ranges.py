@@ -288,3 +288,32 @@ def test_ranges_are_planned_from_all_chunks_only() -> None:
     scans = _scans("/t.csv", data, 5)
     with pytest.raises(ValueError, match="not of every chunk"):
         plan_ranges("/t.csv", len(data), scans[1:], ["id", "name", "score"])
+
+
+def test_a_split_file_the_read_refuses_is_reported_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A large file whose header lacks a schema column is planned as one range: one clear error,
+    or one entry among the unreadable inputs, not one per range."""
+    (tmp_path / "src").mkdir()
+    good = _big_csv(600)
+    (tmp_path / "src" / "a.csv").write_bytes(good)
+    (tmp_path / "src" / "b.csv").write_bytes(good.replace(b"id,name,score", b"id,nom,score", 1))
+    (tmp_path / "schema.yaml").write_text(yaml.safe_dump(SCHEMA))
+    monkeypatch.setattr(csv_ranges, "CHUNK_BYTES", len(good) // 5)
+    args = [
+        "--source",
+        str(tmp_path / "src" / "*.csv"),
+        "--schema",
+        str(tmp_path / "schema.yaml"),
+        "--max_rejected",
+        "100",
+        "--direct_num_workers=2",
+    ]
+    with pytest.raises(
+        Exception, match=r"b.csv: the schema reads column 'name', which the header does not name"
+    ):
+        run([*args, "--output", str(tmp_path / "o1")])
+    meta = run([*args, "--output", str(tmp_path / "o2"), "--skip_unreadable_files"])
+    assert [u["file"] for u in meta["unreadable_files"]] == [str(tmp_path / "src" / "b.csv")]
+    assert meta["rows_read"] == 600

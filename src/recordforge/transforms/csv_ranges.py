@@ -227,19 +227,35 @@ class _ScanChunkFn(SharedItemsFn):
     def read(self, item: tuple[str, int, int, int], claims: Claims | None) -> Iterator[ChunkScan]:
         path, index, start, end = item
         lo = max(0, start - 2)
-        with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
-            f.seek(lo)
-            data = f.read(end + 1 - lo)
+        try:
+            with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
+                f.seek(lo)
+                data = f.read(end + 1 - lo)
+        except Exception as exn:
+            # Planned as one range: its reader reports the file (or skips it, as asked).
+            why = f"cannot be scanned ({exn})"
+            yield ChunkScan(path, index, False, (-1, -1), (False, False), (0, 0), (why, why))
+            return
         yield scan_chunk(
             path, index, start, data[start - lo : end - lo], data[: start - lo], data[end - lo :]
         )
 
 
-def _plan_file(element: tuple[str, Iterable[ChunkScan]], sizes: dict[str, int]) -> Iterator[CsvRange]:
+def _plan_file(
+    element: tuple[str, Iterable[ChunkScan]], sizes: dict[str, int], columns: list[str]
+) -> Iterator[CsvRange]:
     path, scans = element
-    with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
-        names = header_names(f)
-    ranges = plan_ranges(path, sizes[path], list(scans), names or [])
+    try:
+        with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
+            names = header_names(f)
+    except Exception:
+        names = None
+    if not names or any(c not in names or names.count(c) > 1 for c in columns):
+        # A file without a readable header, or whose header the read will refuse, is one range:
+        # its one reader reports it once.
+        yield whole(path)
+        return
+    ranges = plan_ranges(path, sizes[path], list(scans), names)
     _LOGGER.info("%s: read as %d ranges", path, len(ranges))
     yield from ranges
 
@@ -256,8 +272,9 @@ class ScanChunks(beam.PTransform):
     """Plans the ranges of the files to split. In: a PBegin. Out: `CsvRange`s, a file's once all
     its chunks are scanned (the chunks shared or spread over the workers as `workers` says)."""
 
-    def __init__(self, files: list[FileInfo], chunk_bytes: int, workers: str) -> None:
+    def __init__(self, files: list[FileInfo], chunk_bytes: int, workers: str, columns: list[str]) -> None:
         super().__init__()
+        self._columns = columns
         self._items = [c for f in files for c in chunks(f.path, f.size or 0, chunk_bytes)]
         self._sizes = {f.path: f.size or 0 for f in files}
         self._workers = workers
@@ -272,5 +289,5 @@ class ScanChunks(beam.PTransform):
             | "Scan" >> beam.ParDo(scan_fn)
             | "ByFile" >> beam.Map(lambda scan: (scan.path, scan))
             | "GroupByFile" >> beam.GroupByKey()
-            | "Plan" >> beam.FlatMap(_plan_file, self._sizes)
+            | "Plan" >> beam.FlatMap(_plan_file, self._sizes, self._columns)
         )

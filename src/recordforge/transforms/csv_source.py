@@ -394,7 +394,9 @@ class ReadCsv(beam.PTransform):
             items = pbegin | "Files" >> beam.Create(whole_files, reshuffle=self._workers == SPREAD)
             extra: list[Any] = []
         else:
-            ranges = pbegin | "Split" >> ScanChunks(split, self._chunk_bytes, self._workers)
+            ranges = pbegin | "Split" >> ScanChunks(
+                split, self._chunk_bytes, self._workers, list(self._column_types)
+            )
             files = pbegin | "Files" >> beam.Create(whole_files)
             items, extra = spread((files, ranges) | "Ranges" >> beam.Flatten(), self._workers)
         read = items | "Read" >> beam.ParDo(read_fn, *extra).with_outputs(
