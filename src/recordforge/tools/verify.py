@@ -4,84 +4,142 @@ nothing lies in the output that the manifest does not account for."""
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import posixpath
-from concurrent.futures import ProcessPoolExecutor
 from typing import Any
+
+import numpy as np
 
 from recordforge import layout
 from recordforge.storage import exists, list_files, open_read, read_bytes
-from recordforge.tfrecord import FileDigest
-from recordforge.tools.progress import Progress
-from recordforge.tools.records import CorruptRecord, parse_example, read_records
+from recordforge.tfrecord import RecordChunk, data_crc_mismatches
+from recordforge.tools.scan import ShardResult, scan_shards
+from recordforge.tools.wire import BYTES, FLOAT, INT64, NONE, Batch, KeyTable, decode_batch, kind_name
 
 __all__ = ["verify"]
 
 # Folders of a version that tensorflow-transform writes (their contents are its own).
 _TRANSFORM_DIRS = (layout.TRANSFORM_FN, layout.TRANSFORMED_METADATA, layout.RAW_METADATA)
-_KINDS = {"int64": "int64", "float32": "float", "string": "bytes"}
+_KINDS = {"int64": INT64, "float32": FLOAT, "string": BYTES}
+_MAX_LISTED = 20  # records named per shard; the count of the others is given
 
 
-def _spec_problems(record: dict[str, tuple[str, list]], spec: dict[str, dict]) -> list[str]:
-    out = []
+class _Checks:
+    """Per chunk: the data CRCs, and every record against the feature spec, feature by feature
+    over the whole chunk (numpy), each bad record named with its index and byte offset."""
+
+    def __init__(self, spec: dict[str, dict]) -> None:
+        self.spec = spec
+        self.keys = KeyTable()
+        self.corrupt: tuple[int, str] | None = None  # (offset, what) of the first bad data CRC
+        self.bad: list[tuple[int, int, str]] = []  # (record index, offset, why), the first few
+        self.bad_count = 0
+
+    def add(self, chunk: RecordChunk, shard: str) -> None:
+        crc_bad = data_crc_mismatches(chunk)
+        if len(crc_bad):
+            offset = chunk.offset + int(chunk.heads[crc_bad[0]])
+            if self.corrupt is None or offset < self.corrupt[0]:
+                self.corrupt = (offset, "corrupt data (CRC mismatch)")
+        batch = decode_batch(chunk.data, chunk.starts, chunk.ends, self.keys)
+        why = _spec_problems(batch, self.spec)
+        for r, text in batch.errors.items():
+            why.setdefault(r, []).insert(0, text)
+        skip = set(crc_bad.tolist())
+        found = sorted(r for r in why if r not in skip)
+        self.bad_count += len(found)
+        for r in found[:_MAX_LISTED]:
+            self.bad.append((chunk.first_record + r, chunk.offset + int(chunk.heads[r]), "; ".join(why[r])))
+        self.bad = sorted(self.bad)[:_MAX_LISTED]
+
+    def merge(self, other: _Checks) -> None:
+        if other.corrupt and (self.corrupt is None or other.corrupt[0] < self.corrupt[0]):
+            self.corrupt = other.corrupt
+        self.bad = sorted(self.bad + other.bad)[:_MAX_LISTED]
+        self.bad_count += other.bad_count
+
+
+def _spec_problems(batch: Batch, spec: dict[str, dict]) -> dict[int, list[str]]:
+    """{record: [what is wrong]} for the records of a batch that do not parse with the spec:
+    each test runs over the whole batch; only the records it flags are named one by one."""
+    out: dict[int, list[str]] = {}
+    n = batch.size
+    refused = set(batch.not_examples)
+    empty = np.zeros(0, np.int64)
     for name, entry in spec.items():
+        found: list[tuple[int, str]] = []
         if entry["kind"] == "RaggedFeature":
-            values = record.get(entry["value_key"], ("", []))[1]
-            lengths = record.get(entry["partitions"][0]["row_lengths"], ("", []))[1]
-            if sum(lengths) != len(values):
-                out.append(
-                    f"ragged feature {name!r}: row lengths sum to {sum(lengths)}, {len(values)} values"
+            values = batch.columns.get(entry["value_key"])
+            lengths = batch.columns.get(entry["partitions"][0]["row_lengths"])
+            have = np.bincount(values.rec, weights=values.count, minlength=n) if values else np.zeros(n)
+            want = np.zeros(n)
+            if lengths is not None and len(lengths.ints):
+                sel = lengths.kind == INT64
+                owner = np.repeat(lengths.rec[sel], lengths.count[sel])
+                want = np.bincount(owner, weights=lengths.ints, minlength=n)
+            for r in np.flatnonzero(have != want).tolist():
+                found.append(
+                    (r, f"ragged feature {name!r}: row lengths sum to {int(want[r])}, {int(have[r])} values")
                 )
-            continue
-        kind, values = record.get(name, (None, []))
-        want = _KINDS[entry["dtype"]]
-        if kind is not None and kind not in (want, "none"):
-            out.append(f"feature {name!r} is {kind}, the spec says {entry['dtype']}")
-        if entry["kind"] == "FixedLenFeature":
-            n = math.prod(entry["shape"])
-            if kind is None:
-                out.append(f"feature {name!r} is missing (FixedLenFeature)")
-            elif len(values) != n:
-                out.append(
-                    f"feature {name!r} has {len(values)} values, the spec's shape {entry['shape']} needs {n}"
-                )
+        else:
+            col = batch.columns.get(name)
+            rec = col.rec if col is not None else empty
+            if col is not None:
+                wrong = np.flatnonzero((col.kind != _KINDS[entry["dtype"]]) & (col.kind != NONE))
+                for r, k in zip(col.rec[wrong].tolist(), col.kind[wrong].tolist(), strict=True):
+                    found.append((r, f"feature {name!r} is {kind_name(k)}, the spec says {entry['dtype']}"))
+            if entry["kind"] == "FixedLenFeature":
+                need = math.prod(entry["shape"])
+                present = np.zeros(n, bool)
+                present[rec] = True
+                for r in np.flatnonzero(~present).tolist():
+                    found.append((r, f"feature {name!r} is missing (FixedLenFeature)"))
+                if col is not None:
+                    off = np.flatnonzero(col.count != need)
+                    shape = entry["shape"]
+                    for r, c in zip(col.rec[off].tolist(), col.count[off].tolist(), strict=True):
+                        found.append(
+                            (r, f"feature {name!r} has {c} values, the spec's shape {shape} needs {need}")
+                        )
+        for r, text in found:
+            if r not in refused:
+                out.setdefault(r, []).append(text)
     return out
 
 
-def _check_shard(args: tuple[str, dict[str, Any], str, dict[str, dict]]) -> tuple[int, list[str]]:
-    path, shard, compression, spec = args
-    problems: list[str] = []
-    name = posixpath.basename(path)
-    if not exists(path):
-        return 0, [f"{name}: missing shard"]
-    digest = FileDigest()
-    records = 0
-    try:
-        for offset, raw in read_records(path, compression, on_raw=digest):
-            records += 1
-            try:
-                bad = _spec_problems(parse_example(raw), spec)
-            except Exception as exn:  # protobuf's DecodeError and friends
-                bad = [f"not a tf.train.Example ({exn})"]
-            if bad and len(problems) < 20:
-                problems.append(
-                    f"{name}: record {records} at byte {offset} does not parse with "
-                    f"the spec: {'; '.join(bad)}"
-                )
-    except CorruptRecord as exn:
-        problems.append(f"{name}: corrupt record at byte {exn.offset}: {exn}".replace(f"{path}: ", ""))
-    except Exception as exn:  # a truncated or non-gzip stream
-        problems.append(f"{name}: cannot be read as {compression}: {exn}")
-    if digest.size != shard["bytes"]:
-        problems.append(f"{name}: size {digest.size} bytes, the manifest says {shard['bytes']}")
-    if digest.hexdigest() != shard["sha256"]:
+def _shard_problems(name: str, shard: dict[str, Any], result: ShardResult) -> list[str]:
+    if result.missing:
+        return [f"{name}: missing shard"]
+    problems = []
+    checks: _Checks = result.acc
+    corrupt = []
+    if result.error is not None:
+        if result.error_offset is None:
+            problems.append(f"{name}: {result.error}")
+        else:
+            corrupt.append((result.error_offset, result.error))
+    if checks.corrupt is not None:
+        corrupt.append(checks.corrupt)
+    if corrupt:
+        offset, what = min(corrupt)
+        problems.append(f"{name}: corrupt record at byte {offset}: {what}")
+    for index, offset, why in checks.bad:
+        problems.append(f"{name}: record {index + 1} at byte {offset} does not parse with the spec: {why}")
+    if checks.bad_count > len(checks.bad):
         problems.append(
-            f"{name}: sha256 {digest.hexdigest()[:16]}..., the manifest says {shard['sha256'][:16]}..."
+            f"{name}: {checks.bad_count - len(checks.bad)} more records do not parse with the spec"
         )
-    if records != shard["records"]:
-        problems.append(f"{name}: {records} records, the manifest says {shard['records']}")
-    return records, problems
+    if result.size != shard["bytes"]:
+        problems.append(f"{name}: size {result.size} bytes, the manifest says {shard['bytes']}")
+    if result.sha256 != shard["sha256"]:
+        problems.append(
+            f"{name}: sha256 {result.sha256[:16]}..., the manifest says {shard['sha256'][:16]}..."
+        )
+    if result.records != shard["records"]:
+        problems.append(f"{name}: {result.records} records, the manifest says {shard['records']}")
+    return problems
 
 
 def _escapes(file: str, root: str) -> bool:
@@ -174,15 +232,18 @@ def verify(path: str, *, workers: int | None = None) -> list[str]:
             for f in layout.TRANSFORM_FILES
             if not exists(layout.join(out, version, f) if version else f"{out}/{f}")
         )
+    files = [(f"{out}/{s['file']}", meta["compression"]) for s in shards]
+    results = scan_shards(
+        files,
+        functools.partial(_Checks, spec),
+        what="verify",
+        total_bytes=sum(int(s.get("bytes", 0)) for s in shards),
+        workers=workers,
+    )
     total = 0
-    progress = Progress("verify", len(shards))
-    jobs = [(f"{out}/{s['file']}", s, meta["compression"], spec) for s in shards]
-    with ProcessPoolExecutor(max_workers=workers) as pool:
-        for records, shard_problems in pool.map(_check_shard, jobs):
-            total += records
-            problems.extend(shard_problems)
-            progress.update(files=1, records=records)
-    progress.done()
+    for shard, result in zip(shards, results, strict=True):
+        total += result.records
+        problems.extend(_shard_problems(posixpath.basename(result.path), shard, result))
     if total != meta.get("num_records"):
         problems.append(f"the shards hold {total} records, the manifest says {meta.get('num_records')}")
     return problems
