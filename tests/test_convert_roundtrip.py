@@ -144,7 +144,9 @@ def _check_output(output: str, expected: dict[int, dict[str, list]], compression
     assert meta["rows_read"] == meta["rows_written"] == len(expected)
     assert meta["rows_rejected"] == 0
     files = [os.path.join(output, s["file"]) for s in meta["shards"]]
-    bundle = ["feature_spec.json", "metadata.json", "schema.pbtxt", "schema.yaml"]
+    bundle = ["croissant.json", "feature_spec.json", "metadata.json", "schema.pbtxt", "schema.yaml"]
+    if compression == "none":  # TFDS metadata only where TFDS can read the shards
+        bundle += ["dataset_info.json", "features.json"]
     assert sorted(os.listdir(output)) == sorted([meta["version"], "_SUCCESS", *bundle])
     assert sorted(os.listdir(published_root(output))) == sorted(
         [os.path.basename(s["file"]) for s in meta["shards"]] + bundle

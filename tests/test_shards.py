@@ -96,6 +96,7 @@ def test_a_crashed_run_leaves_no_success_and_a_rerun_publishes(tmp_path: Path, s
             "_SUCCESS",
             "_recordforge",
             meta["version"],
+            "croissant.json",
             "feature_spec.json",
             "metadata.json",
             "schema.pbtxt",
@@ -104,6 +105,7 @@ def test_a_crashed_run_leaves_no_success_and_a_rerun_publishes(tmp_path: Path, s
     )
     assert [p.name for p in (out / "_recordforge" / "runs").iterdir()] == [meta["version"]]
     assert sorted(p.name for p in published_root(out).iterdir()) == [
+        "croissant.json",
         "data-00000-of-00001.tfrecord.gz",
         "feature_spec.json",
         "metadata.json",

@@ -9,6 +9,7 @@
         data-SSSSS-of-NNNNN.tfrecord[.gz|.deflate]   (or {split}/{split}-SSSSS-of-NNNNN...)
         _rejected/  transform_fn/  transformed_metadata/  metadata/
         schema.pbtxt  schema.yaml  feature_spec.json  [raw_feature_spec.json]  metadata.json
+        croissant.json  [dataset_info.json  features.json  label_id.labels.txt]   (TFDS, Croissant)
       _recordforge/
         lock                 held by the one run writing this output
         runs/<version>       a run's journal entry, written before its version folder: the
@@ -30,6 +31,10 @@ __all__ = [
     "SCHEMA_PBTXT",
     "SCHEMA_YAML",
     "SUCCESS",
+    "CROISSANT",
+    "TFDS_FEATURES",
+    "TFDS_INFO",
+    "TFDS_LABELS",
     "TOP_COPIES",
     "TOP_FILES",
     "TRANSFORM_FILES",
@@ -63,9 +68,25 @@ TRANSFORMED_SCHEMA = f"{TRANSFORMED_METADATA}/schema.pbtxt"
 # Written by tensorflow-transform's own writers when the run had transforms.
 TRANSFORM_FILES = (f"{TRANSFORM_FN}/saved_model.pb", TRANSFORMED_SCHEMA, f"{RAW_METADATA}/schema.pbtxt")
 STATE_DIR = "_recordforge"
+# Catalog metadata (schemas/tfds_metadata.py, schemas/croissant.py). Their paths are relative to
+# the output, so readers are handed the output folder and read the top-level copies.
+CROISSANT = "croissant.json"
+TFDS_INFO = "dataset_info.json"
+TFDS_FEATURES = "features.json"
+TFDS_LABELS = "label_id.labels.txt"  # ClassLabel names of an image folder's label_id
 
 # Small files copied from the published version to the top of the output after each commit.
-TOP_COPIES = (FEATURE_SPEC, SCHEMA_PBTXT, SCHEMA_YAML, RAW_FEATURE_SPEC)
+# TFDS reads dataset_info.json first: it is copied last, after the features it describes.
+TOP_COPIES = (
+    FEATURE_SPEC,
+    SCHEMA_PBTXT,
+    SCHEMA_YAML,
+    RAW_FEATURE_SPEC,
+    CROISSANT,
+    TFDS_FEATURES,
+    TFDS_LABELS,
+    TFDS_INFO,
+)
 # Every name RecordForge writes at the top of an output folder.
 TOP_FILES = frozenset({METADATA, SUCCESS, *TOP_COPIES})
 

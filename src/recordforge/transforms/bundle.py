@@ -15,6 +15,7 @@ from apache_beam.io.filesystems import FileSystems
 from recordforge import __version__, layout
 from recordforge.errors import RecordForgeError, SourceError
 from recordforge.layout import (
+    CROISSANT,
     FEATURE_SPEC,
     METADATA,
     RAW_FEATURE_SPEC,
@@ -25,9 +26,11 @@ from recordforge.layout import (
     TOP_COPIES,
     TRANSFORMED_SCHEMA,
 )
+from recordforge.schemas.croissant import croissant_json
 from recordforge.schemas.export import tfmd_text
 from recordforge.schemas.loader import dump_schema
 from recordforge.schemas.plan import Plan
+from recordforge.schemas.tfds_metadata import tfds_metadata
 from recordforge.storage import delete_tree, is_local, literal, write_atomically
 from recordforge.tfrecord import Compression, ShardInfo
 
@@ -242,6 +245,9 @@ def _write_bundle(facts: dict[str, Any], spec: BundleSpec) -> str:
         with FileSystems.open(layout.join(root, TRANSFORMED_SCHEMA)) as f:
             files[SCHEMA_PBTXT] = f.read()
         files[RAW_FEATURE_SPEC] = json.dumps(spec.raw_plan.feature_spec, indent=2).encode()
+    # Catalog metadata for TFDS (where it can read the shards) and Croissant.
+    files[CROISSANT] = croissant_json(spec.plan, meta, output=spec.output)
+    files.update(tfds_metadata(spec.plan, meta, output=spec.output))
     for temp in spec.temp_dirs:
         delete_tree(temp)
     manifest = json.dumps(meta, indent=2).encode()
@@ -319,7 +325,8 @@ def rule_of(line: str) -> str:
 
 
 class WriteBundle(beam.PTransform):
-    """Writes schema.pbtxt, schema.yaml, feature_spec.json, metadata.json, then `_SUCCESS`.
+    """Writes schema.pbtxt, schema.yaml, feature_spec.json, croissant.json, the TFDS metadata,
+    metadata.json, then `_SUCCESS`.
 
     In: the `ShardInfo`s of the written shards; besides, `rows_per_batch` (the rows of every
     source batch), the rule of every rejected row, the JSON line of every unreadable file, the
