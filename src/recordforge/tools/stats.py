@@ -1,8 +1,12 @@
-"""stats: per-feature counts, missing, min/max/mean/std, top values and list-length histograms."""
+"""stats: per-feature counts, missing, min/max/mean/std, histograms, list lengths (list features
+only), values per position of fixed-shape features, top values and distinct counts of strings,
+formats and thumbnails of images. Every shard is read in parallel (tools/scan.py) and each
+chunk of records is summarised with numpy over whole columns (tools/wire.py); the summaries
+merge exactly (counts, moments, extremes) or as said (histograms from a uniform sample)."""
 
 from __future__ import annotations
 
-import html
+import json
 import math
 from collections import Counter
 from dataclasses import dataclass, field
@@ -10,169 +14,283 @@ from typing import Any
 
 import numpy as np
 
-from recordforge.tools.progress import Progress
-from recordforge.tools.records import parse_example, read_records, record_files
+from recordforge.storage import exists, open_read
+from recordforge.tfrecord import RecordChunk, data_crc_mismatches
+from recordforge.tools.records import CorruptRecord, record_files
+from recordforge.tools.scan import scan_shards
+from recordforge.tools.wire import BYTES, FLOAT, INT64, NONE, Column, KeyTable, decode_batch
 
-__all__ = ["FeatureStats", "format_stats", "stats", "stats_html"]
+__all__ = ["FeatureStats", "stats"]
 
-_CHUNK = 8192
-_SAMPLE = 20000
+SAMPLE = 20_000  # values kept per feature (uniformly at random) for histograms
+DISTINCT_EXACT = 10_000  # distinct strings counted exactly; beyond, estimated
+SHORT = 64  # strings up to this many bytes are counted as values; longer ones are blobs
+_SKETCH = 2048  # smallest hashes kept to estimate distinct counts
+_POSITIONS = 16  # fixed-shape features up to this many values get statistics per position
+_THUMBS = 8
+_MAGIC = {b"\x89PNG": "png", b"\xff\xd8\xff": "jpeg", b"GIF8": "gif", b"BM": "bmp"}
+_C1, _C2 = np.uint64(0x9E3779B97F4A7C15), np.uint64(0xBF58476D1CE4E5B9)
 
 
 @dataclass
 class FeatureStats:
-    """Exact running statistics of one feature (numeric moments merged chunk by chunk)."""
+    """One feature's summary; `merge` combines two summaries of disjoint records."""
 
-    kind: str = "none"
+    kinds: Counter = field(default_factory=Counter)
     present: int = 0
-    values: int = 0
+    lengths: Counter = field(default_factory=Counter)
+    values: int = 0  # numeric values, finite ones in the moments below
+    nan: int = 0
+    inf: int = 0
     mean: float = 0.0
     m2: float = 0.0
-    min: float | None = None
-    max: float | None = None
+    min: float | int | None = None
+    max: float | int | None = None
+    sample: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    sample_pos: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    _priority: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    width: int | None = None  # values per record when every record has the same number
     top: Counter = field(default_factory=Counter)
-    lengths: Counter = field(default_factory=Counter)
-    sample: list[float] = field(default_factory=list)
-    _pending: list[float] = field(default_factory=list)
+    top_exact: bool = True
+    sketch: np.ndarray = field(default_factory=lambda: np.zeros(0, np.uint64))
+    long_values: int = 0  # bytes values longer than SHORT (not counted as strings)
+    formats: Counter = field(default_factory=Counter)
+    thumbs: list[bytes] = field(default_factory=list)
+    logical: str | None = None
 
-    def add(self, kind: str, values: list[Any]) -> None:
-        if kind != "none":
-            self.kind = kind
-        self.present += 1
-        self.lengths[len(values)] += 1
-        if kind == "bytes":
-            self.top.update(v[:64] for v in values)
-        elif kind in ("int64", "float"):
-            self._pending.extend(values)
-            if len(self._pending) >= _CHUNK:
-                self._flush()
-
-    def _flush(self) -> None:
-        if not self._pending:
-            return
-        chunk = np.asarray(self._pending, dtype=np.float64)
-        self._pending = []
-        if len(self.sample) < _SAMPLE:
-            self.sample.extend(chunk[: _SAMPLE - len(self.sample)].tolist())
-        finite = chunk[np.isfinite(chunk)]
-        n, m = len(finite), float(finite.mean()) if len(finite) else 0.0
-        m2 = float(((finite - m) ** 2).sum()) if len(finite) else 0.0
-        total = self.values + n
-        if n:
-            delta = m - self.mean
-            self.mean += delta * n / total
-            self.m2 += m2 + delta * delta * self.values * n / total
-            lo, hi = float(finite.min()), float(finite.max())
-            self.min = lo if self.min is None else min(self.min, lo)
-            self.max = hi if self.max is None else max(self.max, hi)
-        self.values = total
-
-    def finish(self) -> None:
-        self._flush()
+    @property
+    def kind(self) -> str:
+        real = [k for k, _ in self.kinds.most_common() if k != "none"]
+        return real[0] if real else "none"
 
     @property
     def std(self) -> float:
-        return math.sqrt(self.m2 / self.values) if self.values else float("nan")
+        finite = self.values - self.nan - self.inf
+        return math.sqrt(self.m2 / finite) if finite else float("nan")
+
+    @property
+    def distinct(self) -> tuple[int, bool]:
+        """(distinct short values, exact?)."""
+        if self.top_exact:
+            return len(self.top), True
+        k = len(self.sketch)
+        if k < _SKETCH:
+            return k, True
+        return int((k - 1) / (float(self.sketch[-1]) / 2.0**64)), False
+
+    # --- adding a column -------------------------------------------------------------------
+
+    def add(self, col: Column, rng: np.random.Generator) -> None:
+        kinds, counts = np.unique(col.kind, return_counts=True)
+        for k, c in zip(kinds.tolist(), counts.tolist(), strict=True):
+            self.kinds[{NONE: "none", BYTES: "bytes", FLOAT: "float", INT64: "int64"}[k]] += c
+        self.present += len(col.rec)
+        lengths, counts = np.unique(col.count, return_counts=True)
+        self.lengths.update(dict(zip(lengths.tolist(), counts.tolist(), strict=True)))
+        width = int(lengths[0]) if len(lengths) == 1 else -1
+        self.width = width if self.width in (None, width) else -1
+        for kind, values in ((INT64, col.ints), (FLOAT, col.floats)):
+            if len(values):
+                self._numbers(values, col.count[col.kind == kind], rng)
+        if len(col.starts):
+            self._strings(col, rng)
+
+    def _numbers(self, values: np.ndarray, counts: np.ndarray, rng: np.random.Generator) -> None:
+        as_float = values.astype(np.float64)
+        finite = np.isfinite(as_float)
+        before = self.values - self.nan - self.inf  # finite values so far
+        nan = int(np.isnan(as_float).sum())
+        self.values += len(values)
+        self.nan += nan
+        self.inf += int((~finite).sum()) - nan
+        good = as_float[finite] if not finite.all() else as_float
+        if len(good):
+            n, m = len(good), float(good.mean())
+            m2 = float(((good - m) ** 2).sum())
+            total = before + n
+            delta = m - self.mean
+            self.mean += delta * n / total
+            self.m2 += m2 + delta * delta * before * n / total
+            exact = values[finite] if values.dtype.kind == "i" else good
+            lo, hi = exact.min().item(), exact.max().item()
+            self.min = lo if self.min is None else min(self.min, lo)
+            self.max = hi if self.max is None else max(self.max, hi)
+        positions = np.arange(len(values)) - np.repeat(np.cumsum(counts) - counts, counts)
+        self._sample(as_float, positions, rng)
+
+    def _sample(self, values: np.ndarray, positions: np.ndarray, rng: np.random.Generator) -> None:
+        """A uniform sample: every value draws a random priority, the SAMPLE smallest stay."""
+        priority = rng.random(len(values))
+        if len(values) > SAMPLE:
+            keep = np.argpartition(priority, SAMPLE)[:SAMPLE]
+            values, positions, priority = values[keep], positions[keep], priority[keep]
+        self.sample = np.concatenate([self.sample, values])
+        self.sample_pos = np.concatenate([self.sample_pos, positions])
+        self._priority = np.concatenate([self._priority, priority])
+        if len(self.sample) > SAMPLE:
+            keep = np.argpartition(self._priority, SAMPLE)[:SAMPLE]
+            self.sample, self.sample_pos, self._priority = (
+                self.sample[keep],
+                self.sample_pos[keep],
+                self._priority[keep],
+            )
+
+    def _strings(self, col: Column, rng: np.random.Generator) -> None:
+        starts, ends = col.starts, col.ends
+        lengths = ends - starts
+        blob = col.blob
+        if int(starts.max()) + SHORT + 8 > len(blob):
+            blob = np.concatenate([blob, np.zeros(SHORT + 8, np.uint8)])
+        head = np.lib.stride_tricks.sliding_window_view(blob, 4)[starts]
+        for magic, name in _MAGIC.items():
+            hit = (head[:, : len(magic)] == np.frombuffer(magic, np.uint8)).all(axis=1) & (
+                lengths >= len(magic)
+            )
+            if hit.any():
+                self.formats[name] += int(hit.sum())
+                if len(self.thumbs) < _THUMBS:
+                    first = np.flatnonzero(hit)[: _THUMBS - len(self.thumbs)]
+                    self.thumbs += [blob[starts[i] : ends[i]].tobytes() for i in first.tolist()]
+        short = lengths <= SHORT
+        self.long_values += int((~short).sum())
+        if not short.any():
+            return
+        s, n = starts[short], lengths[short]
+        width = max(8, int(-(-int(n.max()) // 8) * 8))
+        rows = np.lib.stride_tricks.sliding_window_view(blob, width)[s] * (np.arange(width) < n[:, None])
+        words = np.ascontiguousarray(rows).view(np.uint64)
+        h = n.astype(np.uint64) * _C1
+        with np.errstate(over="ignore"):
+            for k in range(words.shape[1]):
+                h = (h ^ words[:, k]) * _C2
+                h ^= h >> np.uint64(31)
+        uniq, first, counts = np.unique(h, return_index=True, return_counts=True)
+        self._sketch(uniq)
+        if self.top_exact or len(uniq) < 4 * DISTINCT_EXACT:
+            idx = s[first].tolist()
+            for a, length, c in zip(idx, n[first].tolist(), counts.tolist(), strict=True):
+                self.top[blob[a : a + length].tobytes()] += c
+            self._bound()
+
+    def _sketch(self, hashes: np.ndarray) -> None:
+        merged = np.union1d(self.sketch, hashes)
+        self.sketch = merged[:_SKETCH]
+
+    def _bound(self) -> None:
+        if len(self.top) > DISTINCT_EXACT:
+            self.top_exact = False
+            self.top = Counter(dict(self.top.most_common(DISTINCT_EXACT)))
+
+    def merge(self, other: FeatureStats) -> None:
+        self.kinds.update(other.kinds)
+        self.lengths.update(other.lengths)
+        before, n = self.values - self.nan - self.inf, other.values - other.nan - other.inf
+        if n:
+            total = before + n
+            delta = other.mean - self.mean
+            self.mean += delta * n / total
+            self.m2 += other.m2 + delta * delta * before * n / total
+        for name in ("min", "max"):
+            a, b = getattr(self, name), getattr(other, name)
+            pick = min if name == "min" else max
+            setattr(self, name, b if a is None else a if b is None else pick(a, b))
+        self.present += other.present
+        self.values += other.values
+        self.nan += other.nan
+        self.inf += other.inf
+        self.width = (
+            other.width if self.width in (None, other.width) else (self.width if other.width is None else -1)
+        )
+        rng = np.random.default_rng(len(self.sample))
+        self.sample = np.concatenate([self.sample, other.sample])
+        self.sample_pos = np.concatenate([self.sample_pos, other.sample_pos])
+        self._priority = np.concatenate([self._priority, other._priority])
+        if len(self.sample) > SAMPLE:
+            self._sample(np.zeros(0), np.zeros(0, np.int64), rng)
+        self.top.update(other.top)
+        self.top_exact = self.top_exact and other.top_exact
+        self._bound()
+        self._sketch(other.sketch)
+        self.long_values += other.long_values
+        self.formats.update(other.formats)
+        self.thumbs = (self.thumbs + other.thumbs)[:_THUMBS]
 
 
-def stats(path: str) -> dict[str, Any]:
+class _Summary:
+    """The accumulator scan_shards runs per chunk: FeatureStats per feature."""
+
+    def __init__(self) -> None:
+        self.records = 0
+        self.corrupt = 0
+        self.not_examples = 0
+        self.features: dict[str, FeatureStats] = {}
+        self._keys = KeyTable()
+
+    def add(self, chunk: RecordChunk, shard: str) -> None:
+        rng = np.random.default_rng([chunk.first_record, len(chunk), hash(shard) & 0xFFFF])
+        self.corrupt += len(data_crc_mismatches(chunk))
+        batch = decode_batch(chunk.data, chunk.starts, chunk.ends, self._keys)
+        self.records += batch.size
+        self.not_examples += len(batch.not_examples)
+        for name, col in batch.columns.items():
+            self.features.setdefault(name, FeatureStats()).add(col, rng)
+
+    def merge(self, other: _Summary) -> None:
+        self.records += other.records
+        self.corrupt += other.corrupt
+        self.not_examples += other.not_examples
+        for name, s in other.features.items():
+            if name in self.features:
+                self.features[name].merge(s)
+            else:
+                self.features[name] = s
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if k != "_keys"}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._keys = KeyTable()
+
+
+def _spec(path: str) -> dict[str, Any]:
+    out = path.rstrip("/")
+    if exists(f"{out}/metadata.json") and exists(f"{out}/feature_spec.json"):
+        with open_read(f"{out}/feature_spec.json") as f:
+            return json.loads(f.read())
+    return {}
+
+
+def stats(path: str, *, workers: int | None = None) -> dict[str, Any]:
     """Statistics of every record of a bundle (all shards) or of one TFRecord file."""
     files = record_files(path)
-    per: dict[str, FeatureStats] = {}
-    records = 0
-    progress = Progress("stats", len(files))
-    for file, compression in files:
-        n = 0
-        for _, raw in read_records(file, compression):
-            n += 1
-            for name, (kind, values) in parse_example(raw).items():
-                per.setdefault(name, FeatureStats()).add(kind, values)
-        records += n
-        progress.update(files=1, records=n)
-    progress.done()
-    for s in per.values():
-        s.finish()
-    return {"path": path.rstrip("/"), "records": records, "features": dict(sorted(per.items()))}
+    results = scan_shards(files, _Summary, what="stats", workers=workers)
+    total = _Summary()
+    for r in results:
+        if r.missing:
+            raise FileNotFoundError(f"{r.path}: No such file or directory")
+        if r.error is not None:
+            if r.error_offset is not None:
+                raise CorruptRecord(r.path, r.error_offset, r.error)
+            raise ValueError(f"{r.path}: {r.error}")
+        total.merge(r.acc)
+    spec = _spec(path)
+    for name, s in total.features.items():
+        entry = spec.get(name, {})
+        s.logical = entry.get("logical") or ("image" if "image" in entry else None)
+        if s.logical is None and s.formats and sum(s.formats.values()) == s.kinds.get("bytes", 0):
+            s.logical = "image"
+    return {
+        "path": path.rstrip("/"),
+        "records": total.records,
+        "corrupt_records": total.corrupt,
+        "not_examples": total.not_examples,
+        "feature_spec": spec,
+        "features": dict(sorted(total.features.items())),
+    }
 
 
-def format_stats(result: dict[str, Any]) -> str:
-    n = result["records"]
-    head = (
-        f"{'feature':28} {'kind':6} {'count':>9} {'missing':>8} {'min':>12} {'max':>12} "
-        f"{'mean':>12} {'std':>12}  lengths / top values"
-    )
-    lines = [f"{result['path']}: {n} records", "", head, "-" * len(head)]
-    for name, s in result["features"].items():
-        if s.kind in ("int64", "float") and s.values:
-            nums = f"{s.min:>12.6g} {s.max:>12.6g} {s.mean:>12.6g} {s.std:>12.6g}"
-        else:
-            nums = f"{'':>12} {'':>12} {'':>12} {'':>12}"
-        lengths = ",".join(f"{k}:{v}" for k, v in sorted(s.lengths.items())[:6])
-        top = ""
-        if s.kind == "bytes":
-            top = "  top " + ", ".join(f"{_short(v)}:{c}" for v, c in s.top.most_common(3))
-        lines.append(
-            f"{name[:28]:28} {s.kind:6} {s.present:>9} {n - s.present:>8} {nums}  len {lengths}{top}"
-        )
-    return "\n".join(lines)
+# The text and HTML views, importable from here as before.
+from recordforge.tools.stats_format import format_stats, stats_html  # noqa: E402
 
-
-def _short(value: bytes) -> str:
-    try:
-        text = value.decode("utf-8")
-    except UnicodeDecodeError:
-        text = value.hex()
-    return repr(text if len(text) <= 16 else text[:15] + "…")
-
-
-def _svg_bars(counts: list[int], labels: list[str], width: int = 220, height: int = 60) -> str:
-    if not counts:
-        return ""
-    top = max(counts) or 1
-    bar = width / len(counts)
-    rects = "".join(
-        f'<rect x="{i * bar:.1f}" y="{height - c / top * height:.1f}" width="{max(bar - 1, 1):.1f}" '
-        f'height="{c / top * height:.1f}"><title>{html.escape(labels[i])}: {c}</title></rect>'
-        for i, c in enumerate(counts)
-    )
-    return f'<svg width="{width}" height="{height}" class="h">{rects}</svg>'
-
-
-def stats_html(result: dict[str, Any]) -> str:
-    """A self-contained page: one row per feature, with a value and a list-length histogram."""
-    rows = []
-    for name, s in result["features"].items():
-        hist = ""
-        if s.sample:
-            sample = np.asarray(s.sample)
-            sample = sample[np.isfinite(sample)]
-            if len(sample):
-                counts, edges = np.histogram(sample, bins=20)
-                hist = _svg_bars(
-                    counts.tolist(), [f"{edges[i]:.4g}..{edges[i + 1]:.4g}" for i in range(len(counts))]
-                )
-        elif s.kind == "bytes":
-            common = s.top.most_common(10)
-            hist = _svg_bars([c for _, c in common], [_short(v) for v, _ in common])
-        lengths = sorted(s.lengths.items())
-        len_hist = _svg_bars([c for _, c in lengths], [f"length {k}" for k, _ in lengths])
-        nums = (
-            f"{s.min:.6g}</td><td>{s.max:.6g}</td><td>{s.mean:.6g}</td><td>{s.std:.6g}"
-            if s.values and s.kind != "bytes"
-            else "</td><td></td><td></td><td>"
-        )
-        rows.append(
-            f"<tr><td>{html.escape(name)}</td><td>{s.kind}</td><td>{s.present}</td>"
-            f"<td>{result['records'] - s.present}</td><td>{nums}</td><td>{hist}</td>"
-            f"<td>{len_hist}</td></tr>"
-        )
-    return f"""<!doctype html><html><head><meta charset="utf-8">
-<title>RecordForge stats: {html.escape(result["path"])}</title>
-<style>body{{font:14px sans-serif;margin:2em}}table{{border-collapse:collapse}}
-td,th{{border-bottom:1px solid #ddd;padding:4px 8px;text-align:right}}td:first-child{{text-align:left}}
-svg.h rect{{fill:#4a78b5}}</style></head><body>
-<h1>{html.escape(result["path"])}</h1><p>{result["records"]} records</p>
-<table><tr><th>feature</th><th>kind</th><th>count</th><th>missing</th><th>min</th><th>max</th>
-<th>mean</th><th>std</th><th>values</th><th>list lengths</th></tr>
-{"".join(rows)}</table></body></html>
-"""
+__all__ += ["format_stats", "stats_html"]
