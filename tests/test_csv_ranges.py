@@ -59,7 +59,7 @@ def _scans(path: str, data: bytes, chunk: int) -> list[csv_ranges.ChunkScan]:
     out = []
     for p, index, start, end in chunks(path, len(data), chunk):
         lo = max(0, start - 2)
-        out.append(scan_chunk(p, index, start, data[start:end], data[lo:start], data[end : end + 1]))
+        out.append(scan_chunk(p, index, start, end, data[lo : end + 1], lo))
     random.Random(chunk).shuffle(out)  # scans arrive in any order
     return out
 

@@ -58,6 +58,8 @@ CHUNK_BYTES = 32 << 20
 _HEADER_LIMIT = 1 << 20
 
 _QUOTE, _LF, _CR, _COMMA = 0x22, 0x0A, 0x0D, 0x2C
+_NONE = np.zeros(0, dtype=np.int64)
+_NONE_CR = np.zeros((0, 2), dtype=np.int64)
 _BOM = b"\xef\xbb\xbf"
 
 
@@ -98,49 +100,49 @@ def chunks(path: str, size: int, chunk_bytes: int = CHUNK_BYTES) -> list[tuple[s
     return [(path, i, i * chunk_bytes, min(size, (i + 1) * chunk_bytes)) for i in range(n)]
 
 
-def scan_chunk(path: str, index: int, start: int, data: bytes, before: bytes, after: bytes) -> ChunkScan:
-    """Scans a chunk: `data` is bytes [start, start + len(data)) of the file, `before` the (up to)
-    two bytes before it and `after` the (up to) one byte after it."""
-    if start == 0:
+def scan_chunk(path: str, index: int, start: int, end: int, buf: bytes, buf_start: int) -> ChunkScan:
+    """Scans the chunk [start, end) of a file: `buf` holds the file's bytes from `buf_start`
+    (at most `start` - 2) to at least `end` (and the byte after it, where there is one)."""
+    if buf_start == 0:
         # The file's start reads as if after line breaks (leading empty lines are skipped), and a
         # byte order mark as line breaks too: Arrow drops it.
-        before = b"\n\n"
-        if data.startswith(_BOM):
-            data = b"\n\n\n" + data[3:]
-    pad = len(before)
-    buf = np.frombuffer(before + data + after, dtype=np.uint8)
-    lo, hi = pad, pad + len(data)
-    chunk = buf[lo:hi]
-    quotes = np.flatnonzero(chunk == _QUOTE) + lo
+        buf = b"\n\n" + (b"\n\n\n" + buf[3:] if buf.startswith(_BOM) else buf)
+        buf_start = -2
+    lo, hi = start - buf_start, end - buf_start
+    a = np.frombuffer(buf, dtype=np.uint8)
+    chunk = a[lo:hi]
     lf = np.flatnonzero(chunk == _LF) + lo
+    # A file without quotes (or carriage returns) skips their pass over the bytes.
+    quotes = np.flatnonzero(chunk == _QUOTE) + lo if buf.find(b'"', lo, hi) >= 0 else _NONE
     # Parity of the quotes before each \n within the chunk: even means outside quotes when the
     # chunk starts outside them.
     lf_odd = (np.searchsorted(quotes, lf) & 1).astype(bool)
-    prev = buf[lf - 1]
-    empty = (prev == _LF) | ((prev == _CR) & (buf[np.maximum(lf - 2, 0)] == _LF))
+    prev = a[lf - 1]
+    empty = (prev == _LF) | ((prev == _CR) & (a[lf - 2] == _LF))
     # A quote opens a field when an even number of quotes precedes it (in the chunk, for the state
     # 0 start: quotes 0, 2, 4...); it must follow a delimiter, a line end, or the quote before it.
-    opens_ok = np.isin(buf[quotes - 1], (_COMMA, _LF, _CR, _QUOTE))
-    bad_quote = np.flatnonzero(~opens_ok)
-    lone_cr = _lone_cr(buf, lo, hi, quotes)
+    before = a[quotes - 1]
+    odd_place = (before != _COMMA) & (before != _LF) & (before != _CR) & (before != _QUOTE)
+    bad_quote = np.flatnonzero(odd_place)
+    lone_cr = _lone_cr(a, lo, hi, quotes) if buf.find(b"\r", lo, hi) >= 0 else _NONE_CR
 
     first_end, first_counts, records, broken = [], [], [], []
     for state in (0, 1):
         outside = lf_odd == bool(state)
         ends = lf[outside]
         nonempty = ~empty[outside]
-        first_end.append(int(ends[0]) - pad + start if len(ends) else -1)
+        first_end.append(int(ends[0]) + buf_start if len(ends) else -1)
         first_counts.append(bool(nonempty[0]) if len(ends) else False)
         records.append(int(np.count_nonzero(nonempty)))
         reason = ""
         bad = bad_quote[(bad_quote & 1) == state]
         if len(bad):
-            at = int(quotes[bad[0]]) - pad + start
+            at = int(quotes[bad[0]]) + buf_start
             reason = f"a quote inside an unquoted field at byte {at}"
         else:
-            crs = lone_cr[(lone_cr[:, 1] & 1) == state, 0] if len(lone_cr) else lone_cr
+            crs = lone_cr[(lone_cr[:, 1] & 1) == state, 0]
             if len(crs):
-                reason = f"a line ending in a lone carriage return at byte {int(crs[0]) - pad + start}"
+                reason = f"a line ending in a lone carriage return at byte {int(crs[0]) + buf_start}"
         broken.append(reason)
     return ChunkScan(
         path,
@@ -156,8 +158,6 @@ def scan_chunk(path: str, index: int, start: int, data: bytes, before: bytes, af
 def _lone_cr(buf: np.ndarray, lo: int, hi: int, quotes: np.ndarray) -> np.ndarray:
     """(position, quotes before it in the chunk) of each \\r in the chunk not followed by \\n."""
     cr = np.flatnonzero(buf[lo:hi] == _CR) + lo
-    if not len(cr):
-        return np.zeros((0, 2), dtype=np.int64)
     nxt = buf[np.minimum(cr + 1, len(buf) - 1)]
     lone = cr[(nxt != _LF) & (cr + 1 < len(buf))]
     return np.stack([lone, np.searchsorted(quotes, lone)], axis=1).astype(np.int64)
@@ -236,9 +236,7 @@ class _ScanChunkFn(SharedItemsFn):
             why = f"cannot be scanned ({exn})"
             yield ChunkScan(path, index, False, (-1, -1), (False, False), (0, 0), (why, why))
             return
-        yield scan_chunk(
-            path, index, start, data[start - lo : end - lo], data[: start - lo], data[end - lo :]
-        )
+        yield scan_chunk(path, index, start, end, data, lo)
 
 
 def _plan_file(
