@@ -234,11 +234,11 @@ def test_image_grid_tile_matches_source(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     assert "labelled by 'label'" in proc.stdout
     grid = np.asarray(Image.open(png).convert("RGB"))
-    from recordforge.tools.grid import _LABEL_H, TILE
+    from recordforge.tools.grid import _LABEL_H, GAP, TILE
 
-    cols = 3
+    cols = 3  # one image per label: the sample takes every label in order
     for i, im in enumerate(images):
-        x, y = (i % cols) * TILE, (i // cols) * (TILE + _LABEL_H)
+        x, y = GAP + (i % cols) * (TILE + GAP), GAP + (i // cols) * (TILE + _LABEL_H + GAP)
         k = TILE // max(im.shape[:2])  # small images are enlarged by a whole factor
         big = np.repeat(np.repeat(im, k, axis=0), k, axis=1)
         np.testing.assert_array_equal(grid[y : y + big.shape[0], x : x + big.shape[1]], big)

@@ -174,12 +174,19 @@ def _inspect(argv: list[str]) -> int:
     parser.add_argument("path", help="an output folder, or any TFRecord file")
     parser.add_argument("--split", default=None, help="only this split (default: all)")
     parser.add_argument("-n", type=int, default=5, help="records to show (or images in --grid)")
-    parser.add_argument("--grid", default=None, help="write a labelled PNG grid of the images")
+    parser.add_argument(
+        "--grid",
+        default=None,
+        help="write a PNG grid of images sampled over the labels (with --split: of it)",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="the grid's random sample (default 0)")
     args = parser.parse_args(argv)
     if args.grid:
         from recordforge.tools.grid import image_grid
 
-        info = image_grid(args.path, args.grid, n=args.n if "-n" in argv else 16)
+        info = image_grid(
+            args.path, args.grid, n=args.n if "-n" in argv else 16, split=args.split, seed=args.seed
+        )
         print(
             f"wrote {info['png']}: {info['images']} images of {info['image_feature']!r}"
             + (f", labelled by {info['label_feature']!r}" if info["label_feature"] else "")

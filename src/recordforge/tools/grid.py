@@ -1,38 +1,111 @@
-"""A labelled grid of the first images of a bundle or file, like the tutorials' image grids."""
+"""A labelled grid of images of a bundle or file: a seeded random sample spread over the labels
+(round robin over them), tiles apart, each with its label written under it."""
 
 from __future__ import annotations
 
 import io
+import json
 import math
 from typing import Any
 
-from recordforge.tools.records import parse_example, read_records, record_files
+import numpy as np
+
+from recordforge.storage import exists, open_read
+from recordforge.tfrecord import read_record_chunks
+from recordforge.tools.records import record_files
+from recordforge.tools.wire import BYTES, INT64, Column, KeyTable, decode_batch
 
 __all__ = ["image_grid"]
 
 TILE = 128
-_LABEL_H = 14
+GAP = 8
+_LABEL_H = 22
+_MAGIC = (b"\x89PNG", b"\xff\xd8\xff", b"GIF8", b"BM", b"RIFF")
 
 
-def _is_image(value: bytes) -> bool:
-    from PIL import Image
+def _files(path: str, split: str | None) -> list[tuple[str, str]]:
+    out = path.rstrip("/")
+    if split is None or not exists(f"{out}/metadata.json"):
+        return record_files(path)
+    with open_read(f"{out}/metadata.json") as f:
+        meta = json.loads(f.read())
+    shards = [s for s in meta["shards"] if s.get("split") == split]
+    if not shards:
+        raise ValueError(
+            f"{out}: no split {split!r} (splits: {sorted({s.get('split') for s in meta['shards']})})"
+        )
+    return [(f"{out}/{s['file']}", meta["compression"]) for s in shards]
 
-    try:
-        with Image.open(io.BytesIO(value)) as im:
-            im.verify()
-        return True
-    except Exception:
-        return False
+
+def _first_value(col: Column, kind: int) -> dict[int, Any]:
+    """{record: its first value} for the entries of `kind` with at least one value."""
+    sel = np.flatnonzero((col.kind == kind) & (col.count > 0))
+    counts = col.count[col.kind == kind]
+    firsts = np.cumsum(counts) - counts
+    at = firsts[np.searchsorted(np.flatnonzero(col.kind == kind), sel)]
+    if kind == INT64:
+        return dict(zip(col.rec[sel].tolist(), col.ints[at].tolist(), strict=True))
+    return {
+        r: col.blob[s:e].tobytes()
+        for r, s, e in zip(col.rec[sel].tolist(), col.starts[at].tolist(), col.ends[at].tolist(), strict=True)
+    }
 
 
-def _records(path: str, n: int) -> list[dict[str, tuple[str, list[Any]]]]:
-    records = []
-    for file, compression in record_files(path):
-        for _, raw in read_records(file, compression):
-            records.append(parse_example(raw))
-            if len(records) >= n:
-                return records
-    return records
+def _pick_features(
+    columns: dict[str, Column], image: str | None, label: str | None
+) -> tuple[str, str | None]:
+    if image is None:
+        for name in sorted(columns):
+            values = _first_value(columns[name], BYTES)
+            if values and next(iter(values.values())).startswith(_MAGIC):
+                image = name
+                break
+        if image is None:
+            raise ValueError("no feature holds encoded images")
+    if label is None:
+        label = next((k for k in ("label", "label_name", "class", "label_id") if k in columns), None)
+    return image, label
+
+
+def _sample(
+    path: str, n: int, split: str | None, image: str | None, label: str | None, seed: int
+) -> tuple[list[tuple[Any, bytes]], str, str | None]:
+    """Up to n (label, image bytes): every record draws a seeded random priority; each label keeps
+    its n lowest; the grid takes them round robin over the labels."""
+    rng = np.random.default_rng(seed)
+    keys = KeyTable()
+    kept: dict[Any, list[tuple[float, bytes]]] = {}
+    for file, compression in _files(path, split):
+        for chunk in read_record_chunks(file, compression):
+            batch = decode_batch(chunk.data, chunk.starts, chunk.ends, keys)
+            if not batch.columns:
+                continue
+            image, label = _pick_features(batch.columns, image, label)
+            if image not in batch.columns:
+                continue
+            images = _first_value(batch.columns[image], BYTES)
+            labels: dict[int, Any] = {}
+            if label in batch.columns:
+                col = batch.columns[label]
+                labels = _first_value(col, BYTES) or _first_value(col, INT64)
+            priority = rng.random(batch.size)
+            for r, raw in images.items():
+                bucket = kept.setdefault(labels.get(r), [])
+                bucket.append((float(priority[r]), raw))
+                if len(bucket) > 2 * n:
+                    bucket.sort(key=lambda t: t[0])
+                    del bucket[n:]
+    if image is None:
+        raise ValueError(f"{path}: no records")
+    for bucket in kept.values():
+        bucket.sort(key=lambda t: t[0])
+    chosen: list[tuple[Any, bytes]] = []
+    order = sorted(kept, key=lambda v: (v is None, str(v)))
+    while len(chosen) < n and any(kept[k] for k in order):
+        for k in order:
+            if kept[k] and len(chosen) < n:
+                chosen.append((k, kept[k].pop(0)[1]))
+    return chosen, image, label
 
 
 def image_grid(
@@ -42,58 +115,43 @@ def image_grid(
     n: int = 16,
     image_feature: str | None = None,
     label_feature: str | None = None,
+    split: str | None = None,
+    seed: int = 0,
 ) -> dict[str, Any]:
-    """Writes a PNG grid of the first `n` images; a small image is enlarged by the largest whole
-    factor that fits the tile (nearest neighbour: every pixel stays exact), a larger one is
-    shrunk to fit. Returns what it used."""
-    from PIL import Image, ImageDraw
+    """Writes a PNG grid of `n` images sampled over the labels; a small image is enlarged by the
+    largest whole factor that fits the tile (nearest neighbour: every pixel stays exact), a larger
+    one is shrunk to fit. Returns what it used."""
+    from PIL import Image, ImageDraw, ImageFont
 
-    records = _records(path, n)
-    if not records:
-        raise ValueError(f"{path}: no records")
-    first = records[0]
-    if image_feature is None:
-        candidates = [
-            k for k, (kind, v) in sorted(first.items()) if kind == "bytes" and v and _is_image(v[0])
-        ]
-        if not candidates:
-            raise ValueError(f"{path}: no feature holds encoded images")
-        image_feature = candidates[0]
-    if label_feature is None:
-        for key in ("label", "label_name", "class"):
-            if key in first:
-                label_feature = key
-                break
-    cols = math.ceil(math.sqrt(len(records)))
-    rows = math.ceil(len(records) / cols)
-    grid = Image.new("RGB", (cols * TILE, rows * (TILE + _LABEL_H)), "white")
+    chosen, image_feature, label_feature = _sample(path, n, split, image_feature, label_feature, seed)
+    if not chosen:
+        raise ValueError(f"{path}: no images in {image_feature!r}")
+    cols = math.ceil(math.sqrt(len(chosen)))
+    rows = math.ceil(len(chosen) / cols)
+    grid = Image.new("RGB", (GAP + cols * (TILE + GAP), GAP + rows * (TILE + _LABEL_H + GAP)), "white")
     draw = ImageDraw.Draw(grid)
-    for i, rec in enumerate(records):
-        x, y = (i % cols) * TILE, (i // cols) * (TILE + _LABEL_H)
-        values = rec.get(image_feature, ("", []))[1]
-        if values:
-            with Image.open(io.BytesIO(values[0])) as im:
-                im = im.convert("RGB")
-                if im.width > TILE or im.height > TILE:
-                    im.thumbnail((TILE, TILE))
-                else:
-                    k = TILE // max(im.width, im.height)
-                    im = im.resize((im.width * k, im.height * k), Image.Resampling.NEAREST)
-                grid.paste(im, (x, y))
-        if label_feature and label_feature in rec:
-            value = rec[label_feature][1]
-            text = (
-                value[0].decode("utf-8", "replace")
-                if value and isinstance(value[0], bytes)
-                else str(value[0] if value else "")
-            )
-            draw.text((x + 2, y + TILE), text[:20], fill="black")
+    font = ImageFont.load_default(size=16)
+    for i, (label, raw) in enumerate(chosen):
+        x = GAP + (i % cols) * (TILE + GAP)
+        y = GAP + (i // cols) * (TILE + _LABEL_H + GAP)
+        with Image.open(io.BytesIO(raw)) as im:
+            im = im.convert("RGB")
+            if im.width > TILE or im.height > TILE:
+                im.thumbnail((TILE, TILE))
+            else:
+                k = TILE // max(im.width, im.height)
+                im = im.resize((im.width * k, im.height * k), Image.Resampling.NEAREST)
+            grid.paste(im, (x, y))
+        if label is not None:
+            text = label.decode("utf-8", "replace") if isinstance(label, bytes) else str(label)
+            draw.text((x + 2, y + TILE + 2), text[:16], fill="black", font=font)
     grid.save(png_path, format="PNG")
     return {
         "png": png_path,
-        "images": len(records),
+        "images": len(chosen),
         "image_feature": image_feature,
         "label_feature": label_feature,
+        "labels": len({lbl for lbl, _ in chosen}),
         "columns": cols,
         "tile": TILE,
     }
