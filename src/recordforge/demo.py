@@ -7,10 +7,52 @@ import logging
 import os
 import pprint
 
+import numpy as np
 import pyarrow.parquet as pq
 
 from recordforge.pipelines.convert import run
-from recordforge.sampledata import mnist_folder, taxi_table
+from recordforge.sampledata import taxi_table
+
+# A 5x7 bitmap font of the ten digits: the demo's images are digits a person can read.
+_FONT = {
+    0: ("01110", "10001", "10011", "10101", "11001", "10001", "01110"),
+    1: ("00100", "01100", "00100", "00100", "00100", "00100", "01110"),
+    2: ("01110", "10001", "00001", "00010", "00100", "01000", "11111"),
+    3: ("11110", "00001", "00001", "01110", "00001", "00001", "11110"),
+    4: ("00010", "00110", "01010", "10010", "11111", "00010", "00010"),
+    5: ("11111", "10000", "11110", "00001", "00001", "10001", "01110"),
+    6: ("00110", "01000", "10000", "11110", "10001", "10001", "01110"),
+    7: ("11111", "00001", "00010", "00100", "01000", "01000", "01000"),
+    8: ("01110", "10001", "10001", "01110", "10001", "10001", "01110"),
+    9: ("01110", "10001", "10001", "01111", "00001", "00010", "01100"),
+}
+
+
+def draw_digit(digit: int, rng: np.random.Generator) -> np.ndarray:
+    """A 28x28 grey digit, white on black like MNIST: the glyph at 3x scale, shifted and
+    brightened at random so that no two images are the same."""
+    glyph = np.array([[c == "1" for c in row] for row in _FONT[digit]], np.uint8)
+    big = np.kron(glyph, np.ones((3, 3), np.uint8)) * 255  # 21 x 15
+    image = np.zeros((28, 28), np.uint8)
+    dy, dx = rng.integers(0, 28 - 21 + 1), rng.integers(2, 28 - 15 - 1)
+    image[dy : dy + 21, dx : dx + 15] = (big * rng.uniform(0.7, 1.0)).astype(np.uint8)
+    return image
+
+
+def digit_folder(root: str, *, per_class: int = 10, seed: int = 0) -> int:
+    """An MNIST-shaped folder of drawn digits: train/<digit>/ and test/<digit>/ PNGs."""
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    written = 0
+    for split, count in (("train", per_class), ("test", max(1, per_class // 5))):
+        for digit in range(10):
+            folder = os.path.join(root, split, str(digit))
+            os.makedirs(folder, exist_ok=True)
+            for k in range(count):
+                Image.fromarray(draw_digit(digit, rng), mode="L").save(os.path.join(folder, f"{k:05d}.png"))
+                written += 1
+    return written
 
 
 def main() -> None:
@@ -66,7 +108,7 @@ def main() -> None:
     # An MNIST-shaped folder of PNGs: labels from folder names, original bytes kept.
     digits = os.path.join(args.workdir, "digits")
     if not os.path.exists(digits):
-        mnist_folder(digits, per_class=10)
+        digit_folder(digits, per_class=10)
     photos = os.path.join(args.workdir, "digits-tfrecords")
     meta = run(["--format", "images", "--source", digits, "--output", photos, "--overwrite"])
     grid = os.path.join(args.workdir, "digits-grid.png")

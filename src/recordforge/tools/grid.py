@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from recordforge.errors import RecordForgeError
 from recordforge.storage import exists, open_read
 from recordforge.tfrecord import read_record_chunks
 from recordforge.tools.records import record_files
@@ -23,18 +24,21 @@ _LABEL_H = 22
 _MAGIC = (b"\x89PNG", b"\xff\xd8\xff", b"GIF8", b"BM", b"RIFF")
 
 
-def _files(path: str, split: str | None) -> list[tuple[str, str]]:
+def _files(path: str, split: str | None) -> tuple[list[tuple[str, str]], bool]:
+    """The shards to read, and whether records must still be picked by their `split` feature
+    (an image folder's train/ and test/ are a feature, not split folders)."""
     out = path.rstrip("/")
     if split is None or not exists(f"{out}/metadata.json"):
-        return record_files(path)
+        return record_files(path), split is not None
     with open_read(f"{out}/metadata.json") as f:
         meta = json.loads(f.read())
+    if not any("split" in s for s in meta["shards"]):
+        return record_files(path), True
     shards = [s for s in meta["shards"] if s.get("split") == split]
     if not shards:
-        raise ValueError(
-            f"{out}: no split {split!r} (splits: {sorted({s.get('split') for s in meta['shards']})})"
-        )
-    return [(f"{out}/{s['file']}", meta["compression"]) for s in shards]
+        names = sorted({s["split"] for s in meta["shards"]})
+        raise RecordForgeError(f"{out}: no split {split!r} (splits: {names})")
+    return [(f"{out}/{s['file']}", meta["compression"]) for s in shards], False
 
 
 def _first_value(col: Column, kind: int) -> dict[int, Any]:
@@ -75,7 +79,9 @@ def _sample(
     rng = np.random.default_rng(seed)
     keys = KeyTable()
     kept: dict[Any, list[tuple[float, bytes]]] = {}
-    for file, compression in _files(path, split):
+    files, by_feature = _files(path, split)
+    wanted = split.encode() if split else b""
+    for file, compression in files:
         for chunk in read_record_chunks(file, compression):
             batch = decode_batch(chunk.data, chunk.starts, chunk.ends, keys)
             if not batch.columns:
@@ -89,6 +95,9 @@ def _sample(
                 col = batch.columns[label]
                 labels = _first_value(col, BYTES) or _first_value(col, INT64)
             priority = rng.random(batch.size)
+            if by_feature:
+                splits = _first_value(batch.columns["split"], BYTES) if "split" in batch.columns else {}
+                images = {r: raw for r, raw in images.items() if splits.get(r) == wanted}
             for r, raw in images.items():
                 bucket = kept.setdefault(labels.get(r), [])
                 bucket.append((float(priority[r]), raw))
