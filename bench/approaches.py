@@ -197,7 +197,33 @@ def recordforge(source: str, output: str, rows: int, *extra: str) -> dict:
     return {"rows": meta["num_records"], "seconds": seconds, "bytes": sum(s["bytes"] for s in meta["shards"])}
 
 
+def verify_bundle(source: str, output: str, rows: int) -> dict:
+    """`recordforge verify` of a bundle the benchmark wrote (every CRC, sha256, record parsed)."""
+    from recordforge.tools.verify import verify
+
+    start = time.perf_counter()
+    problems = verify(source)
+    seconds = time.perf_counter() - start
+    if problems:
+        raise SystemExit(f"verify found problems: {problems[:3]}")
+    return {"rows": rows, "seconds": seconds, "bytes": _size(os.path.join(source, "v-*", "data-*"))}
+
+
+def stats_bundle(source: str, output: str, rows: int) -> dict:
+    """`recordforge stats` of a bundle the benchmark wrote (every record of every shard)."""
+    from recordforge.tools.stats import stats
+
+    start = time.perf_counter()
+    result = stats(source)
+    seconds = time.perf_counter() - start
+    if result["records"] != rows:
+        raise SystemExit(f"stats read {result['records']} records, expected {rows}")
+    return {"rows": rows, "seconds": seconds, "bytes": _size(os.path.join(source, "v-*", "data-*"))}
+
+
 APPROACHES = {
+    "verify": verify_bundle,
+    "stats": stats_bundle,
     "tutorial": tutorial,
     "tfx": tfx_style,
     "recordforge": recordforge,

@@ -169,6 +169,15 @@ def main() -> None:
             "recordforge, Parquet, GZIP, 1 worker",
             ["recordforge", source, f"{w}/rf", n, "--schema", schema],
         ),
+        # Right after the conversion, in every round: reading the bundle it wrote.
+        "rf_verify": (
+            "recordforge verify of the bundle rf wrote (same round)",
+            ["verify", f"{w}/rf", "-", n],
+        ),
+        "rf_stats": (
+            "recordforge stats of the bundle rf wrote (same round)",
+            ["stats", f"{w}/rf", "-", n],
+        ),
         "rf_2w": (
             "recordforge, Parquet, GZIP, 2 workers (multi_processing)",
             [
@@ -226,7 +235,12 @@ def main() -> None:
             ["recordforge", folder, f"{w}/rf_images_2w", "0", "--format", "images", *TWO_WORKERS],
         )
     if args.only:
-        runs = {k: v for k, v in runs.items() if k in args.only.split(",") or k == "tutorial"}
+        wanted = args.only.split(",")
+        runs = {
+            k: v
+            for k, v in runs.items()
+            if k in wanted or k == "tutorial" or (k in ("rf_verify", "rf_stats") and "rf" in wanted)
+        }
     print(
         f"machine: {platform.machine()}, {os.cpu_count()} cores, Python "
         f"{platform.python_version()}; table: {args.rows} rows (baselines: {args.baseline_rows} "
@@ -277,6 +291,19 @@ def main() -> None:
             )
     ratio("rf_tft", "tft_census", "Vocabulary + z-score: recordforge vs TFT census-style", 1)
     ratio("rf", "rf_csv", "Parquet vs CSV throughput")
+    for key, what in (("rf_verify", "verify"), ("rf_stats", "stats")):
+        if key in results and "rf" in results:
+            # Seconds, same rounds: the conversion that wrote the bundle, then reading it back.
+            conv = statistics.median(x["seconds"] for x in samples["rf"][: len(samples[key])])
+            took = statistics.median(x["seconds"] for x in samples[key])
+            per = ", ".join(
+                f"{b['seconds']:.2f}/{a['seconds']:.2f}"
+                for a, b in zip(samples["rf"], samples[key], strict=False)
+            )
+            print(
+                f"{what} of the {args.rows}-record GZIP bundle: {took:.2f} s, its conversion {conv:.2f} s "
+                f"({took / conv:.2f}x the conversion's time; per round {what}/conversion s: {per})"
+            )
     if rf and args.memory_rows:
         # At 5M rows the fixed costs (pipeline start-up, worker processes importing Beam) weigh
         # less: the same comparisons of memory and of one against two workers.
