@@ -75,3 +75,46 @@ def test_infer_schema_says_what_convert_infers(tmp_path: Path, capsys: object) -
     printed = yaml.safe_load(capsys.readouterr().out)  # type: ignore[attr-defined]
     nulls = {f["name"]: f["nulls"] for f in printed["features"]}
     assert nulls == {"id": "required", "score": "absent", "name": "required", "tags": "absent"}
+
+
+def test_csv_columns_of_json_arrays_are_inferred_as_lists(tmp_path: Path, capsys: object) -> None:
+    """A CSV column whose cells are JSON arrays (RecordForge's CSV form of a list) is inferred as a
+    list of its elements' type, by convert and infer-schema alike; read back by tf.data and TFXIO."""
+    import yaml
+
+    from recordforge.cli import main
+
+    src = tmp_path / "t.csv"
+    src.write_text(
+        "id,ints,floats,words,text\n"
+        '1,"[1, 2]","[0.5, 1]","[""a"", ""b""]",[not json\n'
+        '2,[],"[2.5]","[""c""]",plain\n'
+        '3,,"[]",,"[1, ""x""]"\n'
+    )
+    out = tmp_path / "out"
+    run(["--source", str(src), "--output", str(out)])
+    spec = json.loads((out / "feature_spec.json").read_text())
+    assert {k: (v["kind"], v["dtype"]) for k, v in spec.items()} == {
+        "id": ("VarLenFeature", "int64"),
+        "ints": ("VarLenFeature", "int64"),
+        "floats": ("VarLenFeature", "float32"),
+        "words": ("VarLenFeature", "string"),
+        "text": ("VarLenFeature", "string"),  # not arrays of one kind: text
+    }
+    expected = {
+        1: ([1, 2], [0.5, 1.0], [b"a", b"b"], [b"[not json"]),
+        2: ([], [2.5], [b"c"], [b"plain"]),
+        3: ([], [], [], [b'[1, "x"]']),
+    }
+    for rows, _ in (read_tf_data(out), read_tfxio_tensors(out)):
+        got = {r["id"][0]: (r["ints"], r["floats"], r["words"], r["text"]) for r in rows}
+        assert got == expected
+    assert main(["infer-schema", str(src)]) == 0
+    printed = {f["name"]: f for f in yaml.safe_load(capsys.readouterr().out)["features"]}  # type: ignore[attr-defined]
+    assert printed["ints"]["shape"] == printed["words"]["shape"] == [-1]
+    assert (printed["ints"]["type"], printed["floats"]["type"], printed["words"]["type"]) == (
+        "int64",
+        "float64",
+        "string",
+    )
+    assert printed["text"].get("shape", []) == []

@@ -8,6 +8,7 @@ from __future__ import annotations
 import bz2
 import glob
 import gzip
+import json
 import os
 import posixpath
 from typing import IO, Any
@@ -73,6 +74,46 @@ def csv_reader(f: Any) -> pacsv.CSVStreamingReader:
     )
 
 
+# Cells looked at per column to tell a column of JSON arrays (RecordForge's CSV form of a list).
+_LIST_SAMPLE = 1000
+_JSON_KINDS = {bool: pa.bool_(), int: pa.int64(), float: pa.float64(), str: pa.string()}
+
+
+def _json_list_type(col: pa.ChunkedArray | pa.Array) -> pa.DataType | None:
+    """The list type of a text column whose every non-empty cell (of the first ones) is a JSON
+    array of scalars of one kind (integers and floats: floats); None for any other column."""
+    if not (pa.types.is_string(col.type) or pa.types.is_large_string(col.type)):
+        return None
+    cells = [v for v in col.slice(0, _LIST_SAMPLE).to_pylist() if v]
+    if not cells or not all(v.lstrip().startswith("[") for v in cells):
+        return None
+    kinds: set[type] = set()
+    for cell in cells:
+        try:
+            values = json.loads(cell)
+        except ValueError:
+            return None
+        if not isinstance(values, list):
+            return None
+        kinds.update(type(v) for v in values)
+    if kinds == {int, float}:
+        kinds = {float}
+    if len(kinds) != 1 or next(iter(kinds)) not in _JSON_KINDS:
+        return None  # empty arrays only, nulls, nested arrays or objects, or mixed kinds: text
+    return pa.list_(_JSON_KINDS[next(iter(kinds))])
+
+
+def with_json_lists(table: pa.Table) -> pa.Table:
+    """A CSV sample with its columns of JSON arrays parsed into lists, as conforming reads them."""
+    for i, name in enumerate(table.column_names):
+        list_type = _json_list_type(table.column(i))
+        if list_type is not None:
+            cells = table.column(i).to_pylist()
+            parsed = [json.loads(v) if v else None for v in cells]
+            table = table.set_column(i, pa.field(name, list_type), pa.array(parsed, list_type))
+    return table
+
+
 def read_sample(path: str, fmt: str, rows: int) -> pa.Table:
     """The first `rows` rows of a file, with the types the readers would produce."""
     try:
@@ -93,7 +134,7 @@ def read_sample(path: str, fmt: str, rows: int) -> pa.Table:
                 rows -= batch.num_rows
                 if rows <= 0:
                     break
-            return pa.Table.from_batches(batches, schema=reader.schema)
+            return with_json_lists(pa.Table.from_batches(batches, schema=reader.schema))
     except Exception as exn:
         raise SourceError(f"{path}: cannot read a sample as {fmt}: {exn}") from exn
 
@@ -103,7 +144,12 @@ def read_arrow_schema(path: str, fmt: str) -> pa.Schema:
         with open_source(path) as f:
             if fmt == "parquet":
                 return pq.ParquetFile(f).schema_arrow
-            return csv_reader(f).schema
+            reader = csv_reader(f)
+            try:
+                first = pa.Table.from_batches([reader.read_next_batch()])
+            except StopIteration:
+                return reader.schema
+            return with_json_lists(first).schema
     except Exception as exn:
         raise SourceError(f"{path}: cannot read its schema as {fmt}: {exn}") from exn
 
