@@ -197,6 +197,11 @@ def recordforge(source: str, output: str, rows: int, *extra: str) -> dict:
     return {"rows": meta["num_records"], "seconds": seconds, "bytes": sum(s["bytes"] for s in meta["shards"])}
 
 
+def _bundle_bytes(bundle: str) -> int:
+    with open(os.path.join(bundle, "metadata.json")) as f:
+        return sum(s["bytes"] for s in json.load(f)["shards"])
+
+
 def verify_bundle(source: str, output: str, rows: int) -> dict:
     """`recordforge verify` of a bundle the benchmark wrote (every CRC, sha256, record parsed)."""
     from recordforge.tools.verify import verify
@@ -206,7 +211,7 @@ def verify_bundle(source: str, output: str, rows: int) -> dict:
     seconds = time.perf_counter() - start
     if problems:
         raise SystemExit(f"verify found problems: {problems[:3]}")
-    return {"rows": rows, "seconds": seconds, "bytes": _size(os.path.join(source, "v-*", "data-*"))}
+    return {"rows": rows, "seconds": seconds, "bytes": _bundle_bytes(source)}
 
 
 def stats_bundle(source: str, output: str, rows: int) -> dict:
@@ -218,7 +223,7 @@ def stats_bundle(source: str, output: str, rows: int) -> dict:
     seconds = time.perf_counter() - start
     if result["records"] != rows:
         raise SystemExit(f"stats read {result['records']} records, expected {rows}")
-    return {"rows": rows, "seconds": seconds, "bytes": _size(os.path.join(source, "v-*", "data-*"))}
+    return {"rows": rows, "seconds": seconds, "bytes": _bundle_bytes(source)}
 
 
 APPROACHES = {
