@@ -14,12 +14,17 @@ from recordforge.transforms.rolling import DEFAULT_SHARD_SIZE, parse_size
 __all__ = ["ConvertConfig", "format_from_path"]
 
 
-def parse_splits(text: str) -> tuple[tuple[str, int], ...]:
-    """`train=8,eval=1,test=1` -> (("train", 8), ("eval", 1), ("test", 1))."""
+def parse_splits(text: str, *, weighted: bool = True) -> tuple[tuple[str, int], ...]:
+    """`train=8,eval=1,test=1` -> (("train", 8), ("eval", 1), ("test", 1)). Not `weighted` (split
+    names taken from a column), names alone are enough: `train,eval` (weights are then unused)."""
     out = []
     for part in text.split(","):
-        name, _, weight = part.strip().partition("=")
+        name, eq, weight = part.strip().partition("=")
+        if not weighted and not eq:
+            weight = "1"
         if not re.fullmatch(r"[A-Za-z0-9_\-]+", name) or not weight.isdigit() or int(weight) < 1:
+            if not weighted:
+                raise ValueError(f"{part!r} is not a split name (example: train,eval,test)")
             raise ValueError(f"{part!r} is not name=positive weight (example: train=8,eval=1)")
         out.append((name, int(weight)))
     if len({n for n, _ in out}) != len(out):
@@ -101,7 +106,7 @@ class ConvertConfig:
             problems.append("--split_key and --split_column are alternatives")
         if self.splits:
             try:
-                parse_splits(self.splits)
+                parse_splits(self.splits, weighted=self.split_column is None)
             except ValueError as exn:
                 problems.append(f"--splits: {exn}")
             if self.sink != "fast":

@@ -298,7 +298,7 @@ def _fit_split(config: ConvertConfig, splits: SplitSpec | None) -> str | None:
 def _split_spec(config: ConvertConfig, plan: Plan) -> SplitSpec | None:
     if not config.splits:
         return None
-    pairs = parse_splits(config.splits)
+    pairs = parse_splits(config.splits, weighted=config.split_column is None)
     if config.split_key and config.split_key not in {f.name for f in plan.features}:
         raise RecordForgeError(f"--split_key {config.split_key!r} is not a feature of the schema")
     return SplitSpec(

@@ -133,7 +133,8 @@ class ConvertOptions(PipelineOptions):
             "--splits",
             default=None,
             help="Named splits with weights, e.g. train=8,eval=1,test=1: each split gets its own "
-            "folder {output}/{split}/ of {split}-SSSSS-of-NNNNN shards.",
+            "folder {output}/{split}/ of {split}-SSSSS-of-NNNNN shards. With --split_column, the "
+            "names alone: train,eval,test.",
         )
         parser.add_argument(
             "--split_key",
