@@ -12,6 +12,7 @@ import pytest
 from conftest import example_to_dict, published_root
 
 import recordforge
+from recordforge.errors import RecordForgeError
 from recordforge.pipelines.convert import run
 from recordforge.tfrecord import iter_records
 
@@ -106,3 +107,38 @@ def test_split_column_and_empty_splits(tmp_path: Path, table_path: Path) -> None
     }
     assert meta["empty_splits"] == ["d"] and not (tmp_path / "o" / "d").exists()
     assert meta["rejected_by_rule"] == {"split": 25_000}  # "z" names no split
+
+
+def test_read_of_a_split_output_names_its_split(tmp_path: Path) -> None:
+    """read() never mixes splits: without split= it lists them; an unknown split is an error."""
+    src = tmp_path / "t.parquet"
+    pq.write_table(pa.table({"id": list(range(200))}), src)
+    run(["--source", str(src), "--output", str(tmp_path / "o"), "--splits", "train=3,eval=1"])
+    with pytest.raises(RecordForgeError, match=r"holds splits train, eval: pass split="):
+        recordforge.read(str(tmp_path / "o"))
+    with pytest.raises(RecordForgeError, match=r"no split 'test' \(splits: train, eval\)"):
+        recordforge.read(str(tmp_path / "o"), split="test")
+    ids = sorted(
+        int(r["id"]) for s in ("train", "eval") for r in recordforge.read(str(tmp_path / "o"), split=s)
+    )
+    assert ids == list(range(200))
+
+
+def test_split_column_takes_names_without_weights(tmp_path: Path) -> None:
+    src = tmp_path / "t.parquet"
+    pq.write_table(pa.table({"id": [1, 2, 3, 4], "part": ["train", "test", "train", "test"]}), src)
+    meta = run(
+        [
+            "--source",
+            str(src),
+            "--output",
+            str(tmp_path / "o"),
+            "--splits",
+            "train,test",
+            "--split_column",
+            "part",
+        ]
+    )
+    assert {k: v["records"] for k, v in meta["split_counts"].items()} == {"train": 2, "test": 2}
+    with pytest.raises(Exception, match=r"'train' is not name=positive weight"):
+        run(["--source", str(src), "--output", str(tmp_path / "p"), "--splits", "train,test"])

@@ -57,7 +57,8 @@ def read(
     decode_images: bool = False,
     split: str | None = None,
 ) -> Any:
-    """Parsed feature dicts; batched (tf.io.parse_example) when `batch_size` is given.
+    """Parsed feature dicts; batched (tf.io.parse_example) when `batch_size` is given. An output
+    with splits is read one split at a time: `split` names it (without it, an error lists them).
     `decode_images`: image features as uint8 [height, width, channels] tensors (per record, as
     images differ in size; so not with `batch_size`)."""
     if decode_images and batch_size:
@@ -68,6 +69,13 @@ def read(
     import tensorflow as tf
 
     bundle = load_bundle(path, split=split)
+    splits = list(bundle["metadata"].get("split_counts") or {})
+    if split is None and splits:
+        # Records of different splits are not meant to be mixed: a training loop reads one.
+        raise RecordForgeError(
+            f"{path.rstrip('/')} holds splits {', '.join(splits)}: pass split= (one of them), "
+            f"e.g. recordforge.read({path!r}, split={splits[0]!r})"
+        )
     json_spec = bundle["feature_spec"]
     spec = to_tf_feature_spec(json_spec)
     compression = bundle["metadata"]["tf_compression_type"]
