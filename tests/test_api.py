@@ -46,3 +46,34 @@ def test_a_misspelt_option_is_refused_like_the_cli_refuses_it(tmp_path: Path) ->
     with pytest.raises(UsageError, match="did you mean --num_shards"):
         recordforge.convert(str(tmp_path / "t.parquet"), str(tmp_path / "out"), num_shard=2)
     assert not (tmp_path / "out").exists()
+
+
+def test_a_conversion_inside_ones_own_pipeline_publishes_a_bundle(tmp_path: Path) -> None:
+    """add_conversion: the conversion's steps in a pipeline that does other work too; published
+    (and refused beside a running one) as `convert` is, and read back in full."""
+    import apache_beam as beam
+
+    pq.write_table(taxi_table(250, seed=3), tmp_path / "t.parquet")
+    out = str(tmp_path / "out")
+    p = beam.Pipeline()
+    conversion = recordforge.add_conversion(p, str(tmp_path / "t.parquet"), out, "examples/taxi.yaml")
+    # The pipeline's own step, beside the conversion.
+    _ = p | beam.Create(["side"]) | beam.io.WriteToText(str(tmp_path / "side"), shard_name_template="")
+    with conversion.publishing():
+        # A second run into the same output while this one holds it fails at once.
+        with pytest.raises(Exception, match="lock|held|running"):
+            recordforge.convert(str(tmp_path / "t.parquet"), out, "examples/taxi.yaml", overwrite=True)
+        p.run().wait_until_finish()
+    meta = conversion.published()
+    assert meta["num_records"] == meta["rows_read"] == 250 and recordforge.verify(out) == []
+    assert (tmp_path / "side").read_text() == "side\n"
+    ids = sorted(int(r["trip_id"]) for r in recordforge.read(out))
+    assert ids == sorted(taxi_table(250, seed=3).column("trip_id").to_pylist())
+    # The same once more, with run(): a rebuild replaces the bundle.
+    p2 = beam.Pipeline()
+    again = recordforge.add_conversion(
+        p2, str(tmp_path / "t.parquet"), out, "examples/taxi.yaml", overwrite=True
+    )
+    assert again.run(p2)["version"] != meta["version"]
+    with pytest.raises(UsageError, match="if_changed"):
+        recordforge.add_conversion(beam.Pipeline(), str(tmp_path / "t.parquet"), out, if_changed=True)

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 __all__ = [
     "__version__",
+    "add_conversion",
     "convert",
     "head",
     "image_grid",
@@ -31,22 +32,25 @@ def convert(
     splits="train=8,eval=2")`; Beam's pipeline options too (`direct_num_workers=2`). A misspelt
     option raises UsageError, as the CLI refuses it."""
     from recordforge.pipelines.convert import run
-    from recordforge.pipelines.options import check_flags
+    from recordforge.pipelines.embedding import flags_argv
 
-    argv: list[str] = []
-    for path in [source] if isinstance(source, str) else list(source):
-        argv += ["--source", path]
-    argv += ["--output", output]
-    if schema is not None:
-        argv += ["--schema", schema]
-    for name, value in options.items():
-        for one in value if isinstance(value, list | tuple) else [value]:
-            if isinstance(one, bool):  # a switch: on, or left at its default (off)
-                argv += [f"--{name}"] if one else []
-            elif one is not None:
-                argv += [f"--{name}", str(one)]
-    check_flags(argv)
+    argv = flags_argv(source, output, schema, options)
     return run(argv)
+
+
+def add_conversion(
+    pipeline: Any, source: str | list[str], output: str, schema: str | None = None, **options: Any
+) -> Any:
+    """Adds a conversion to a Beam pipeline of one's own; run that pipeline inside the returned
+    conversion's `publishing()` to publish the bundle, then `published()` gives metadata.json:
+
+        conversion = recordforge.add_conversion(p, "t/*.parquet", "out", schema="s.yaml")
+        with conversion.publishing():
+            p.run().wait_until_finish()
+    """
+    from recordforge.pipelines.embedding import add_conversion as _add
+
+    return _add(pipeline, source, output, schema, **options)
 
 
 def read(
