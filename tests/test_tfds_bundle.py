@@ -125,6 +125,7 @@ def test_tfds_reads_every_split_of_a_table_exactly(table_bundle: tuple[Path, pa.
     assert set(features.keys()) == {f["name"] for f in SCHEMA["features"]} - {"r"}  # ragged: left out
     assert features["s"].shape == (None,) and features["m"].shape == (None, 2)
     assert features["d"].dtype == np.float64 and features["flag"].dtype == np.bool_
+    assert builder.info.metadata["version"] == meta["version"]  # TFDS loads metadata.json as its own
     assert {k: v.num_examples for k, v in builder.info.splits.items()} == {
         k: v["records"] for k, v in meta["split_counts"].items()
     }

@@ -187,7 +187,7 @@ def build(
         rejected_files = rejected_lines | "WriteRejected" >> WriteRejected(root)
 
     file_rows = None
-    if config.deterministic:
+    if config.deterministic and not config.shuffle:
         # Where each file ends, in rows: the deterministic sink places every batch by it.
         file_rows = (
             batches
@@ -196,7 +196,7 @@ def build(
         )
 
     def num_shards(name: str) -> int:
-        if config.num_shards or not config.deterministic:
+        if config.num_shards or not config.fixed_shards:
             return config.num_shards
         share = 1.0 if splits is None else splits.weights[splits.names.index(name)] / sum(splits.weights)
         return deterministic_shards(files, folder, config, share)
@@ -213,8 +213,12 @@ def build(
             shard_size=config.shard_bytes,
             records_per_shard=config.records_per_shard,
             name=name,
+            shuffle=config.shuffle,
+            seed=config.seed,
         )
 
+    if config.shuffle:
+        extra["shuffle_seed"] = config.seed
     if splits is None:
         shards = write(examples, root, "data", "WriteTFRecords")
     else:
