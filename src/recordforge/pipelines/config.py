@@ -10,6 +10,7 @@ from recordforge.pipelines.options import FORMATS, ConvertOptions
 from recordforge.sampling import format_from_path
 from recordforge.tfrecord import Compression
 from recordforge.transforms.rolling import DEFAULT_SHARD_SIZE, parse_size
+from recordforge.transforms.shuffle import DEFAULT_SEED
 
 __all__ = ["ConvertConfig", "format_from_path"]
 
@@ -48,6 +49,8 @@ class ConvertConfig:
     records_per_shard: int = 0
     compression_level: int = 1
     deterministic: bool = False
+    shuffle: bool = False
+    seed: int = DEFAULT_SEED
     max_rejected: int = 0
     max_rejected_fraction: float = 0.0
     skip_unreadable_files: bool = False
@@ -79,6 +82,10 @@ class ConvertConfig:
             problems.append("--num_shards must be 0 (runner decides) or more")
         if self.deterministic and self.sink != "fast":
             problems.append("--deterministic needs --sink fast")
+        if self.shuffle and self.sink != "fast":
+            problems.append("--shuffle needs --sink fast")
+        if self.seed != DEFAULT_SEED and not self.shuffle:
+            problems.append("--seed is the seed of --shuffle, which is not given")
         if self.max_rejected < 0:
             problems.append("--max_rejected must be 0 or more")
         if not 0.0 <= self.max_rejected_fraction <= 1.0:
@@ -88,9 +95,10 @@ class ConvertConfig:
                 "--shard_size and --records_per_shard size shards of the fast sink; "
                 "they do not combine with --num_shards or --sink beam"
             )
-        if self.records_per_shard and self.deterministic:
+        if self.records_per_shard and self.fixed_shards:
+            flag = "--shuffle" if self.shuffle else "--deterministic"
             problems.append(
-                "--records_per_shard does not combine with --deterministic (it takes --num_shards, "
+                f"--records_per_shard does not combine with {flag} (it takes --num_shards, "
                 "or --shard_size for a shard per that much input)"
             )
         if self.records_per_shard < 0:
@@ -119,6 +127,12 @@ class ConvertConfig:
             problems.append("--batch_size must be at least 1")
         if problems:
             raise RecordForgeError("; ".join(problems))
+
+    @property
+    def fixed_shards(self) -> bool:
+        """A shard count fixed before the run, each shard written whole by one worker: the
+        deterministic writers (--shuffle is one)."""
+        return self.deterministic or self.shuffle
 
     @property
     def shard_bytes(self) -> int:
@@ -150,6 +164,8 @@ class ConvertConfig:
                 "analyze_split",
                 "compression_level",
                 "deterministic",
+                "shuffle",
+                "seed",
                 "max_rejected",
                 "max_rejected_fraction",
                 "skip_unreadable_files",
@@ -176,6 +192,8 @@ class ConvertConfig:
             records_per_shard=opts.records_per_shard,
             compression_level=opts.compression_level,
             deterministic=opts.deterministic,
+            shuffle=opts.shuffle,
+            seed=opts.seed,
             max_rejected=opts.max_rejected,
             max_rejected_fraction=opts.max_rejected_fraction,
             skip_unreadable_files=opts.skip_unreadable_files,

@@ -10,6 +10,7 @@ from apache_beam.options.pipeline_options import PipelineOptions, _BeamArgumentP
 
 from recordforge.errors import UsageError
 from recordforge.tfrecord import Compression
+from recordforge.transforms.shuffle import DEFAULT_SEED
 from recordforge.transforms.sinks import DEFAULT_LEVEL, SINKS
 
 __all__ = ["ConvertOptions", "FORMATS", "check_flags"]
@@ -107,6 +108,22 @@ class ConvertOptions(PipelineOptions):
             help="Byte-identical output for the same input and config on any runner: exactly "
             "--num_shards shards (default: one per --shard_size of input), each a contiguous "
             "run of the input in order, written in parallel.",
+        )
+        parser.add_argument(
+            "--shuffle",
+            type=_bool,
+            nargs="?",
+            const=True,
+            default=False,
+            help="Write the records in a random order drawn from --seed, across and within shards: "
+            "exactly --num_shards shards (default: one per --shard_size of input), each split "
+            "shuffled apart. Deterministic like --deterministic (implied; both may be given).",
+        )
+        parser.add_argument(
+            "--seed",
+            type=int,
+            default=DEFAULT_SEED,
+            help=f"Seed of --shuffle (default {DEFAULT_SEED}), recorded in metadata.json.",
         )
         parser.add_argument(
             "--max_rejected",

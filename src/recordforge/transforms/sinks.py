@@ -18,6 +18,7 @@ from recordforge.encoding import binary_parts
 from recordforge.streams import HashingFile, StreamWriter
 from recordforge.tfrecord import Compression, ShardInfo, describe_shard, frame_records
 from recordforge.transforms.rolling import DEFAULT_SHARD_SIZE, WriteShardsBySize
+from recordforge.transforms.shuffle import DEFAULT_SEED, ScatterRecords, sorted_records
 
 __all__ = ["SINKS", "WriteTFRecords", "shard_prefix"]
 
@@ -86,12 +87,15 @@ class _ShardWriter:
     def name(self, shard: int) -> str:
         return f"{self._prefix}-{shard:05d}-of-{self.num_shards:05d}{self._suffix}"
 
-    def write(self, shard: int, batches: Iterable[tuple[Any, pa.Array]]) -> str:
+    def write(self, shard: int, arrays: Iterable[pa.Array]) -> str:
+        """Writes the arrays of records, in the order given, as shard `shard`."""
         final = self.name(shard)
         tmp = f"{final}.tmp-{uuid.uuid4().hex}"
         handle = FileSystems.create(tmp, compression_type=CompressionTypes.UNCOMPRESSED)
         writer = StreamWriter(HashingFile(handle), self._compression, self._level)
-        for _, records in sorted(batches, key=lambda kv: kv[0]):
+        for records in arrays:
+            if not len(records):
+                continue
             offsets, data = binary_parts(frame_records(records))
             writer.write(memoryview(data[offsets[0] : offsets[-1]]), len(records))
         writer.close()
@@ -102,12 +106,25 @@ class _ShardWriter:
 
 
 class _WriteShardFn(beam.DoFn):
+    """A deterministic shard: its batches in key order (input order)."""
+
     def __init__(self, writer: _ShardWriter) -> None:
         self._writer = writer
 
     def process(self, element: tuple[int, Iterable[tuple[Any, pa.Array]]]) -> Iterator[str]:
         shard, batches = element
-        yield self._writer.write(shard, batches)
+        yield self._writer.write(shard, (r for _, r in sorted(batches, key=lambda kv: kv[0])))
+
+
+class _WriteShuffledShardFn(beam.DoFn):
+    """A shuffled shard: its records in the order of their places (shuffle.py)."""
+
+    def __init__(self, writer: _ShardWriter) -> None:
+        self._writer = writer
+
+    def process(self, element: tuple[int, Iterable[pa.Array]]) -> Iterator[str]:
+        shard, pieces = element
+        yield self._writer.write(shard, [sorted_records(pieces)])
 
 
 class _WriteEmptyShardsFn(beam.DoFn):
@@ -120,6 +137,16 @@ class _WriteEmptyShardsFn(beam.DoFn):
         for shard in range(self._writer.num_shards):
             if self._writer.name(shard) not in written:
                 yield self._writer.write(shard, [])
+
+
+def _with_empty_shards(written: beam.PCollection[str], writer: _ShardWriter) -> beam.PCollection[str]:
+    """The shards written, and the shards no record went to, written empty."""
+    empty = (
+        written
+        | "WrittenNames" >> beam.combiners.ToList()
+        | "WriteEmptyShards" >> beam.ParDo(_WriteEmptyShardsFn(writer))
+    )
+    return (written, empty) | "AllShards" >> beam.Flatten()
 
 
 class _TFRecordBatchSink(filebasedsink.FileBasedSink):
@@ -171,6 +198,8 @@ class WriteTFRecords(beam.PTransform):
     each holding a contiguous run of the input in key order, placed by `file_rows` ((file, end row
     of its last batch) pairs): the same input and config give the same bytes on any runner. Each
     shard is written by one worker, which holds that shard's batches in memory to sort them.
+    `shuffle=True` writes exactly `num_shards` shards too, the records in a permutation drawn
+    from `seed` (shuffle.py), with the same guarantee: deterministic output, shuffled.
     """
 
     def __init__(
@@ -186,9 +215,15 @@ class WriteTFRecords(beam.PTransform):
         records_per_shard: int = 0,
         name: str = "data",
         file_rows: beam.PCollection[tuple[str, int]] | None = None,
+        shuffle: bool = False,
+        seed: int = DEFAULT_SEED,
     ) -> None:
         super().__init__()
         self._name = name
+        self._shuffle = shuffle
+        self._seed = seed
+        if shuffle and (sink != "fast" or num_shards < 1):
+            raise ValueError("shuffled output needs the fast sink and a fixed num_shards >= 1")
         self._file_rows = file_rows
         self._shard_size = shard_size
         self._records_per_shard = records_per_shard
@@ -214,7 +249,18 @@ class WriteTFRecords(beam.PTransform):
     def expand(self, batches: beam.PCollection[tuple[Any, pa.Array]]) -> beam.PCollection[ShardInfo]:
         prefix = shard_prefix(self._output, self._name)
         suffix = Compression.suffix(self._compression)
-        if self._deterministic:
+        if self._shuffle:
+            writer = _ShardWriter(prefix, suffix, self._num_shards, self._compression, self._level)
+            written = (
+                batches
+                # The split's name salts the permutation: splits are shuffled independently.
+                | "Shuffle" >> ScatterRecords(self._num_shards, self._seed, salt=self._name)
+                # (shard, pieces of (place, record)): one group per shard, as below.
+                | "GroupShards" >> beam.GroupByKey()
+                | "WriteShards" >> beam.ParDo(_WriteShuffledShardFn(writer))
+            )
+            written = _with_empty_shards(written, writer)
+        elif self._deterministic:
             writer = _ShardWriter(prefix, suffix, self._num_shards, self._compression, self._level)
             if self._file_rows is None:
                 raise ValueError("deterministic output needs file_rows: the end row of every input file")
@@ -227,12 +273,7 @@ class WriteTFRecords(beam.PTransform):
                 | "GroupShards" >> beam.GroupByKey()
                 | "WriteShards" >> beam.ParDo(_WriteShardFn(writer))
             )
-            empty = (
-                written
-                | "WrittenNames" >> beam.combiners.ToList()
-                | "WriteEmptyShards" >> beam.ParDo(_WriteEmptyShardsFn(writer))
-            )
-            written = (written, empty) | "AllShards" >> beam.Flatten()
+            written = _with_empty_shards(written, writer)
         elif self._sink == "beam":
             written = (
                 batches

@@ -1,0 +1,178 @@
+"""--shuffle: a seeded permutation of the records, computed per batch, written shard by shard.
+
+A record's identity is its position in the input: (file, rank among the records of its split in
+that file), with files in path order, which numbers the records of a split 0..N-1 exactly as the
+deterministic sink orders them. That number does not depend on how the runner cut the input into
+batches (the rank counts records, not rows, so rejected rows and rows of other splits leave no
+gaps), nor on which worker read what. A seeded pseudo-random permutation of [0, N) (a Feistel
+network with cycle walking) maps it to the record's place in the output: shard s holds places
+[s*N/S, (s+1)*N/S), each in place order. Shards are then balanced to one record, the output is a
+function of the input, flags and seed, and its order owes nothing to the input order.
+
+Content keys (a hash of each serialized record) were the alternative: they would shuffle the
+same rows alike whatever files they came in, but identical records would share a key, so every
+copy of a frequent record would land in one shard, side by side, and a table of few distinct
+records would make a few huge shards. Positions never collide.
+
+The per-batch record counts reach the scatter step as a side input (one small tuple per batch).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import apache_beam as beam
+import numpy as np
+import pyarrow as pa
+from apache_beam import typehints
+
+from recordforge.transforms.coders import declare_element_type
+
+__all__ = ["DEFAULT_SEED", "Permutation", "ScatterRecords", "sorted_records"]
+
+DEFAULT_SEED = 42
+_ROUNDS = 6  # Luby-Rackoff: 4 rounds make a strong pseudo-random permutation; 2 more are cheap
+_KEY = "key"
+_RECORD = "record"
+
+
+def _splitmix64(x: np.ndarray) -> np.ndarray:
+    """splitmix64's finaliser: a bijection of uint64 with full avalanche (wraps by design)."""
+    with np.errstate(over="ignore"):
+        x = x + np.uint64(0x9E3779B97F4A7C15)
+        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        return x ^ (x >> np.uint64(31))
+
+
+def _stable_hash(*parts: object) -> int:
+    """A 64-bit hash that is the same in every process (Python's hash() of str is salted)."""
+    digest = hashlib.blake2b(repr(parts).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little")
+
+
+class Permutation:
+    """A seeded permutation of [0, size): a balanced Feistel network over the smallest even
+    number of bits that covers `size`, walking cycles until a value falls inside [0, size).
+    The domain is below 4*size, so a value takes fewer than 4 walks on average."""
+
+    def __init__(self, size: int, seed: int, salt: str = "") -> None:
+        self.size = size
+        bits = max(2, (max(size, 2) - 1).bit_length())
+        bits += bits % 2
+        self._half = np.uint64(bits // 2)
+        self._mask = np.uint64((1 << (bits // 2)) - 1)
+        self._round_keys = [
+            np.uint64(_stable_hash("recordforge-shuffle", seed, salt, r)) for r in range(_ROUNDS)
+        ]
+
+    def _feistel(self, x: np.ndarray) -> np.ndarray:
+        left, right = x >> self._half, x & self._mask
+        for key in self._round_keys:
+            left, right = right, left ^ (_splitmix64(right ^ key) & self._mask)
+        return (left << self._half) | right
+
+    def __call__(self, positions: np.ndarray) -> np.ndarray:
+        out = self._feistel(positions.astype(np.uint64))
+        outside = np.flatnonzero(out >= np.uint64(self.size))
+        while outside.size:
+            out[outside] = self._feistel(out[outside])
+            outside = outside[out[outside] >= np.uint64(self.size)]
+        return out
+
+
+def _first_records(counts: Iterable[tuple[str, int, int]]) -> tuple[dict[tuple[str, int], int], int]:
+    """The rank of each batch's first record among the split's records, from (file, first_row,
+    records) of every batch: files in path order, batches in row order within a file."""
+    firsts: dict[tuple[str, int], int] = {}
+    total = 0
+    for file, first_row, n in sorted(counts):
+        if (file, first_row) in firsts:
+            raise RuntimeError(f"two batches of the same split start at row {first_row} of {file}")
+        firsts[(file, first_row)] = total
+        total += n
+    return firsts, total
+
+
+class _ScatterFn(beam.DoFn):
+    """Places each record of a batch: its output place, then its shard; emits one piece per
+    shard, a struct array of (place, record) pairs."""
+
+    def __init__(self, num_shards: int, seed: int, salt: str) -> None:
+        self._num_shards = num_shards
+        self._seed = seed
+        self._salt = salt
+        self._seen: tuple[int, dict[tuple[str, int], int], Permutation, np.ndarray] | None = None
+
+    def _plan(
+        self, counts: list[tuple[str, int, int]]
+    ) -> tuple[dict[tuple[str, int], int], Permutation, np.ndarray]:
+        # The side input is the same object for every batch of a bundle: computed once.
+        if self._seen is None or self._seen[0] != id(counts):
+            firsts, total = _first_records(counts)
+            bounds = np.array(
+                [s * total // self._num_shards for s in range(1, self._num_shards)], dtype=np.uint64
+            )
+            self._seen = (id(counts), firsts, Permutation(total, self._seed, self._salt), bounds)
+        return self._seen[1], self._seen[2], self._seen[3]
+
+    def process(
+        self, keyed: tuple[Any, pa.Array], counts: list[tuple[str, int, int]]
+    ) -> Iterator[tuple[int, pa.Array]]:
+        (_, file, first_row), records = keyed
+        if not len(records):
+            return
+        firsts, permute, bounds = self._plan(counts)
+        places = permute(np.arange(len(records), dtype=np.uint64) + np.uint64(firsts[(file, first_row)]))
+        shards = np.searchsorted(bounds, places, side="right")
+        order = np.argsort(shards, kind="stable")
+        ends = np.cumsum(np.bincount(shards, minlength=self._num_shards))
+        start = 0
+        for shard, end in enumerate(ends.tolist()):
+            if end > start:
+                take = pa.array(order[start:end])
+                yield (
+                    shard,
+                    pa.StructArray.from_arrays(
+                        [pa.array(places[order[start:end]]), records.take(take)], names=[_KEY, _RECORD]
+                    ),
+                )
+            start = end
+
+
+def _count(keyed: tuple[Any, pa.Array]) -> tuple[str, int, int]:
+    (_, file, first_row), records = keyed
+    return file, first_row, len(records)
+
+
+class ScatterRecords(beam.PTransform):
+    """In: `((split, file, first_row), records)` batches of one split. Out: `(shard, pieces)`,
+    one piece per batch and shard it has records for; `sorted_records` makes a shard of them."""
+
+    def __init__(self, num_shards: int, seed: int, salt: str = "") -> None:
+        super().__init__()
+        if num_shards < 1:
+            raise ValueError(f"shuffled output needs num_shards >= 1, not {num_shards}")
+        self._num_shards = num_shards
+        self._seed = seed
+        self._salt = salt
+
+    def expand(self, batches: beam.PCollection) -> beam.PCollection:
+        counts = batches | "CountRecords" >> beam.Map(_count)
+        pieces = batches | "Place" >> beam.ParDo(
+            _ScatterFn(self._num_shards, self._seed, self._salt), beam.pvalue.AsList(counts)
+        )
+        # The pieces are Arrow arrays: the coder sizes them from their buffers (coders.py).
+        return declare_element_type(pieces, typehints.Tuple[int, pa.Array])
+
+
+def sorted_records(pieces: Iterable[pa.Array]) -> pa.Array:
+    """A shard's records in place order, from its pieces in any order."""
+    pieces = list(pieces)
+    if not pieces:
+        return pa.array([], pa.large_binary())
+    whole = pa.concat_arrays(pieces)
+    keys, records = whole.flatten()  # flatten, unlike field(), applies the array's offset
+    return records.take(pa.array(np.argsort(keys.to_numpy(), kind="stable")))
