@@ -37,9 +37,12 @@ def _save(path: Path, pixels: np.ndarray, fmt: str, **kw: object) -> bytes:
 
 
 def _records(out: Path) -> list[dict]:
+    """Every record, split by split where the output has splits (a folder's train/, test/...)."""
+    splits = list(recordforge.load_bundle(str(out))["metadata"].get("split_counts") or {}) or [None]
     return [
         {k: (v.numpy() if hasattr(v, "numpy") else v) for k, v in r.items()}
-        for r in recordforge.read(str(out), decode_images=True)
+        for split in splits
+        for r in recordforge.read(str(out), decode_images=True, split=split)
     ]
 
 
@@ -50,6 +53,13 @@ def test_mnist_folder_round_trips_pixel_exact(tmp_path: Path) -> None:
     assert meta["labels"] == [str(d) for d in range(10)]
     assert meta["splits"] == ["test", "train"]
     assert meta["num_records"] == len(written)
+    # The split folders are the output's splits: shards apart, read one split at a time.
+    counts = {s: sum(f"/{s}/" in p for p, _ in written) for s in ("test", "train")}
+    assert {k: v["records"] for k, v in meta["split_counts"].items()} == counts
+    assert all(s["file"].split("/")[1] == s["split"] for s in meta["shards"])
+    for split in ("test", "train"):
+        got = [r["split"].numpy() for r in recordforge.read(str(tmp_path / "out"), split=split)]
+        assert got == [split.encode()] * counts[split]
     by_path = {p: px for p, px in written}
     seen = 0
     for rec in _records(tmp_path / "out"):

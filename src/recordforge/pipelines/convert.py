@@ -104,6 +104,10 @@ def build(
         extra["span"] = config.span
     compression = config.resolved_compression(any(f.is_image for f in plan.features))
     splits = _split_spec(config, plan)
+    if splits is None and folder is not None and folder.splits:
+        # An image folder's split folders (train/, test/...) are its splits: shards apart, as
+        # with --splits, so that a training loop never reads the splits mixed.
+        splits = SplitSpec(tuple(folder.splits), (1,) * len(folder.splits), column="split")
     columns = list(plan.schema.source_columns)
     csv_types = dict(plan.csv_column_types)
     if splits is not None and splits.column is not None:
