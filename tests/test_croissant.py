@@ -190,16 +190,77 @@ def test_croissant_of_an_image_folder(tmp_path: Path) -> None:
     run(["--format", "images", "--source", str(tmp_path / "mnist"), "--output", str(tmp_path / "out")])
     metadata = _load(tmp_path / "out" / "croissant.json")
     fields = {f.name: f for rs in metadata.record_sets for f in rs.fields}
-    assert "splits" not in {rs.uuid for rs in metadata.record_sets}  # no --splits: one set
     assert str(fields["image"].data_types[0]) == "https://schema.org/ImageObject"
     assert str(fields["label_id"].data_types[0]).endswith("Int64")
     sources = {Path(p).read_bytes() for p in written}
     meta = json.loads((tmp_path / "out" / "metadata.json").read_text())
-    images = [
-        _values(raw.numpy())["image"][1][0]
-        for s in meta["shards"]
-        for raw in tf.data.TFRecordDataset(str(tmp_path / "out" / s["file"]))
-    ]
+    # The folder's train/ and test/ are the splits; the records' own `split` feature keeps its
+    # name, and the split taken from each shard's path agrees with it.
+    splits = next(rs for rs in metadata.record_sets if rs.uuid == "splits")
+    assert [d["splits/name"] for d in splits.data] == meta["splits"] == ["test", "train"]
+    (regex,) = [t.regex for t in fields["shard_split"].source.transforms]
+    images = []
+    for s in meta["shards"]:
+        for raw in tf.data.TFRecordDataset(str(tmp_path / "out" / s["file"])):
+            record = _values(raw.numpy())
+            assert record["split"][1] == [re.fullmatch(regex, s["file"]).group(1).encode()]
+            images.append(record["image"][1][0])
     # The encoded bytes, as declared: each record holds one source file's bytes, which decode.
     assert sorted(images) == sorted(sources)
     assert all(Image.open(io.BytesIO(b)).size == (28, 28) for b in images)
+
+
+def test_field_types_and_shapes_of_every_kind_of_feature(tmp_path: Path) -> None:
+    from recordforge.schemas import compile_schema, schema_from_dict
+    from recordforge.schemas.croissant import croissant_metadata
+
+    plan = compile_schema(
+        schema_from_dict(
+            {
+                "features": [
+                    {"name": "img", "type": "image"},  # may be absent, with its header values
+                    {
+                        "name": "px",
+                        "type": "image",
+                        "resize": [4, 5],
+                        "channels": 3,
+                        "encode": "raw",
+                        "nulls": "required",
+                    },
+                    {"name": "m", "type": "int64", "shape": [2, 3]},
+                    {"name": "r", "type": "float32", "shape": [-1, -1]},
+                    {"name": "when", "type": "date", "nulls": "required"},
+                ]
+            }
+        )
+    )
+    meta = {
+        "version": "v-20260101T000000Z-0123abcd",
+        "shards": [],
+        "compression": "none",
+        "tf_compression_type": "",
+        "num_records": 0,
+        "recordforge_version": "0.1.0",
+        "created": "2026-01-01T00:00:00+00:00",
+    }
+    path = tmp_path / "croissant.json"
+    path.write_text(json.dumps(croissant_metadata(plan, meta, output=str(tmp_path / "empty"))))
+    fields = {f.name: f for rs in _load(path).record_sets for f in rs.fields}
+    shapes = {name: f.array_shape_tuple if f.is_array else () for name, f in fields.items()}
+    assert shapes == {
+        "img": (),
+        "img/height": (),
+        "img/width": (),
+        "img/channels": (),
+        "img/format": (),
+        "px": (4, 5, 3),
+        **{f"px/{part}": () for part in ("height", "width", "channels", "format")},
+        "m": (2, 3),
+        "r": (-1, -1),
+        "when": (),
+    }
+    types = {name: str(f.data_types[0]).rsplit("/", 1)[-1] for name, f in fields.items()}
+    assert types["img"] == "ImageObject" and types["px"] == "UInt8" and types["img/format"] == "Text"
+    assert types["r"] == "Float32" and types["when"] == "Int64"
+    assert "absent" in fields["img/height"].description and "absent" in fields["r"].description
+    assert "days since 1970-01-01" in fields["when"].description

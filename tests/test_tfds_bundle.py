@@ -171,12 +171,16 @@ def test_tfds_reads_an_image_folder_with_its_labels(tmp_path: Path) -> None:
     label = builder.info.features["label_id"]
     assert isinstance(label, tfds.features.ClassLabel) and label.names == meta["labels"]
     assert isinstance(builder.info.features["image"], tfds.features.Image)
-    records = list(tfds.as_numpy(builder.as_dataset(split="train")))
+    # The folder's train/ and test/ are TFDS splits, each record in the one its feature names.
+    assert sorted(builder.info.splits) == meta["splits"] == ["test", "train"]
+    records = [
+        (split, rec) for split in meta["splits"] for rec in tfds.as_numpy(builder.as_dataset(split=split))
+    ]
     assert len(records) == len(written) == meta["num_records"]
     unmatched = {p: np.asarray(Image.open(io.BytesIO(Path(p).read_bytes()))) for p in written}
-    for rec in records:
-        name, split = label.int2str(rec["label_id"]), rec["split"].decode()
-        assert name == rec["label"].decode()
+    for split, rec in records:
+        name = label.int2str(rec["label_id"])
+        assert name == rec["label"].decode() and split == rec["split"].decode()
         # Each record's pixels are one source image's, in that image's label and split folder.
         match = next(
             p

@@ -20,7 +20,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from recordforge.schemas.model import DType, Feature
+from recordforge.schemas.model import DType, Feature, NullPolicy
 from recordforge.schemas.plan import Plan
 
 __all__ = ["CONFORMS_TO", "croissant_json", "croissant_metadata", "split_regex"]
@@ -102,7 +102,10 @@ def _field_type(
 ) -> tuple[str, list[int], list[str]]:
     """(dataType, shape when present, notes) of one feature_spec.json entry."""
     notes = []
-    if entry["kind"] == "VarLenFeature" and not (feature is not None and feature.is_variable):
+    may_be_absent = entry["kind"] == "VarLenFeature" or (
+        entry["kind"] == "RaggedFeature" and feature is not None and feature.nulls is NullPolicy.ABSENT
+    )
+    if may_be_absent and not (feature is not None and feature.is_variable):
         notes.append("absent from records where the source was null")
     if "logical" in entry:
         notes.append(entry["logical"])
@@ -125,12 +128,12 @@ def _field_type(
     elif feature is not None:
         shape = list(feature.shape)
     else:
-        shape = [-1]
+        shape = []  # only an image's header values have no feature of their own: one value each
     if feature is not None and feature.dtype is DType.BOOL and dtype == "int64":
         return "sc:Boolean", shape, notes
-    if dtype == "string" and (feature is None or feature.dtype is DType.BYTES):
-        if not name.endswith("/format"):
-            notes.append("bytes, not necessarily UTF-8")
+    image_format = feature is None and name.endswith("/format")  # an image's format name
+    if dtype == "string" and not image_format and (feature is None or feature.dtype is DType.BYTES):
+        notes.append("bytes, not necessarily UTF-8")
     return _TYPES[dtype], shape, notes
 
 

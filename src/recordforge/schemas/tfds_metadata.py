@@ -110,8 +110,9 @@ def _feature(
         if _labels_file_can_hold(labels):
             return {"pythonClassName": _CLASS_LABEL, "classLabel": {"numClasses": str(len(labels))}}
         _LOGGER.info("TFDS: %s is a Tensor, not a ClassLabel: a label name is empty or not one line", name)
-    text = feature is not None and feature.dtype in (DType.STRING, DType.DECIMAL)
-    if dtype == "string" and dims == [] and (text or name.endswith("/format")):
+    # Text for validated UTF-8: strings, decimals as text, an image's format name (`x/format`).
+    text = feature.dtype in (DType.STRING, DType.DECIMAL) if feature is not None else name.endswith("/format")
+    if dtype == "string" and dims == [] and text:
         return {"pythonClassName": _TEXT, "text": {}}
     return _tensor(dims, dtype)
 
