@@ -24,6 +24,7 @@ from apache_beam.utils.windowed_value import WindowedValue
 from recordforge.pipelines.config import ConvertConfig
 from recordforge.pipelines.convert import _pipeline_options, build, run, worker_mode
 from recordforge.tfrecord import detect_compression, iter_records
+from recordforge.transforms.csv_ranges import whole
 from recordforge.transforms.image_folder import _FolderBatchFn
 from recordforge.transforms.sharing import ONE, SHARE, SHARED_WORK_ENV, SPREAD, Claims
 from recordforge.transforms.sources import SourceBatch, _ReadCsvFn, _ReadParquetFn
@@ -122,8 +123,9 @@ def test_csv_files_and_image_chunks_are_claimed_whole(
 ) -> None:
     files = []
     for i in range(3):
-        files.append(str(tmp_path / f"f{i}.csv"))
-        Path(files[-1]).write_text("id\n" + "".join(f"{i * 10 + k}\n" for k in range(10)))
+        path = tmp_path / f"f{i}.csv"
+        path.write_text("id\n" + "".join(f"{i * 10 + k}\n" for k in range(10)))
+        files.append(whole(str(path)))  # a file read whole: one work item
     a, b = _workers(_ReadCsvFn({"id": pa.int64()}, 1 << 20), 2, monkeypatch, tmp_path)
     got_a = list(a.process(files[0], files))
     got_b = list(b.process(files[1], files)) + list(_values(b.finish_bundle()))  # and file 2
