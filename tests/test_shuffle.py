@@ -18,6 +18,7 @@ from recordforge.pipelines.convert import run
 from recordforge.sampledata import taxi_table
 from recordforge.tfrecord import iter_records
 from recordforge.tools.records import parse_example
+from recordforge.transforms import sinks
 from recordforge.transforms.shuffle import DEFAULT_SEED, Permutation
 
 ROWS = 4000
@@ -70,7 +71,9 @@ def test_permutation_is_a_bijection_of_any_size() -> None:
     assert not np.array_equal(a, Permutation(1000, seed=7, salt="eval")(np.arange(1000, dtype=np.uint64)))
 
 
-def test_shuffled_shards_are_the_same_bytes_whoever_writes_them(tmp_path: Path, source: str) -> None:
+def test_shuffled_shards_are_the_same_bytes_whoever_writes_them(
+    tmp_path: Path, source: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     common = ["--source", source, "--shuffle", "--num_shards", "3"]
     one = run([*common, "--output", str(tmp_path / "one"), "--batch_size", "500"])
     assert one["shuffle_seed"] == DEFAULT_SEED
@@ -85,6 +88,12 @@ def test_shuffled_shards_are_the_same_bytes_whoever_writes_them(tmp_path: Path, 
     }.items():
         run([*common, "--output", str(tmp_path / name), *extra])
         assert _shard_bytes(tmp_path / name) == expected, name
+    # The local runner spills batches and pieces to files, deleted once the shards are written;
+    # other runners group the pieces themselves: the same bytes.
+    assert not list((tmp_path / "one").rglob("_tmp-*"))
+    monkeypatch.setattr(sinks, "in_memory_runner", lambda _: False)
+    run([*common, "--output", str(tmp_path / "grouped")])
+    assert _shard_bytes(tmp_path / "grouped") == expected
 
 
 def test_shuffle_is_a_permutation_of_the_unshuffled_records(tmp_path: Path, source: str) -> None:

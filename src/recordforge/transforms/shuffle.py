@@ -14,12 +14,18 @@ same rows alike whatever files they came in, but identical records would share a
 copy of a frequent record would land in one shard, side by side, and a table of few distinct
 records would make a few huge shards. Positions never collide.
 
-The per-batch record counts reach the scatter step as a side input (one small tuple per batch).
+The per-batch record counts reach the scatter step as a side input (one small tuple per batch),
+so the batches wait for the last one to be counted. On Dataflow and Dask they wait on the
+runner's disk and each shard's pieces meet in a GroupByKey: memory is bounded by a shard. Beam's
+local runner would hold them, and then the grouped pieces, in memory (several times the
+serialized records); there, with `spill_dir`, batches and pieces wait in temporary Arrow files
+instead and only their names are grouped, so memory is bounded by a batch and a shard.
 """
 
 from __future__ import annotations
 
 import hashlib
+import uuid
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -27,6 +33,8 @@ import apache_beam as beam
 import numpy as np
 import pyarrow as pa
 from apache_beam import typehints
+from apache_beam.io.filesystem import CompressionTypes
+from apache_beam.io.filesystems import FileSystems
 
 from recordforge.transforms.coders import declare_element_type
 
@@ -100,10 +108,11 @@ class _ScatterFn(beam.DoFn):
     """Places each record of a batch: its output place, then its shard; emits one piece per
     shard, a struct array of (place, record) pairs."""
 
-    def __init__(self, num_shards: int, seed: int, salt: str) -> None:
+    def __init__(self, num_shards: int, seed: int, salt: str, spill_dir: str | None) -> None:
         self._num_shards = num_shards
         self._seed = seed
         self._salt = salt
+        self._spill_dir = spill_dir
         self._seen: tuple[int, dict[tuple[str, int], int], Permutation, np.ndarray] | None = None
 
     def _plan(
@@ -119,9 +128,11 @@ class _ScatterFn(beam.DoFn):
         return self._seen[1], self._seen[2], self._seen[3]
 
     def process(
-        self, keyed: tuple[Any, pa.Array], counts: list[tuple[str, int, int]]
-    ) -> Iterator[tuple[int, pa.Array]]:
+        self, keyed: tuple[Any, Any], counts: list[tuple[str, int, int]]
+    ) -> Iterator[tuple[int, Any]]:
         (_, file, first_row), records = keyed
+        if isinstance(records, str):
+            records = _read_array(records)
         if not len(records):
             return
         firsts, permute, bounds = self._plan(counts)
@@ -133,44 +144,85 @@ class _ScatterFn(beam.DoFn):
         for shard, end in enumerate(ends.tolist()):
             if end > start:
                 take = pa.array(order[start:end])
-                yield (
-                    shard,
-                    pa.StructArray.from_arrays(
-                        [pa.array(places[order[start:end]]), records.take(take)], names=[_KEY, _RECORD]
-                    ),
+                piece = pa.StructArray.from_arrays(
+                    [pa.array(places[order[start:end]]), records.take(take)], names=[_KEY, _RECORD]
                 )
+                if self._spill_dir is None:
+                    yield shard, piece
+                else:
+                    yield shard, _write_array(f"{self._spill_dir}/s{shard:05d}-{uuid.uuid4().hex}", piece)
             start = end
 
 
-def _count(keyed: tuple[Any, pa.Array]) -> tuple[str, int, int]:
+def _write_array(path: str, array: pa.Array) -> str:
+    """Writes an Arrow array as an IPC stream (a fresh name: a retried step writes its own)."""
+    batch = pa.RecordBatch.from_arrays([array], names=["a"])
+    with FileSystems.create(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
+        with pa.ipc.new_stream(f, batch.schema) as writer:
+            writer.write_batch(batch)
+    return path
+
+
+def _read_array(path: str) -> pa.Array:
+    with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
+        data = f.read()
+    return pa.ipc.open_stream(pa.BufferReader(data)).read_all().column(0).combine_chunks()
+
+
+class _SpillFn(beam.DoFn):
+    """A batch to a temporary file: what waits for the counts is then its name."""
+
+    def __init__(self, spill_dir: str) -> None:
+        self._spill_dir = spill_dir
+
+    def process(self, keyed: tuple[Any, pa.Array]) -> Iterator[tuple[Any, tuple[str, int]]]:
+        key, records = keyed
+        if len(records):
+            yield key, (_write_array(f"{self._spill_dir}/b-{uuid.uuid4().hex}", records), len(records))
+
+
+def _count(keyed: tuple[Any, Any]) -> tuple[str, int, int]:
     (_, file, first_row), records = keyed
-    return file, first_row, len(records)
+    return file, first_row, records[1] if isinstance(records, tuple) else len(records)
+
+
+def _path(keyed: tuple[Any, tuple[str, int]]) -> tuple[Any, str]:
+    return keyed[0], keyed[1][0]
 
 
 class ScatterRecords(beam.PTransform):
-    """In: `((split, file, first_row), records)` batches of one split. Out: `(shard, pieces)`,
-    one piece per batch and shard it has records for; `sorted_records` makes a shard of them."""
+    """In: `((split, file, first_row), records)` batches of one split. Out: `(shard, piece)`,
+    a piece per batch and shard it has records for: an Arrow array or, with `spill_dir`, the
+    name of a file holding one; `sorted_records` makes a shard of them."""
 
-    def __init__(self, num_shards: int, seed: int, salt: str = "") -> None:
+    def __init__(self, num_shards: int, seed: int, salt: str = "", spill_dir: str | None = None) -> None:
         super().__init__()
         if num_shards < 1:
             raise ValueError(f"shuffled output needs num_shards >= 1, not {num_shards}")
         self._num_shards = num_shards
         self._seed = seed
         self._salt = salt
+        self._spill_dir = spill_dir
 
     def expand(self, batches: beam.PCollection) -> beam.PCollection:
+        spill = self._spill_dir
+        if spill is not None:
+            batches = batches | "Spill" >> beam.ParDo(_SpillFn(spill))
         counts = batches | "CountRecords" >> beam.Map(_count)
+        if spill is not None:
+            batches = batches | "Names" >> beam.Map(_path)
         pieces = batches | "Place" >> beam.ParDo(
-            _ScatterFn(self._num_shards, self._seed, self._salt), beam.pvalue.AsList(counts)
+            _ScatterFn(self._num_shards, self._seed, self._salt, spill), beam.pvalue.AsList(counts)
         )
+        if spill is not None:
+            return pieces
         # The pieces are Arrow arrays: the coder sizes them from their buffers (coders.py).
         return declare_element_type(pieces, typehints.Tuple[int, pa.Array])
 
 
-def sorted_records(pieces: Iterable[pa.Array]) -> pa.Array:
-    """A shard's records in place order, from its pieces in any order."""
-    pieces = list(pieces)
+def sorted_records(pieces: Iterable[pa.Array | str]) -> pa.Array:
+    """A shard's records in place order, from its pieces (arrays or their files) in any order."""
+    pieces = [_read_array(p) if isinstance(p, str) else p for p in pieces]
     if not pieces:
         return pa.array([], pa.large_binary())
     whole = pa.concat_arrays(pieces)

@@ -15,6 +15,7 @@ from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
 from recordforge.encoding import binary_parts
+from recordforge.storage import delete_tree
 from recordforge.streams import HashingFile, StreamWriter
 from recordforge.tfrecord import Compression, ShardInfo, describe_shard, frame_records
 from recordforge.transforms.rolling import DEFAULT_SHARD_SIZE, WriteShardsBySize
@@ -149,6 +150,20 @@ def _with_empty_shards(written: beam.PCollection[str], writer: _ShardWriter) -> 
     return (written, empty) | "AllShards" >> beam.Flatten()
 
 
+def in_memory_runner(pipeline: beam.Pipeline) -> bool:
+    """Beam's local runners (RecordForge's among them) hold a stage's input, and a GroupByKey's,
+    in memory; Dataflow and Dask keep them on disk."""
+    from apache_beam.runners.direct.direct_runner import DirectRunner
+    from apache_beam.runners.portability.fn_api_runner import FnApiRunner
+
+    return isinstance(pipeline.runner, FnApiRunner | DirectRunner)
+
+
+def _delete_then(_: bytes, shards: list[ShardInfo], folder: str) -> list[ShardInfo]:
+    delete_tree(folder)
+    return shards
+
+
 class _TFRecordBatchSink(filebasedsink.FileBasedSink):
     """Beam's file-based sink machinery (temporary files, finalisation, shard names, retries),
     fed whole batches of serialized examples: framing is vectorised and deflate is ISA-L."""
@@ -249,13 +264,18 @@ class WriteTFRecords(beam.PTransform):
     def expand(self, batches: beam.PCollection[tuple[Any, pa.Array]]) -> beam.PCollection[ShardInfo]:
         prefix = shard_prefix(self._output, self._name)
         suffix = Compression.suffix(self._compression)
+        spill = None
         if self._shuffle:
             writer = _ShardWriter(prefix, suffix, self._num_shards, self._compression, self._level)
+            if in_memory_runner(batches.pipeline):
+                # Under the output folder, like the rolling sink's parts: a crashed run's
+                # leftovers go with its version folder.
+                spill = f"{self._output.rstrip('/')}/_tmp-{uuid.uuid4().hex[:12]}"
             written = (
                 batches
                 # The split's name salts the permutation: splits are shuffled independently.
-                | "Shuffle" >> ScatterRecords(self._num_shards, self._seed, salt=self._name)
-                # (shard, pieces of (place, record)): one group per shard, as below.
+                | "Shuffle" >> ScatterRecords(self._num_shards, self._seed, salt=self._name, spill_dir=spill)
+                # (shard, pieces of (place, record)) or their files: one group per shard, as below.
                 | "GroupShards" >> beam.GroupByKey()
                 | "WriteShards" >> beam.ParDo(_WriteShuffledShardFn(writer))
             )
@@ -301,4 +321,12 @@ class WriteTFRecords(beam.PTransform):
             sink = _TFRecordBatchSink(prefix, suffix, self._num_shards, self._compression, self._level)
             written = batches | "Values" >> beam.Map(_values) | "Write" >> beam.io.Write(sink)
         # path of each final shard
-        return written | "Describe" >> beam.ParDo(_DescribeShardFn(self._compression))
+        described = written | "Describe" >> beam.ParDo(_DescribeShardFn(self._compression))
+        if spill is None:
+            return described
+        # The spilled files go once every shard is written, before the bundle can be published.
+        return (
+            batches.pipeline
+            | "OnceSpilled" >> beam.Impulse()
+            | "DeleteSpilled" >> beam.FlatMap(_delete_then, beam.pvalue.AsList(described), spill)
+        )
