@@ -522,6 +522,47 @@ def test_a_tfdv_schema_reads_float64_csv_text(tmp_path: Path) -> None:
             "scores": [0.5, 2.0],
         }
     ]
+    # Cells of one value each (a CSV as any tool writes it) read as lists of one, each value cast
+    # as a scalar cell is: 1e39 does not fit a float32 (rule range), an empty required cell is a
+    # null (rule null), text in a number column a type error.
+    plain = tmp_path / "plain.csv"
+    plain.write_text(
+        "fare,tip,trips,day,at,zone,when,scores\n"
+        '0.1,,1,18263,5,north,2020-01-02,"[0.5, 2]"\n'
+        '2.5,0.5,2,0,6,south,,"[]"\n'
+        '1e39,,3,1,7,north,,"[1]"\n'
+        ',,4,2,8,north,,"[1]"\n'
+        'x,,5,3,9,north,,"[1]"\n'
+    )
+    args = ["--source", str(plain), "--schema", str(tmp_path / "schema.pbtxt"), "--max_rejected", "3"]
+    meta = run([*args, "--output", str(tmp_path / "p")])
+    assert list(_records(tmp_path / "p", meta, "trips").values()) == [
+        {
+            "fare": [_f32(0.1)],
+            "trips": [1],
+            "day": [18263],
+            "at": [5],
+            "zone": [b"north"],
+            "when": [b"2020-01-02"],
+            "scores": [0.5, 2.0],
+        },
+        # `when` is text: its empty cell is "", as in any text column.
+        {
+            "fare": [2.5],
+            "tip": [0.5],
+            "trips": [2],
+            "day": [0],
+            "at": [6],
+            "zone": [b"south"],
+            "when": [b""],
+            "scores": [],
+        },
+    ]
+    assert [(x["row"], x["column"], x["rule"]) for x in _rejected(tmp_path / "p")] == [
+        (3, "fare", "range"),
+        (4, "fare", "null"),
+        (5, "fare", "type"),
+    ]
 
 
 def test_a_duplicate_header_name_is_an_error_when_read(tmp_path: Path) -> None:

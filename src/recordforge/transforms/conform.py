@@ -180,7 +180,12 @@ def _conform_feature(
         return [_pack_scalar(values, f)]
 
     if text_lists and (pa.types.is_string(col.type) or pa.types.is_large_string(col.type)):
-        col = _parse_json_lists(col, f, fails)
+        if len(f.shape) == 1 and not pc.any(pc.starts_with(pc.utf8_ltrim_whitespace(col), "[")).as_py():
+            # One value per cell (TFDV's shape [1]): lists of one, cast as scalar cells are.
+            blank = pc.equal(pc.utf8_trim_whitespace(col), "")
+            col = _one_value_lists(pc.if_else(blank, pa.scalar(None, col.type), col))
+        else:
+            col = _parse_json_lists(col, f, fails)
     elif not _is_list(col.type) and len(f.shape) == 1:
         col = _one_value_lists(col)
     if not _is_list(col.type):
