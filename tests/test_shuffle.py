@@ -201,3 +201,32 @@ def test_flags_that_do_not_combine_with_shuffle(
     with pytest.raises(RecordForgeError, match=message):
         run(["--source", source, "--output", str(tmp_path / "out"), *flags])
     assert not (tmp_path / "out").exists()
+
+
+def test_on_dataflow_records_are_grouped_only_per_shard(parquet_source: str) -> None:
+    """The job graph, built offline: the one GroupByKey of records is per shard, per split."""
+    import apache_beam as beam
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    from recordforge.pipelines.config import ConvertConfig
+    from recordforge.pipelines.convert import build
+
+    options = PipelineOptions(
+        [
+            "--runner=DataflowRunner",
+            "--project=my-project",
+            "--region=us-central1",
+            "--temp_location=gs://bucket/tmp",
+            "--dry_run=True",
+        ]
+    )
+    p = beam.Pipeline(options=options)
+    config = ConvertConfig(
+        sources=(parquet_source,), output="gs://bucket/out", shuffle=True, splits="train=8,eval=2"
+    )
+    build(p, config)
+    assert p.run().state == "DONE"
+    names = [t.unique_name for t in p.runner.proto_pipeline.components.transforms.values()]
+    groups = sorted(n for n in names if n.endswith("GroupShards"))
+    assert groups == ["WriteTFRecords[eval]/GroupShards", "WriteTFRecords[train]/GroupShards"]
+    assert not [n for n in names if "Spill" in n]  # Dataflow keeps waiting batches on its disks
