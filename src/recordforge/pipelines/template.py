@@ -27,6 +27,8 @@ _LABELS = {
     "sink": ("Sink", "^(fast|beam)$"),
     "batch_size": ("Rows per batch", "^[1-9][0-9]*$"),
     "deterministic": ("Deterministic output", "^(true|false)$"),
+    "shuffle": ("Shuffle the records", "^(true|false)$"),
+    "seed": ("Shuffle seed", "^-?[0-9]+$"),
     "max_rejected": ("Bad rows allowed", "^[0-9]+$"),
     "max_rejected_fraction": ("Bad rows allowed, as a fraction", r"^(0(\.[0-9]+)?|1(\.0+)?)$"),
     "skip_unreadable_files": ("Skip unreadable files", "^(true|false)$"),
