@@ -671,3 +671,20 @@ def test_a_schema_column_missing_from_a_csv_header_is_named_with_the_file(tmp_pa
         f"{source}: the schema reads column 'c', which the header does not name (its columns: a, b)"
     )
     assert not (tmp_path / "out" / "metadata.json").exists()
+
+
+def test_a_bytes_list_cell_that_is_not_utf8_is_a_bad_row(tmp_path: Path) -> None:
+    """JSON text must be UTF-8: such a cell of a bytes list is rejected (rule utf8), never written
+    as its raw text; the rows around it, and after another bad cell, read as they are."""
+    source = tmp_path / "t.csv"
+    source.write_bytes(b'id,blobs\n1,"[""a""]"\n2,"[""\xff""]"\nx,"[""b""]"\n4,"[""c"", """"]"\n')
+    features = [{"name": "id", "type": "int64"}, {"name": "blobs", "type": "bytes", "shape": [-1]}]
+    meta = run(_args(tmp_path, source, _schema(tmp_path, features), "out", "--max_rejected", "2"))
+    assert _records(tmp_path / "out", meta) == {
+        1: {"id": [1], "blobs": [b"a"]},
+        4: {"id": [4], "blobs": [b"c", b""]},
+    }
+    assert [(x["row"], x["column"], x["rule"]) for x in _rejected(tmp_path / "out")] == [
+        (2, "blobs", "utf8"),
+        (3, "id", "type"),
+    ]

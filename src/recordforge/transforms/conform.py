@@ -179,6 +179,10 @@ def _conform_feature(
         values = _apply_nulls(values, f, fails, col)
         return [_pack_scalar(values, f)]
 
+    if text_lists and (pa.types.is_binary(col.type) or pa.types.is_large_binary(col.type)):
+        rows = np.flatnonzero(pc.is_valid(col).to_numpy(zero_copy_only=False))  # non-UTF-8 cells
+        fails.add(rows, column, "utf8", "not UTF-8 text, so not a JSON array", col, rows)
+        col = pa.nulls(len(col), pa.string())
     if text_lists and (pa.types.is_string(col.type) or pa.types.is_large_string(col.type)):
         if len(f.shape) == 1 and not pc.any(pc.starts_with(pc.utf8_ltrim_whitespace(col), "[")).as_py():
             # One value per cell (TFDV's shape [1]): lists of one, cast as scalar cells are.
