@@ -696,3 +696,32 @@ def test_a_dangling_link_or_a_corrupt_png_in_a_folder_is_a_rejected_row(tmp_path
     target = str(tmp_path / "nowhere.png")
     assert rejected[1]["reason"] == f"cannot read {str(dangling)!r}: a dangling symbolic link to {target!r}"
     assert sorted(r["image/height"] for r in _records(out)) == [28] * len(written)
+
+
+def test_a_blank_path_in_a_manifest_is_a_null_image(tmp_path: Path) -> None:
+    """An empty cell names no file: the image is absent (nulls: absent) or the row is bad with
+    rule `null` (nulls: required), never a read of the manifest's own folder."""
+    _save(tmp_path / "a.png", np.full((3, 4), 7, np.uint8), "PNG")
+    (tmp_path / "m.csv").write_text("path,id\na.png,1\n,2\n  ,3\n")
+
+    def convert(nulls: str, out: str) -> dict:
+        features = [
+            {"name": "path", "type": "image", "nulls": nulls},
+            {"name": "id", "type": "int64", "nulls": "required"},
+        ]
+        (tmp_path / f"{nulls}.yaml").write_text(yaml.safe_dump({"features": features}))
+        args = [
+            "--format",
+            "images",
+            "--source",
+            str(tmp_path / "m.csv"),
+            "--schema",
+            str(tmp_path / f"{nulls}.yaml"),
+        ]
+        return run([*args, "--output", str(tmp_path / out), "--max_rejected", "5"])
+
+    convert("absent", "a")
+    images = {int(r["id"]): r["path"].values.numpy().tolist() for r in recordforge.read(str(tmp_path / "a"))}
+    assert images == {1: [(tmp_path / "a.png").read_bytes()], 2: [], 3: []}
+    meta = convert("required", "r")
+    assert meta["rows_written"] == 1 and meta["rejected_by_rule"] == {"null": 2}

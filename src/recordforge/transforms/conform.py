@@ -247,15 +247,10 @@ def _conform_feature(
 
 
 def _conform_image(col: pa.Array, f: Feature, fails: _Failures, read: pa.Array | None) -> list[pa.Array]:
-    """Paths (relative ones against the manifest's folder) or encoded bytes, to the image bytes
-    and its header values; an unreadable or undecodable image rejects its row (rule `image`).
-    `read`: the paths' bytes, when the source has read them."""
-    if not (
-        pa.types.is_string(col.type)
-        or pa.types.is_large_string(col.type)
-        or pa.types.is_binary(col.type)
-        or pa.types.is_large_binary(col.type)
-    ):
+    """Paths (relative to the manifest; a blank one is a null) or encoded bytes, to the image bytes
+    and header values; an unreadable image rejects its row (rule `image`). `read`: paths' bytes."""
+    kinds = (pa.types.is_string, pa.types.is_large_string, pa.types.is_binary, pa.types.is_large_binary)
+    if not any(is_kind(col.type) for is_kind in kinds):
         raise SourceError(
             f"{fails.file}: column {f.source_column!r} is {col.type}; an image "
             "column holds paths (strings) or encoded bytes"
@@ -263,6 +258,8 @@ def _conform_image(col: pa.Array, f: Feature, fails: _Failures, read: pa.Array |
     opts = ImageOptions(
         resize=f.resize, method=f.method, encode=f.encode, quality=f.quality, channels=f.channels
     )
+    if pa.types.is_string(col.type) or pa.types.is_large_string(col.type):
+        col = pc.if_else(pc.equal(pc.utf8_trim_whitespace(col), ""), pa.scalar(None, col.type), col)
     images = load_image_column(col, manifest_dir(fails.file), opts, read=read)
     for i, reason in sorted(images.errors.items()):
         fails.add(np.array([i]), f.source_column, "image", reason, col, np.array([i]))
