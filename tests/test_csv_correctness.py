@@ -688,3 +688,24 @@ def test_a_bytes_list_cell_that_is_not_utf8_is_a_bad_row(tmp_path: Path) -> None
         (2, "blobs", "utf8"),
         (3, "id", "type"),
     ]
+
+
+@pytest.mark.parametrize("suffix", [".csv.gz", ".csv.bz2"])
+def test_a_compressed_csv_reads_as_the_plain_file(tmp_path: Path, suffix: str) -> None:
+    """A gzip or bzip2 CSV (decompressed by its suffix) gives the plain file's records, bad cells
+    rejected by the same rows."""
+    import bz2
+    import gzip
+
+    data = b'id,name\n1,"a,\nb"\n2,c\nx,d\n4,e\n'
+    (tmp_path / "plain.csv").write_bytes(data)
+    (tmp_path / f"t{suffix}").write_bytes(
+        gzip.compress(data) if suffix.endswith("gz") else bz2.compress(data)
+    )
+    features = [{"name": "id", "type": "int64"}, {"name": "name", "type": "string"}]
+    schema = _schema(tmp_path, features)
+    plain = run(_args(tmp_path, tmp_path / "plain.csv", schema, "p", "--max_rejected", "1"))
+    packed = run(_args(tmp_path, tmp_path / f"t{suffix}", schema, "z", "--max_rejected", "1"))
+    assert _records(tmp_path / "z", packed) == _records(tmp_path / "p", plain)
+    assert len(_records(tmp_path / "z", packed)) == 3
+    assert [(x["row"], x["rule"]) for x in _rejected(tmp_path / "z")] == [(3, "type")]

@@ -128,18 +128,20 @@ class _Cursor:
 
 
 class _Bounded(io.RawIOBase):
-    """The next `size` bytes of a file, as a file of their own (a range, for Arrow's reader)."""
+    """The next `size` bytes of a file (None: the rest), as a file of their own for Arrow's
+    reader. Also a plain stream for Arrow: Beam's decompressing file has a `closed` method where
+    Arrow expects a property, and Arrow takes it as closed."""
 
-    def __init__(self, f: Any, size: int) -> None:
+    def __init__(self, f: Any, size: int | None) -> None:
         super().__init__()
         self._f = f
-        self._left = size
+        self._left = size if size is not None else float("inf")
 
     def readable(self) -> bool:
         return True
 
     def readinto(self, buffer: Any) -> int:
-        n = min(len(buffer), self._left)
+        n = int(min(len(buffer), self._left))
         if n <= 0:
             return 0
         data = self._f.read(n)
@@ -239,7 +241,7 @@ class _ReadCsvFn(SharedItemsFn):
                 _check_header(path, list(item.names), types)
                 f.seek(item.start)
                 names = list(item.names)
-            stream = f if item.end is None else _Bounded(f, item.end - item.start)
+            stream = _Bounded(f, None if item.end is None else item.end - item.start)
             reader = pacsv.open_csv(
                 stream,
                 read_options=pacsv.ReadOptions(
