@@ -13,6 +13,7 @@ from recordforge.errors import RecordForgeError
 from recordforge.pipelines.convert import run
 from recordforge.sampledata import taxi_table
 from recordforge.tfrecord import iter_records
+from recordforge.transforms import sinks
 
 
 @pytest.fixture
@@ -170,7 +171,7 @@ def _shard_files(out: Path) -> dict[str, bytes]:
 
 
 def test_deterministic_shards_are_balanced_runs_of_the_input_whoever_writes_them(
-    tmp_path: Path, source: str
+    tmp_path: Path, source: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     common = ["--source", source, "--deterministic", "--num_shards", "4", "--batch_size", "1000"]
     run([*common, "--output", str(tmp_path / "one")])
@@ -188,6 +189,12 @@ def test_deterministic_shards_are_balanced_runs_of_the_input_whoever_writes_them
         for r in iter_records(str(tmp_path / "one" / s["file"]), "gzip")
     ]
     assert ids == pq.read_table(source).column("trip_id").to_pylist()
+    # The local runner spills the batches to files (deleted once the shards are written) so that
+    # its grouping holds names, not records; other runners group the records: the same bytes.
+    assert not list((tmp_path / "one").rglob("_tmp-*"))
+    monkeypatch.setattr(sinks, "in_memory_runner", lambda _: False)
+    run([*common, "--output", str(tmp_path / "grouped")])
+    assert _shard_files(tmp_path / "grouped") == one
 
 
 def test_deterministic_without_num_shards_makes_a_shard_per_shard_size_of_input(

@@ -38,7 +38,7 @@ from apache_beam.io.filesystems import FileSystems
 
 from recordforge.transforms.coders import declare_element_type
 
-__all__ = ["DEFAULT_SEED", "Permutation", "ScatterRecords", "sorted_records"]
+__all__ = ["DEFAULT_SEED", "Permutation", "ScatterRecords", "SpillBatches", "read_spilled", "sorted_records"]
 
 DEFAULT_SEED = 42
 _ROUNDS = 6  # Luby-Rackoff: 4 rounds make a strong pseudo-random permutation; 2 more are cheap
@@ -188,6 +188,23 @@ def _count(keyed: tuple[Any, Any]) -> tuple[str, int, int]:
 
 def _path(keyed: tuple[Any, tuple[str, int]]) -> tuple[Any, str]:
     return keyed[0], keyed[1][0]
+
+
+def read_spilled(records: pa.Array | str) -> pa.Array:
+    """A batch's records, or the records of the file a batch was spilled to."""
+    return _read_array(records) if isinstance(records, str) else records
+
+
+class SpillBatches(beam.PTransform):
+    """In: `(key, records)` batches. Out: `(key, file name)`, each batch's records written to a
+    temporary file in `spill_dir`: what a local runner's grouping then holds is the names."""
+
+    def __init__(self, spill_dir: str) -> None:
+        super().__init__()
+        self._spill_dir = spill_dir
+
+    def expand(self, batches: beam.PCollection) -> beam.PCollection:
+        return batches | "Spill" >> beam.ParDo(_SpillFn(self._spill_dir)) | "Names" >> beam.Map(_path)
 
 
 class ScatterRecords(beam.PTransform):

@@ -19,7 +19,13 @@ from recordforge.storage import delete_tree
 from recordforge.streams import HashingFile, StreamWriter
 from recordforge.tfrecord import Compression, ShardInfo, describe_shard, frame_records
 from recordforge.transforms.rolling import DEFAULT_SHARD_SIZE, WriteShardsBySize
-from recordforge.transforms.shuffle import DEFAULT_SEED, ScatterRecords, sorted_records
+from recordforge.transforms.shuffle import (
+    DEFAULT_SEED,
+    ScatterRecords,
+    SpillBatches,
+    read_spilled,
+    sorted_records,
+)
 
 __all__ = ["SINKS", "WriteTFRecords", "shard_prefix"]
 
@@ -114,7 +120,8 @@ class _WriteShardFn(beam.DoFn):
 
     def process(self, element: tuple[int, Iterable[tuple[Any, pa.Array]]]) -> Iterator[str]:
         shard, batches = element
-        yield self._writer.write(shard, (r for _, r in sorted(batches, key=lambda kv: kv[0])))
+        ordered = sorted(batches, key=lambda kv: kv[0])  # records, or their spilled files
+        yield self._writer.write(shard, (read_spilled(r) for _, r in ordered))
 
 
 class _WriteShuffledShardFn(beam.DoFn):
@@ -284,6 +291,10 @@ class WriteTFRecords(beam.PTransform):
             writer = _ShardWriter(prefix, suffix, self._num_shards, self._compression, self._level)
             if self._file_rows is None:
                 raise ValueError("deterministic output needs file_rows: the end row of every input file")
+            if in_memory_runner(batches.pipeline):
+                # As for --shuffle: the grouping then holds file names, not every record.
+                spill = f"{self._output.rstrip('/')}/_tmp-{uuid.uuid4().hex[:12]}"
+                batches = batches | "SpillBatches" >> SpillBatches(spill)
             written = (
                 batches
                 | "AssignShards"
