@@ -725,3 +725,13 @@ def test_a_blank_path_in_a_manifest_is_a_null_image(tmp_path: Path) -> None:
     assert images == {1: [(tmp_path / "a.png").read_bytes()], 2: [], 3: []}
     meta = convert("required", "r")
     assert meta["rows_written"] == 1 and meta["rejected_by_rule"] == {"null": 2}
+
+
+def test_split_folders_are_sized_by_their_images_with_fixed_shard_counts(tmp_path: Path) -> None:
+    """--deterministic without --num_shards: a shard per 1,024 images of each split folder (its
+    share of the images), so a small test/ gets one shard and a large train/ several."""
+    written = mnist_folder(str(tmp_path / "mnist"), per_class=220)  # 2,200 train, 440 test
+    args = ["--format", "images", "--source", str(tmp_path / "mnist"), "--deterministic"]
+    meta = run([*args, "--output", str(tmp_path / "out")])
+    assert {k: v["shards"] for k, v in meta["split_counts"].items()} == {"test": 1, "train": 3}
+    assert meta["num_records"] == len(written)

@@ -104,10 +104,13 @@ def build(
         extra["span"] = config.span
     compression = config.resolved_compression(any(f.is_image for f in plan.features))
     splits = _split_spec(config, plan)
+    shares: dict[str, float] = {}  # of the input per split, where weights do not say it
     if splits is None and folder is not None and folder.splits:
         # An image folder's split folders (train/, test/...) are its splits: shards apart, as
         # with --splits, so that a training loop never reads the splits mixed.
         splits = SplitSpec(tuple(folder.splits), (1,) * len(folder.splits), column="split")
+        for _, names, _, split in folder.groups:  # each split's share of the images, for sizing
+            shares[split] = shares.get(split, 0.0) + len(names) / max(1, folder.count)
     columns = list(plan.schema.source_columns)
     csv_types = dict(plan.csv_column_types)
     if splits is not None and splits.column is not None:
@@ -203,7 +206,7 @@ def build(
         if config.num_shards or not config.fixed_shards:
             return config.num_shards
         share = 1.0 if splits is None else splits.weights[splits.names.index(name)] / sum(splits.weights)
-        return deterministic_shards(files, folder, config, share)
+        return deterministic_shards(files, folder, config, shares.get(name, share))
 
     def write(examples: beam.PCollection, into: str, name: str, label: str) -> beam.PCollection:
         return examples | label >> WriteTFRecords(
