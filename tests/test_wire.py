@@ -43,3 +43,80 @@ def test_decoder_matches_protobuf() -> None:
             for i in np.flatnonzero(col.rec == r).tolist():
                 got[name] = as_python(col, i)
         assert got == want, r
+
+
+def _decode(records: list[bytes], keys: KeyTable | None = None) -> tuple[list[dict], object]:
+    data = b"".join(records)
+    lengths = np.array([len(r) for r in records], np.int64)
+    starts = np.cumsum(lengths) - lengths
+    batch = decode_batch(data, starts, starts + lengths, keys or KeyTable())
+    got: list[dict] = [{} for _ in records]
+    for name, col in batch.columns.items():
+        for i in range(len(col.rec)):
+            got[int(col.rec[i])][name] = as_python(col, i)
+    return got, batch
+
+
+def test_keys_alike_but_for_their_middle_stay_apart() -> None:
+    """Names of one length that share their first and last 8 bytes differ only in words in
+    between: each keeps its own column, in one batch and across batches."""
+    names = ["feature_aaa_x_value", "feature_bbb_x_value", "feature_aab_x_value", "f", "", "g" * 300]
+    records = []
+    for i in range(60):
+        ex = Example()
+        for j, name in enumerate(names):
+            if (i + j) % 3:
+                ex.features.feature[name].int64_list.value.append(i * 10 + j)
+        records.append(ex.SerializeToString())
+    keys = KeyTable(["f"])  # one name known beforehand, as a feature spec would give
+    for part in (records[:30], records[30:]):
+        got, batch = _decode(part, keys)
+        assert not batch.not_examples
+        assert got == [parse_example(r) for r in part]
+    assert sorted(keys.names) == sorted(names)
+
+
+def test_long_lengths_and_many_entries() -> None:
+    """Lengths of two and three varint bytes at every level (an image-sized value, a long
+    list), records of 40 features, and empty records, all beside ordinary ones."""
+    rng = np.random.default_rng(1)
+    records = []
+    for i in range(50):
+        ex = Example()
+        f = ex.features.feature
+        if i % 5 == 0:
+            f["image"].bytes_list.value.append(rng.bytes(int(rng.integers(100, 40_000))))
+        if i % 7 == 0:
+            f["long"].float_list.value.extend(rng.standard_normal(5000).astype(np.float32).tolist())
+            f["ints"].int64_list.value.extend(rng.integers(-(2**63), 2**63 - 1, 300).tolist())
+        for k in range(40 if i % 2 else 3):
+            f[f"x{k:02d}"].float_list.value.append(float(k))
+        records.append(ex.SerializeToString() if i % 11 else b"")
+    got, batch = _decode(records)
+    assert not batch.not_examples
+    assert got == [parse_example(r) for r in records]
+    for col in batch.columns.values():
+        assert (np.diff(col.rec) > 0).all()  # a column's entries follow the records' order
+
+
+def test_truncated_and_lying_lengths_fall_back_or_are_refused() -> None:
+    """A record whose lengths point past its end, or inside another field, is never read by
+    the fast path: protobuf decodes it or refuses it, and its neighbours decode as usual."""
+    good = _examples()[:5]
+    bad = [
+        good[0][:-3],
+        good[1][:1] + b"\x7f" + good[1][2:],
+        b"\n\x05\n\x03\n\x01a",
+        b"\n\x80\x80\x80\x80\x80\x01",
+    ]
+    records = [good[2], *bad, good[3]]
+    got, batch = _decode(records)
+    refused = set(batch.not_examples)
+    for r, raw in enumerate(records):
+        try:
+            want = parse_example(raw)
+        except Exception:
+            assert r in refused
+            continue
+        assert r not in refused and got[r] == want, r
+    assert {1, 4} <= refused and 0 not in refused and 5 not in refused

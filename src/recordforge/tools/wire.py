@@ -1,12 +1,13 @@
 """tf.train.Example decoded for a whole batch of records at once, with numpy.
 
 The wire format is walked one nesting level at a time (Example, Features, map entry, Feature,
-list), and at each level every message of the batch advances by one field per round: a round
-costs a few array operations over all records, and there are as many rounds as a record has
-fields at that level (its features), not as many as there are records. Records laid out in a way
-this path does not take (unknown or repeated fields, unpacked numbers, duplicate keys) are
-decoded by protobuf, one by one, and merged into the same columns; a record protobuf refuses is
-reported as not a tf.train.Example.
+list). Features are a sequence of map entries, so they are read in rounds (every record's first
+entry, then its second...); below that, every entry of the batch is one element of the same
+arrays, and each level costs a few array operations over all entries at once: a field's tag and
+one-byte length are two byte gathers, longer lengths are read only where they occur. Keys are
+matched by KeyTable (wire_keys.py). Records laid out in a way this path does not take (unknown
+or repeated fields, unpacked numbers, duplicate keys) are decoded by protobuf, one by one, and
+merged into the same columns; a record protobuf refuses is reported as not a tf.train.Example.
 """
 
 from __future__ import annotations
@@ -16,88 +17,96 @@ from typing import Any
 
 import numpy as np
 
+from recordforge.tools.wire_keys import KeyTable
+
 __all__ = ["BYTES", "FLOAT", "INT64", "NONE", "Batch", "Column", "KeyTable", "decode_batch"]
 
 NONE, BYTES, FLOAT, INT64 = 0, 1, 2, 3
 _KIND_NAMES = {NONE: "none", BYTES: "bytes", FLOAT: "float", INT64: "int64"}
-_PAD = 16  # zero bytes after the data, so that a varint read past a span never leaves the array
+_PAD = 64  # zero bytes after the data: a read a little past a span never leaves the array
+_MAX_LEN_BYTES = 5  # a length takes at most 5 varint bytes here (below 2**35)
 
 
-def _varint(buf: np.ndarray, pos: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(value, position after it, ok) of the varint at each position; one round per byte of the
-    longest varint, over only the varints still going (most are one byte: one round)."""
+def _lengths(buf: np.ndarray, pos: np.ndarray) -> tuple[np.ndarray, Any, np.ndarray | None]:
+    """(value, size in bytes, ok or None for all ok) of the varint length at each position.
+    One gather when every length is below 128 (the common case); longer ones take a round per
+    further byte, over only the lengths still going."""
     b = buf[pos]
     going = np.flatnonzero(b >= 0x80)
     if not len(going):
-        after = pos + 1
-        return b.astype(np.int64), after, after <= end
-    value = (b & 0x7F).astype(np.uint64)
+        return b, 1, None
+    value = b.astype(np.int64)
+    value[going] &= 0x7F
     size = np.ones(len(pos), np.int64)
     ok = np.ones(len(pos), bool)
     shift = 7
     while len(going):
-        if shift > 63:
+        if shift >= 7 * _MAX_LEN_BYTES:
             ok[going] = False
             break
-        b = buf[pos[going] + size[going]]
-        value[going] |= (b & 0x7F).astype(np.uint64) << np.uint64(shift)
+        more = buf[pos[going] + size[going]]
+        value[going] |= (more & 0x7F).astype(np.int64) << shift
         size[going] += 1
-        going = going[b >= 0x80]
+        going = going[more >= 0x80]
         shift += 7
-    after = pos + size
-    ok &= value < np.uint64(1 << 62)
-    return value.astype(np.int64), after, ok & (after <= end)
+    return value, size, ok
 
 
-def _one_field(
-    buf: np.ndarray, starts: np.ndarray, ends: np.ndarray
+def _field(
+    buf: np.ndarray, pos: np.ndarray, limit: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]:
+    """(tag byte, value start, value end, ok or None) of the length-delimited field at each
+    position; callers compare the tag (a one-byte tag of wire type 2 is the only layout taken)."""
+    if len(pos) and int(pos.max()) > limit:
+        pos = np.minimum(pos, limit)  # only where a bad length pointed past the data
+    tag = buf[pos]
+    value, size, ok = _lengths(buf, pos + 1)
+    start = pos + 1 + size
+    return tag, start, start + value, ok
+
+
+def _all(mask: np.ndarray, ok: np.ndarray | None) -> np.ndarray:
+    return mask if ok is None else mask & ok
+
+
+def _fields(
+    buf: np.ndarray, starts: np.ndarray, ends: np.ndarray, limit: int
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """(field number, value start, value end, ok) of the length-delimited field at each start;
-    ok when the tag is one byte (field numbers below 16) and the value fits in its span."""
-    tag = buf[starts]
-    ok = ((tag & 7) == 2) & (tag < 0x80) & (starts < ends)
-    length, vstart, ok2 = _varint(buf, starts + 1, ends)
-    vend = vstart + length
-    return (tag >> 3).astype(np.int8), vstart, vend, ok & ok2 & (vend <= ends)
-
-
-def _len_fields(
-    buf: np.ndarray, starts: np.ndarray, ends: np.ndarray
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Every length-delimited field of every span: (owner span, field number, value start,
-    value end), in rounds (the first field of every span, then the second...), and a flag per
-    span that holds anything else (another wire type, or a field running past its span)."""
-    owners, numbers, vstarts, vends = [], [], [], []
+    """Every field (tag 0x0A) of every span: (owner span, value start, value end), span after
+    span, read in rounds (the first field of every span, then the second...); and a flag per
+    span holding anything else (another field, or a field running past its span)."""
+    owners, vstarts, vends = [], [], []
     odd = np.zeros(len(starts), bool)
     pos = starts.astype(np.int64, copy=True)
     active = np.flatnonzero(pos < ends)
     while len(active):
-        p, e = pos[active], ends[active]
-        tag, p, ok = _varint(buf, p, e)
-        ok &= (tag & 7) == 2
-        length, p, ok2 = _varint(buf, np.minimum(p, len(buf) - 11), e)
-        vend = p + length
-        ok &= ok2 & (vend <= e)
-        bad = active[~ok]
-        odd[bad] = True
-        good = ok
-        owners.append(active[good])
-        numbers.append(tag[good] >> 3)
-        vstarts.append(p[good])
-        vends.append(vend[good])
-        pos[active[good]] = vend[good]
-        keep = good & (vend < e)
-        active = active[keep]
+        tag, s, e, ok = _field(buf, pos[active], limit)
+        end = ends[active]
+        good = _all((tag == 0x0A) & (e <= end), ok)
+        if not good.all():
+            odd[active[~good]] = True
+            active, s, e, end = active[good], s[good], e[good], end[good]
+        owners.append(active)
+        vstarts.append(s)
+        vends.append(e)
+        pos[active] = e
+        active = active[e < end]
     if not owners:
         empty = np.zeros(0, np.int64)
-        return empty, empty, empty, empty, odd
-    return (
-        np.concatenate(owners),
-        np.concatenate(numbers),
-        np.concatenate(vstarts),
-        np.concatenate(vends),
-        odd,
-    )
+        return empty, empty, empty, odd
+    if len(owners) == 1:
+        return owners[0], vstarts[0], vends[0], odd
+    # Span after span, as the bytes lie: every later pass over the fields then reads the
+    # buffer forwards instead of jumping across it once per round (a cache miss per field).
+    owner = np.concatenate(owners)
+    per = np.bincount(owner, minlength=len(starts))
+    first = np.cumsum(per) - per
+    nth = np.repeat(np.arange(len(owners)), [len(o) for o in owners])
+    dest = first[owner] + nth
+    out = [np.empty(len(owner), np.int64) for _ in range(3)]
+    for arr, parts in zip(out, (owners, vstarts, vends), strict=True):
+        arr[dest] = np.concatenate(parts)
+    return out[0], out[1], out[2], odd
 
 
 def _ranges(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
@@ -144,68 +153,6 @@ def _packed_varints(
     return np.bitwise_or.reduceat(parts, begin).view(np.int64), counts, ok
 
 
-class KeyTable:
-    """Feature names seen so far, found for a batch of keys by a hash, then checked byte for byte."""
-
-    _C1, _C2 = np.uint64(0x9E3779B97F4A7C15), np.uint64(0xBF58476D1CE4E5B9)
-
-    def __init__(self) -> None:
-        self.names: list[str] = []
-        self._hashes = np.zeros(0, np.uint64)  # sorted
-        self._ids = np.zeros(0, np.int64)  # name index of each sorted hash
-        self._rows: list[bytes] = []
-
-    def _hash(self, buf: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        lengths = ends - starts
-        width = max(8, int(-(-int(lengths.max(initial=0)) // 8) * 8))
-        if int(starts.max()) + width > len(buf):
-            buf = np.concatenate([buf, np.zeros(width, np.uint8)])
-        rows = np.lib.stride_tricks.sliding_window_view(buf, width)[starts]
-        rows = rows * (np.arange(width) < lengths[:, None])
-        words = rows.view(np.uint64)
-        h = lengths.astype(np.uint64) * self._C1
-        with np.errstate(over="ignore"):
-            for k in range(words.shape[1]):
-                h = (h ^ words[:, k]) * self._C2
-                h ^= h >> np.uint64(31)
-        return h, rows
-
-    def lookup(self, buf: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
-        """The name index of every key span (names met for the first time are added)."""
-        if not len(starts):
-            return np.zeros(0, np.int64)
-        h, rows = self._hash(buf, starts, ends)
-        pos = np.searchsorted(self._hashes, h)
-        if len(self._hashes):
-            hit = (pos < len(self._hashes)) & (self._hashes[np.minimum(pos, len(self._hashes) - 1)] == h)
-        else:
-            hit = np.zeros(len(h), bool)
-        if not hit.all():
-            new, first = np.unique(h[~hit], return_index=True)
-            miss = np.flatnonzero(~hit)[first]
-            for value, i in zip(new.tolist(), miss.tolist(), strict=True):
-                raw = bytes(buf[starts[i] : ends[i]])
-                self.names.append(raw.decode("utf-8", "replace"))
-                self._rows.append(raw)
-                self._hashes = np.append(self._hashes, np.uint64(value))
-                self._ids = np.append(self._ids, len(self.names) - 1)
-            order = np.argsort(self._hashes)
-            self._hashes, self._ids = self._hashes[order], self._ids[order]
-            pos = np.searchsorted(self._hashes, h)
-        ids = self._ids[pos]
-        # Byte for byte: a hash shared by two names would otherwise merge them.
-        width = rows.shape[1]
-        known = np.zeros((len(self._rows), width), np.uint8)
-        for i, raw in enumerate(self._rows):
-            known[i, : min(len(raw), width)] = np.frombuffer(raw[:width], np.uint8)
-        same = (rows == known[ids]).all(axis=1) & (
-            (ends - starts) == np.array([len(r) for r in self._rows])[ids]
-        )
-        if not same.all():
-            raise ValueError("two feature names share a hash")  # never seen; refuse to merge them
-        return ids
-
-
 @dataclass
 class Column:
     """One feature over a batch: one entry per record that has it."""
@@ -247,82 +194,72 @@ def decode_batch(data: bytes, starts: np.ndarray, ends: np.ndarray, keys: KeyTab
     """Columns of every feature of the records data[starts[i]:ends[i]]."""
     n = len(starts)
     buf = np.frombuffer(data + b"\0" * _PAD, np.uint8)
-    starts = starts.astype(np.int64)
-    ends = ends.astype(np.int64)
+    limit = len(data)
+    starts = np.asarray(starts, np.int64)
+    ends = np.asarray(ends, np.int64)
     slow = np.zeros(n, bool)
     # Example: one `features` field (an empty record is an Example without features).
-    filled = np.flatnonzero(starts < ends)
-    num, s1, e1, ok = _one_field(buf, starts[filled], ends[filled])
-    slow[filled[~ok | (num != 1)]] = True
-    rec1 = filled[ok]
-    s1, e1 = s1[ok], e1[ok]
-    # Features: map entries, one round per feature.
-    own, num, s2, e2, odd = _len_fields(buf, s1, e1)
-    rec2 = rec1[own]
-    slow[rec1[odd]] = True
-    slow[rec2[num != 1]] = True
-    # Entry: the key (1), then the Feature (2), ending the entry.
-    num_k, key_s, key_e, ok = _one_field(buf, s2, e2)
-    num_v, val_s, val_e, ok2 = _one_field(buf, np.minimum(key_e, e2), e2)
-    ok &= ok2 & (num_k == 1) & (num_v == 2) & (val_e == e2)
-    slow[rec2[~ok]] = True
-    if slow.any():
-        keep = ~slow[rec2]
-        rec2, key_s, key_e, val_s, val_e = rec2[keep], key_s[keep], key_e[keep], val_s[keep], val_e[keep]
-    ids = keys.lookup(buf, key_s, key_e)
+    rec = np.flatnonzero(starts < ends)
+    tag, fs, fe, ok = _field(buf, starts[rec], limit)
+    good = _all((tag == 0x0A) & (fe == ends[rec]), ok)
+    if not good.all():
+        slow[rec[~good]] = True
+        rec, fs, fe = rec[good], fs[good], fe[good]
+    # Features: map entries, one round per entry of the record with the most.
+    own, es, ee, odd = _fields(buf, fs, fe, limit)
+    slow[rec[odd]] = True
+    erec = rec[own]
+    # Entry: the key, then the Feature, ending the entry.
+    t1, ks, ke, ok1 = _field(buf, es, limit)
+    t2, vs, ve, ok2 = _field(buf, ke, limit)
+    good = _all(_all((t1 == 0x0A) & (t2 == 0x12) & (ve == ee), ok1), ok2)
+    # Feature: empty (kind none), or one list, its field number the kind, ending the Feature.
+    t3, ls, le, ok3 = _field(buf, vs, limit)
+    has = vs < ve
+    listed = (t3 == 0x0A) | (t3 == 0x12) | (t3 == 0x1A)
+    good &= _all(listed & (le == ve), ok3) | ~has
+    kind = t3 >> 3
+    if not has.all():
+        kind = np.where(has, kind, NONE).astype(np.uint8)
+        ls, le = np.where(has, ls, vs), np.where(has, le, vs)
+    # A list's first field: a float or int64 list's one packed field (none: an empty list), or a
+    # bytes list's first value.
+    t4, ps, pe, ok4 = _field(buf, ls, limit)
+    full = ls < le
+    numeric = kind >= FLOAT
+    good &= _all((t4 == 0x0A) & np.where(numeric, pe == le, pe <= le), ok4) | ~full
+    if not full.all():
+        ps, pe = np.where(full, ps, ls), np.where(full, pe, ls)
+    slow[erec[~good]] = True
+    keep = ~slow[erec]
+    if not keep.all():
+        erec, ks, ke, kind, ps, pe, le, full = (a[keep] for a in (erec, ks, ke, kind, ps, pe, le, full))
+    ids = keys.lookup(buf, ks, ke)
     nk = len(keys.names)
-    dup = np.bincount(rec2 * nk + ids, minlength=n * nk) > 1
-    slow[np.flatnonzero(dup) // nk] = True
-    # Feature: empty (no kind), or one list whose field number is its kind.
-    kind = np.zeros(len(val_s), np.int8)
-    list_s = val_s.copy()
-    list_e = val_s.copy()
-    has = val_s < val_e
-    if has.all():
-        num, list_s, list_e, ok = _one_field(buf, val_s, val_e)
-        ok &= (num >= 1) & (num <= 3) & (list_e == val_e)
-        slow[rec2[~ok]] = True
-        kind = num
-    else:
-        has = np.flatnonzero(has)
-        num, s4, e4, ok = _one_field(buf, val_s[has], val_e[has])
-        ok &= (num >= 1) & (num <= 3) & (e4 == val_e[has])
-        slow[rec2[has[~ok]]] = True
-        kind[has], list_s[has], list_e[has] = num, s4, e4
-    # Numeric lists: one packed field (or none: an empty list).
-    numeric = np.flatnonzero((kind > BYTES) & (list_s < list_e))
-    num, s5, e5, ok = _one_field(buf, list_s[numeric], list_e[numeric])
-    ok &= (num == 1) & (e5 == list_e[numeric])
-    slow[rec2[numeric[~ok]]] = True
-    packed_s = list_s.copy()
-    packed_e = list_s.copy()
-    packed_s[numeric], packed_e[numeric] = s5, e5
-    # Bytes lists: one field per value.
-    blists = np.flatnonzero(kind == BYTES)
-    owner, num, s6, e6, odd = _len_fields(buf, list_s[blists], list_e[blists])
-    slow[rec2[blists[odd]]] = True
-    slow[rec2[blists[owner[num != 1]]]] = True
+    if len(erec) > len(rec) or nk > 1:  # two entries of one record under one key
+        dup = np.bincount(erec * nk + ids, minlength=n * nk) > 1
+        if dup.any():
+            slow[np.flatnonzero(dup) // nk] = True
+    # Bytes values: the first of every list read above, then one round per further value.
+    blists = np.flatnonzero((kind == BYTES) & full)
+    more = blists[pe[blists] < le[blists]]
+    owner, s6, e6, odd = _fields(buf, pe[more], le[more], limit)
+    slow[erec[more[odd]]] = True
     # Entries grouped by feature (a stable radix sort of small ids).
     order = np.argsort(ids.astype(np.int16 if nk < 32000 else np.int64), kind="stable")
     rank = np.empty(len(order), np.int64)
     rank[order] = np.arange(len(order))
-    rec_k, ids_k, kind_k = rec2[order], ids[order], kind[order]
-    packed_s, packed_e = packed_s[order], packed_e[order]
-    count = np.zeros(len(order), np.int64)
-    b_entry = rank[blists[owner]]
+    rec_k, ids_k, kind_k = erec[order], ids[order], kind[order]
+    ps_k, pe_k = ps[order], pe[order]
+    b_entry = rank[np.concatenate([blists, more[owner]])]
     b_sort = np.argsort(b_entry, kind="stable")  # rounds interleave entries; values keep their order
-    b_entry, b_starts, b_ends = b_entry[b_sort], s6[b_sort], e6[b_sort]
-    count += np.bincount(b_entry, minlength=len(order))
-    f_entries = np.flatnonzero(kind_k == FLOAT)
-    f_s, f_e = packed_s[f_entries], packed_e[f_entries]
-    bad_len = (f_e - f_s) % 4 != 0
-    if bad_len.any():
-        slow[rec_k[f_entries[bad_len]]] = True
-        f_e = np.where(bad_len, f_s, f_e)
-    count[f_entries] = (f_e - f_s) // 4
-    floats = buf[_ranges(f_s, f_e)].view("<f4")
+    b_entry = b_entry[b_sort]
+    b_starts = np.concatenate([ps[blists], s6])[b_sort]
+    b_ends = np.concatenate([pe[blists], e6])[b_sort]
+    count = np.bincount(b_entry, minlength=len(order))
+    floats = _floats(buf, kind_k, ps_k, pe_k, count, rec_k, slow)
     i_entries = np.flatnonzero(kind_k == INT64)
-    ints, i_counts, i_ok = _packed_varints(buf, packed_s[i_entries], packed_e[i_entries])
+    ints, i_counts, i_ok = _packed_varints(buf, ps_k[i_entries], pe_k[i_entries])
     count[i_entries] = i_counts
     slow[rec_k[i_entries[~i_ok]]] = True
     columns = _split_columns(
@@ -332,6 +269,34 @@ def decode_batch(data: bytes, starts: np.ndarray, ends: np.ndarray, keys: KeyTab
     for r in np.flatnonzero(slow).tolist():
         _merge_slow(batch, r, data[int(starts[r]) : int(ends[r])], buf)
     return batch
+
+
+def _floats(
+    buf: np.ndarray,
+    kind: np.ndarray,
+    ps: np.ndarray,
+    pe: np.ndarray,
+    count: np.ndarray,
+    rec: np.ndarray,
+    slow: np.ndarray,
+) -> np.ndarray:
+    """The values of the packed float spans, entry after entry (their counts set in `count`)."""
+    entries = np.flatnonzero(kind == FLOAT)
+    s, e = ps[entries], pe[entries]
+    size = e - s
+    bad = (size & 3) != 0
+    if bad.any():
+        slow[rec[entries[bad]]] = True
+        size = np.where(bad, 0, size)
+    per = size >> 2
+    count[entries] = per
+    words = np.ndarray((len(buf) - 3,), np.dtype("<f4"), buffer=buf, strides=(1,))
+    if len(per) and int(per.min()) == int(per.max()):
+        if int(per[0]) == 1:
+            return words[s]  # one value per entry: one gather
+        return words[(s[:, None] + 4 * np.arange(int(per[0]))).ravel()]
+    before = np.cumsum(per) - per
+    return words[np.repeat(s - 4 * before, per) + 4 * np.arange(int(per.sum()))]
 
 
 def _split_columns(
