@@ -27,6 +27,21 @@ from recordforge.sampledata import taxi_table
 from recordforge.tools.verify import verify
 
 
+@pytest.mark.parametrize("name", ["croissant.json", "feature_spec.json", "dataset_info.json", "schema.pbtxt"])
+def test_a_users_file_named_like_a_bundle_file_is_never_replaced(tmp_path: Path, name: str) -> None:
+    """A publish writes files of these names at the top of the output (and a rebuild may delete
+    them): one RecordForge did not write stops the run before anything is written, even with
+    --overwrite, and stays as it was."""
+    pq.write_table(pa.table({"x": [1]}), tmp_path / "a.parquet")
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / name).write_text("mine")
+    args = ["--source", str(tmp_path / "a.parquet"), "--output", str(tmp_path / "out"), "--overwrite"]
+    with pytest.raises(RecordForgeError, match=f"out/{name} was not written by RecordForge"):
+        run([*args, "--compression", "none"])
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [name]
+    assert (tmp_path / "out" / name).read_text() == "mine"
+
+
 def _snapshot(folder: Path) -> dict[str, str]:
     """Every file below `folder` with the sha256 of its bytes."""
     return {
@@ -152,7 +167,7 @@ def test_a_users_schema_in_an_unpublished_output_is_read_not_deleted(tmp_path: P
     out.mkdir()
     text = "features:\n  - name: x\n    type: int64\n"
     (out / "schema.yaml").write_text(text)
-    with pytest.raises(RecordForgeError, match="move it out of the output folder"):
+    with pytest.raises(RecordForgeError, match="schema.yaml was not written by RecordForge"):
         run(
             [
                 "--source",

@@ -128,6 +128,13 @@ def check_state(state: OutputState, *, overwrite: bool, if_changed: bool) -> Non
             f"{state.output} already holds a published dataset ({_describe(state.published)}); "
             "pass --overwrite to replace it (or --if_changed to rebuild only when inputs changed)"
         )
+    clash = [t for t in state.foreign if t in layout.TOP_FILES]
+    if clash:
+        # Publishing writes (and a rebuild may delete) files of these names: never a user's.
+        raise RecordForgeError(
+            f"{state.output}/{clash[0]} was not written by RecordForge, which writes a file of "
+            "that name there; move or rename it, or choose another output folder"
+        )
     if state.foreign and state.published is None and not overwrite:
         shown = ", ".join(state.foreign[:5]) + (", ..." if len(state.foreign) > 5 else "")
         raise RecordForgeError(
