@@ -16,9 +16,11 @@ import numpy as np
 
 from recordforge.storage import exists, open_read
 from recordforge.tfrecord import RecordChunk, data_crc_mismatches
+from recordforge.tools.image_headers import image_sizes
 from recordforge.tools.records import CorruptRecord, record_files
 from recordforge.tools.scan import scan_shards
 from recordforge.tools.wire import BYTES, FLOAT, INT64, NONE, Column, KeyTable, decode_batch
+from recordforge.tools.wire_keys import key_hash, words_at
 
 __all__ = ["FeatureStats", "stats"]
 
@@ -29,7 +31,11 @@ _SKETCH = 2048  # smallest hashes kept to estimate distinct counts
 _POSITIONS = 16  # fixed-shape features up to this many values get statistics per position
 _THUMBS = 8
 _MAGIC = {b"\x89PNG": "png", b"\xff\xd8\xff": "jpeg", b"GIF8": "gif", b"BM": "bmp"}
-_C1, _C2 = np.uint64(0x9E3779B97F4A7C15), np.uint64(0xBF58476D1CE4E5B9)
+_MASKS = np.array([(1 << (8 * k)) - 1 for k in range(9)], dtype=np.uint64)
+
+
+def _word(raw: bytes) -> np.uint64:
+    return np.uint64(int.from_bytes(raw, "little"))
 
 
 @dataclass
@@ -50,12 +56,16 @@ class FeatureStats:
     sample_pos: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     _priority: np.ndarray = field(default_factory=lambda: np.zeros(0))
     width: int | None = None  # values per record when every record has the same number
-    top: Counter = field(default_factory=Counter)
+    _top_hash: np.ndarray = field(default_factory=lambda: np.zeros(0, np.uint64))  # sorted
+    _top_count: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    _values: dict[int, bytes] = field(default_factory=dict)  # the bytes of each hash counted
     top_exact: bool = True
     sketch: np.ndarray = field(default_factory=lambda: np.zeros(0, np.uint64))
     long_values: int = 0  # bytes values longer than SHORT (not counted as strings)
     formats: Counter = field(default_factory=Counter)
     thumbs: list[bytes] = field(default_factory=list)
+    # Images: height, width and channels read from their headers.
+    dims: dict[str, FeatureStats] = field(default_factory=dict)
     logical: str | None = None
 
     @property
@@ -72,7 +82,7 @@ class FeatureStats:
     def distinct(self) -> tuple[int, bool]:
         """(distinct short values, exact?)."""
         if self.top_exact:
-            return len(self.top), True
+            return len(self._top_hash), True
         k = len(self.sketch)
         if k < _SKETCH:
             return k, True
@@ -139,47 +149,82 @@ class FeatureStats:
         starts, ends = col.starts, col.ends
         lengths = ends - starts
         blob = col.blob
-        if int(starts.max()) + SHORT + 8 > len(blob):
-            blob = np.concatenate([blob, np.zeros(SHORT + 8, np.uint8)])
-        head = np.lib.stride_tricks.sliding_window_view(blob, 4)[starts]
+        if int(starts.max()) + SHORT + 32 > len(blob):
+            blob = np.concatenate([blob, np.zeros(SHORT + 32, np.uint8)])
+        words = words_at(blob)
+        head = words[starts]
         for magic, name in _MAGIC.items():
-            hit = (head[:, : len(magic)] == np.frombuffer(magic, np.uint8)).all(axis=1) & (
-                lengths >= len(magic)
-            )
+            hit = ((head & _MASKS[len(magic)]) == _word(magic)) & (lengths >= len(magic))
             if hit.any():
                 self.formats[name] += int(hit.sum())
+                found = np.flatnonzero(hit)
+                self._image_sizes(name, blob, starts[found], ends[found], rng)
                 if len(self.thumbs) < _THUMBS:
-                    first = np.flatnonzero(hit)[: _THUMBS - len(self.thumbs)]
+                    first = found[: _THUMBS - len(self.thumbs)]
                     self.thumbs += [blob[starts[i] : ends[i]].tobytes() for i in first.tolist()]
         short = lengths <= SHORT
         self.long_values += int((~short).sum())
         if not short.any():
             return
         s, n = starts[short], lengths[short]
-        width = max(8, int(-(-int(n.max()) // 8) * 8))
-        rows = np.lib.stride_tricks.sliding_window_view(blob, width)[s] * (np.arange(width) < n[:, None])
-        words = np.ascontiguousarray(rows).view(np.uint64)
-        h = n.astype(np.uint64) * _C1
-        with np.errstate(over="ignore"):
-            for k in range(words.shape[1]):
-                h = (h ^ words[:, k]) * _C2
-                h ^= h >> np.uint64(31)
+        h = key_hash(words, s, n)
         uniq, first, counts = np.unique(h, return_index=True, return_counts=True)
         self._sketch(uniq)
-        if self.top_exact or len(uniq) < 4 * DISTINCT_EXACT:
-            idx = s[first].tolist()
-            for a, length, c in zip(idx, n[first].tolist(), counts.tolist(), strict=True):
-                self.top[blob[a : a + length].tobytes()] += c
-            self._bound()
+        self._count(uniq, counts, lambda i: blob[s[first[i]] : s[first[i]] + n[first[i]]].tobytes())
+
+    def _image_sizes(
+        self, fmt: str, blob: np.ndarray, starts: np.ndarray, ends: np.ndarray, rng: np.random.Generator
+    ) -> None:
+        for part, values in zip(
+            ("height", "width", "channels"), image_sizes(fmt, blob, starts, ends), strict=True
+        ):
+            if len(values):
+                dim = self.dims.setdefault(part, FeatureStats())
+                dim.kinds["int64"] += len(values)
+                dim.present += len(values)
+                dim.lengths[1] += len(values)
+                dim.width = 1
+                dim._numbers(values, np.ones(len(values), np.int64), rng)
+
+    def _count(self, hashes: np.ndarray, counts: np.ndarray, value: Any) -> None:
+        """Adds counts per value hash (sorted, distinct); `value(i)` gives the bytes of hash i,
+        asked only for values kept and not met before. Past DISTINCT_EXACT values the most
+        common stay (ties keep values already held) and the count is no longer exact."""
+        held = len(self._top_hash)
+        if held:
+            all_h = np.concatenate([self._top_hash, hashes])
+            merged, inverse = np.unique(all_h, return_inverse=True)
+            merged_c = np.bincount(inverse, np.concatenate([self._top_count, counts]), len(merged))
+            old = np.zeros(len(merged), bool)
+            old[inverse[:held]] = True
+        else:
+            merged, merged_c, old = hashes, counts.astype(np.float64), np.zeros(len(hashes), bool)
+        if len(merged) > DISTINCT_EXACT:
+            self.top_exact = False
+            keep = np.sort(np.argsort(-(2 * merged_c + old), kind="stable")[:DISTINCT_EXACT])
+            merged, merged_c, old = merged[keep], merged_c[keep], old[keep]
+        new = np.flatnonzero(~old)
+        if len(new):
+            where = np.searchsorted(hashes, merged[new])
+            for h, i in zip(merged[new].tolist(), where.tolist(), strict=True):
+                self._values[h] = value(i)
+        if len(merged) < len(self._values):
+            self._values = {h: self._values[h] for h in merged.tolist()}
+        self._top_hash, self._top_count = merged, merged_c
+
+    @property
+    def top(self) -> Counter:
+        """{value: count} of the short bytes values (the most common DISTINCT_EXACT of them)."""
+        return Counter(
+            {
+                self._values[h]: int(c)
+                for h, c in zip(self._top_hash.tolist(), self._top_count.tolist(), strict=True)
+            }
+        )
 
     def _sketch(self, hashes: np.ndarray) -> None:
         merged = np.union1d(self.sketch, hashes)
         self.sketch = merged[:_SKETCH]
-
-    def _bound(self) -> None:
-        if len(self.top) > DISTINCT_EXACT:
-            self.top_exact = False
-            self.top = Counter(dict(self.top.most_common(DISTINCT_EXACT)))
 
     def merge(self, other: FeatureStats) -> None:
         self.kinds.update(other.kinds)
@@ -207,13 +252,18 @@ class FeatureStats:
         self._priority = np.concatenate([self._priority, other._priority])
         if len(self.sample) > SAMPLE:
             self._sample(np.zeros(0), np.zeros(0, np.int64), rng)
-        self.top.update(other.top)
         self.top_exact = self.top_exact and other.top_exact
-        self._bound()
+        values = other._values
+        self._count(other._top_hash, other._top_count, lambda i: values[int(other._top_hash[i])])
         self._sketch(other.sketch)
         self.long_values += other.long_values
         self.formats.update(other.formats)
         self.thumbs = (self.thumbs + other.thumbs)[:_THUMBS]
+        for part, dim in other.dims.items():
+            if part in self.dims:
+                self.dims[part].merge(dim)
+            else:
+                self.dims[part] = dim
 
 
 class _Summary:

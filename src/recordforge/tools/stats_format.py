@@ -124,6 +124,13 @@ def format_stats(result: dict[str, Any]) -> str:
                 )
         if s.formats:
             notes.append("image formats " + ", ".join(f"{k}: {v:,}" for k, v in s.formats.most_common()))
+            sizes = [
+                f"{part} {format_number(d.min, 'int64')}..{format_number(d.max, 'int64')}"
+                for part, d in s.dims.items()
+                if d.values
+            ]
+            if sizes:
+                notes.append("from the headers: " + ", ".join(sizes))
         elif s.top:
             top = ", ".join(f"{_short(v)}: {c:,}" for v, c in s.top.most_common(5))
             notes.append(f"{_distinct(s)}; top {top}")
@@ -225,7 +232,8 @@ def _cell(name: str, s: FeatureStats, result: dict[str, Any]) -> str:
         formats = ", ".join(f"{k}: {v:,}" for k, v in s.formats.most_common())
         parts.append(f'<div class="cap">image formats: {formats}</div>{_thumbnails(s)}')
         for part in ("height", "width", "channels"):
-            sibling = result["features"].get(f"{name}/{part}")
+            # The record's own height/width/channels features, else the images' headers.
+            sibling = result["features"].get(f"{name}/{part}") or s.dims.get(part)
             if sibling is not None and sibling.values:
                 parts.append(_value_hist(sibling).replace(">values<", f">{part}<", 1))
     elif s.top:

@@ -7,7 +7,7 @@ from collections.abc import Iterable
 
 import numpy as np
 
-__all__ = ["KeyTable", "words_at"]
+__all__ = ["KeyTable", "key_hash", "words_at"]
 
 _C1, _C2 = np.uint64(0x9E3779B97F4A7C15), np.uint64(0xBF58476D1CE4E5B9)
 # _MASKS[k] keeps the first k bytes of a little-endian word.
@@ -136,3 +136,9 @@ def _hash(lengths: np.ndarray, words: list[np.ndarray]) -> np.ndarray:
             mixed ^= mixed >> np.uint64(31)
             h = mixed if j == 0 else np.where(lengths > 8 * j, mixed, h)
     return h
+
+
+def key_hash(words: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """The hash KeyTable gives the bytes words[starts[i]] onwards, lengths[i] of them (for any
+    short bytes values: strings counted by stats)."""
+    return _hash(lengths, _key_words(words, starts, lengths))

@@ -1,0 +1,116 @@
+"""stats' summaries of one feature: string counts (exact, bounded, merged) and image sizes read
+from the images' headers."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+from PIL import Image
+
+from recordforge.tools._example_pb import Example
+from recordforge.tools.image_headers import image_sizes
+from recordforge.tools.stats import DISTINCT_EXACT, FeatureStats
+from recordforge.tools.wire import Column, KeyTable, decode_batch
+
+
+def _column(values: list[bytes], name: str = "x") -> Column:
+    records = []
+    for v in values:
+        ex = Example()
+        ex.features.feature[name].bytes_list.value.append(v)
+        records.append(ex.SerializeToString())
+    lengths = np.array([len(r) for r in records], np.int64)
+    starts = np.cumsum(lengths) - lengths
+    batch = decode_batch(b"".join(records), starts, starts + lengths, KeyTable())
+    return batch.columns[name]
+
+
+def _summary(parts: list[list[bytes]]) -> FeatureStats:
+    rng = np.random.default_rng(0)
+    total = FeatureStats()
+    for part in parts:
+        s = FeatureStats()
+        s.add(_column(part), rng)
+        total.merge(s)
+    return total
+
+
+def test_string_counts_exact_and_merged() -> None:
+    rng = np.random.default_rng(3)
+    words = [b"", b"a", b"token_0001", b"x" * 20, b"y" * 64, "\u00e9t\u00e9".encode()]
+    values = [words[i] for i in rng.integers(0, len(words), 3000)] + [b"z" * 65]  # one long value
+    want = {w: values.count(w) for w in words if values.count(w)}
+    one = FeatureStats()
+    one.add(_column(values), rng)
+    merged = _summary([values[:1000], values[1000:1700], values[1700:]])
+    for s in (one, merged):
+        assert dict(s.top) == want
+        assert s.distinct == (len(want), True)
+        assert s.long_values == 1
+
+
+def test_string_counts_past_the_bound() -> None:
+    """More distinct values than DISTINCT_EXACT: the count is an estimate (said so), the values
+    seen in every part keep their exact counts."""
+    n = 3 * DISTINCT_EXACT
+    unique = [b"id-%d" % i for i in range(n)]
+    common = [b"common"] * 700 + [b"usual"] * 300
+    parts = [unique[i::3] + common for i in range(3)]
+    s = _summary(parts)
+    count, exact = s.distinct
+    assert not exact and abs(count - (n + 2)) < 0.1 * n
+    top = s.top.most_common(2)
+    assert top == [(b"common", 2100), (b"usual", 900)]
+    assert len(s.top) == DISTINCT_EXACT
+
+
+def _encode(fmt: str, mode: str, size: tuple[int, int]) -> bytes:
+    im = Image.new(mode, size, 1 if mode in ("L", "P") else (1,) * len(mode))
+    buf = io.BytesIO()
+    im.save(buf, format=fmt)
+    return buf.getvalue()
+
+
+def test_image_sizes_from_headers() -> None:
+    cases = [
+        ("PNG", "L", (7, 5), 1),
+        ("PNG", "RGB", (3, 9), 3),
+        ("PNG", "RGBA", (40, 2), 4),
+        ("PNG", "P", (6, 6), 3),
+        ("GIF", "P", (11, 4), 3),
+        ("BMP", "RGB", (5, 13), 3),
+        ("JPEG", "RGB", (17, 8), 3),
+        ("JPEG", "L", (300, 200), 1),
+    ]
+    images = [_encode(fmt, mode, size) for fmt, mode, size, _ in cases]
+    col = _column(images, "image")
+    s = FeatureStats()
+    s.add(col, np.random.default_rng(0))
+    assert dict(s.formats) == {"png": 4, "gif": 1, "bmp": 1, "jpeg": 2}
+    assert sorted(s.dims["height"].sample.tolist()) == sorted(h for _, _, (_, h), _ in cases)
+    assert sorted(s.dims["width"].sample.tolist()) == sorted(w for _, _, (w, _), _ in cases)
+    blob = np.concatenate([col.blob, np.zeros(64, np.uint8)])
+    for (fmt, _, (w, h), channels), start, end in zip(cases, col.starts, col.ends, strict=True):
+        height, width, chans = image_sizes(fmt.lower(), blob, np.array([start]), np.array([end]))
+        assert (int(height[0]), int(width[0]), int(chans[0])) == (h, w, channels), fmt
+    assert s.dims["height"].min == 2 and s.dims["height"].max == 200
+    assert s.dims["channels"].values == len(cases)
+    # A PNG cut inside its header is counted as a PNG, but has no size.
+    cut = _column([images[0][:20]], "image")
+    t = FeatureStats()
+    t.add(cut, np.random.default_rng(0))
+    assert t.formats["png"] == 1 and "height" not in t.dims
+
+
+def test_image_sizes_in_the_text_and_the_page() -> None:
+    from recordforge.tools.stats_format import format_stats, stats_html
+
+    images = [_encode("PNG", "RGB", (w, 10 + w)) for w in (4, 9, 30)]
+    s = FeatureStats()
+    s.add(_column(images, "image"), np.random.default_rng(0))
+    s.logical = "image"
+    result = {"path": "p", "records": 3, "features": {"image": s}}
+    assert "from the headers: height 14..40, width 4..30, channels 3..3" in format_stats(result)
+    page = stats_html(result)
+    assert ">height<" in page and ">width<" in page and ">channels<" in page
