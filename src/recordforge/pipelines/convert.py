@@ -57,7 +57,7 @@ from recordforge.pipelines.publishing import (
 from recordforge.pipelines.workers import LocalRunner
 from recordforge.schemas import Plan
 from recordforge.storage import is_local, list_files
-from recordforge.transforms.bundle import BundleSpec, WriteBundle, rule_of
+from recordforge.transforms.bundle import BundleSpec, RunFacts, WriteBundle, rule_of
 from recordforge.transforms.coders import declare_element_type
 from recordforge.transforms.examples import REJECTED, ToExamples
 from recordforge.transforms.image_folder import ReadImageFolder
@@ -95,13 +95,7 @@ def build(
     # Everything this run writes goes below its own version folder (layout.py).
     version = config.version or new_version()
     root = version_root(config.output, version)
-    extra: dict[str, Any] = {}
-    if folder is not None:
-        extra = {"labels": folder.labels, "splits": folder.splits, "images": folder.count}
     dataflow_preflight(pipeline.options, config, files)
-    extra["input_fingerprint"] = input_fingerprint(files, plan, config)
-    if config.span:
-        extra["span"] = config.span
     compression = config.resolved_compression(any(f.is_image for f in plan.features))
     splits = _split_spec(config, plan)
     shares: dict[str, float] = {}  # of the input per split, where weights do not say it
@@ -116,13 +110,6 @@ def build(
     if splits is not None and splits.column is not None:
         columns = list(dict.fromkeys([*columns, splits.column]))
         csv_types.setdefault(splits.column, pa.string())
-        extra["split_column"] = splits.column
-    if splits is not None:
-        extra.update(
-            split_weights=dict(zip(splits.names, splits.weights, strict=True)),
-            split_salt=splits.salt,
-            split_key=splits.key_feature,
-        )
 
     def read() -> beam.PTransform:
         workers = worker_mode(pipeline.options)
@@ -156,7 +143,7 @@ def build(
     # examples: ((file, first_row), pa.LargeBinaryArray of serialized tf.train.Examples)
     # rejected: one JSON line per bad row, with its file, row, column, rule and original values
     examples = encoded.examples
-    bundle_plan, raw_plan, transform_written, temp_dirs = plan, None, None, ()
+    bundle_plan, raw_plan, transform_written, temp_dirs, transform = plan, None, None, (), None
     if plan.schema.has_transforms or config.preprocessing_fn:
         # Imported only here: plain conversions never load TensorFlow or tensorflow-transform.
         from recordforge.transforms.preprocess import AnalyzeAndTransform
@@ -178,7 +165,7 @@ def build(
         # examples: the same keys, transformed Examples; written: transform_fn/ is in place
         examples, transform_written = transformed["examples"], transformed["written"]
         bundle_plan, raw_plan, temp_dirs = preprocess.output_plan, plan, (preprocess.temp_dir,)
-        extra["transform"] = {
+        transform = {
             "declared": {f.name: f.transform.to_dict() for f in plan.features if f.transform},
             "preprocessing_fn": config.preprocessing_fn,
             "fit_on": fit_split or "all rows",
@@ -224,8 +211,6 @@ def build(
             seed=config.seed,
         )
 
-    if config.shuffle:
-        extra["shuffle_seed"] = config.seed
     if splits is None:
         shards = write(examples, root, "data", "WriteTFRecords")
     else:
@@ -256,7 +241,19 @@ def build(
         sources=tuple((f.path, f.size, f.modified) for f in files),
         compression=compression,
         command=config.command,
-        extra=extra,
+        facts=RunFacts(
+            input_fingerprint=input_fingerprint(files, plan, config),
+            span=config.span or None,
+            labels=tuple(folder.labels) if folder is not None else None,
+            splits=tuple(folder.splits) if folder is not None else None,
+            images=folder.count if folder is not None else None,
+            split_weights=dict(zip(splits.names, splits.weights, strict=True)) if splits else None,
+            split_salt=splits.salt if splits else None,
+            split_key=splits.key_feature if splits else None,
+            split_column=splits.column if splits else None,
+            transform=transform,
+            shuffle_seed=config.seed if config.shuffle else None,
+        ),
         max_rejected=config.max_rejected,
         max_rejected_fraction=config.max_rejected_fraction,
     )

@@ -34,9 +34,44 @@ from recordforge.schemas.tfds_metadata import tfds_metadata
 from recordforge.storage import delete_tree, is_local, literal, write_atomically
 from recordforge.tfrecord import Compression, ShardInfo
 
-__all__ = ["BundleSpec", "WriteBundle"]
+__all__ = ["BundleSpec", "RunFacts", "WriteBundle"]
 
 _LOGGER = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RunFacts:
+    """What metadata.json records about a run beyond counts and shards, known at construction;
+    None where it does not apply (written out as nothing)."""
+
+    input_fingerprint: str = ""  # of the inputs, schema and settings (--if_changed compares it)
+    span: str | None = None
+    labels: tuple[str, ...] | None = None  # an image folder's, sorted (label_id indexes them)
+    splits: tuple[str, ...] | None = None  # an image folder's split folders
+    images: int | None = None  # in an image folder
+    split_weights: dict[str, int] | None = None  # the output's splits, by name
+    split_salt: str | None = None
+    split_key: str | None = None
+    split_column: str | None = None
+    transform: dict[str, Any] | None = None  # the declared transforms and the split fitted on
+    shuffle_seed: int | None = None
+
+    def metadata(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"input_fingerprint": self.input_fingerprint}
+        for name, value in (
+            ("span", self.span),
+            ("labels", self.labels),
+            ("splits", self.splits),
+            ("images", self.images),
+            ("split_column", self.split_column),
+            ("transform", self.transform),
+            ("shuffle_seed", self.shuffle_seed),
+        ):
+            if value is not None:
+                out[name] = list(value) if isinstance(value, tuple) else value
+        if self.split_weights is not None:
+            out.update(split_weights=self.split_weights, split_salt=self.split_salt, split_key=self.split_key)
+        return out
 
 
 @dataclass(frozen=True)
@@ -52,7 +87,7 @@ class BundleSpec:
     command: tuple[str, ...] = ()
     max_rejected: int = 0
     max_rejected_fraction: float = 0.0
-    extra: dict[str, Any] | None = None  # source-specific facts (an image folder's labels)
+    facts: RunFacts = RunFacts()
     # With tensorflow-transform: `plan` describes the transformed records, `raw_plan` the schema
     # they were transformed from; `temp_dirs` are TFT's working files, deleted before publishing.
     raw_plan: Plan | None = None
@@ -107,7 +142,7 @@ class RunCounts:
 
 def _split_totals(spec: BundleSpec, shards: list[ShardInfo]) -> dict[str, Any]:
     """Records and shards per split; an empty split is reported with 0, not written."""
-    weights = (spec.extra or {}).get("split_weights")
+    weights = spec.facts.split_weights
     if not weights:
         return {}
     totals = {name: {"records": 0, "shards": 0} for name in weights}
@@ -120,7 +155,7 @@ def _split_totals(spec: BundleSpec, shards: list[ShardInfo]) -> dict[str, Any]:
 
 def metadata_dict(spec: BundleSpec, shards: list[ShardInfo], counts: RunCounts) -> dict[str, Any]:
     shards = sorted(shards, key=lambda s: s.path)
-    splits = bool((spec.extra or {}).get("split_weights"))
+    splits = bool(spec.facts.split_weights)
     written = sum(s.records for s in shards)
     schema = spec.source_plan.schema
     return {
@@ -150,7 +185,7 @@ def metadata_dict(spec: BundleSpec, shards: list[ShardInfo], counts: RunCounts) 
         "invariant": "rows_read == rows_written + rows_rejected",
         "unreadable_files": list(counts.unreadable),
         "num_records": written,
-        **(spec.extra or {}),
+        **spec.facts.metadata(),
         "shards": [
             {
                 "file": layout.relative(s.path, spec.output),
