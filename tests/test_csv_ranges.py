@@ -183,7 +183,7 @@ SCHEMA = {
     "features": [
         {"name": "id", "type": "int64"},
         {"name": "name", "type": "string"},
-        {"name": "score", "type": "float32"},
+        {"name": "score", "type": "float32", "min": 0},
     ]
 }
 
@@ -196,7 +196,10 @@ def _big_csv(rows: int) -> bytes:
         if i % 97 == 5:
             buf.write(f"{i},too,many,columns\r\n")  # rejected, with its row number
             continue
-        w.writerow([i, f'n{i}\n"quoted"' if i % 7 == 0 else f"n{i}", i / 4])
+        # A cell Arrow cannot type (the rest is read again as text) and later a value below
+        # `min`: their rejected records read the same whichever pass read them.
+        ident = f"x{i}" if i == rows // 3 else i
+        w.writerow([ident, f'n{i}\n"quoted"' if i % 7 == 0 else f"n{i}", -1 if i % 89 == 7 else i / 4])
     return buf.getvalue().encode()
 
 
@@ -225,7 +228,7 @@ def test_conversion_of_a_split_file_equals_the_whole_read(
             "--schema",
             str(tmp_path / "schema.yaml"),
             "--max_rejected",
-            "100",
+            "200",
             "--deterministic",
             *extra,
         ]
@@ -234,14 +237,20 @@ def test_conversion_of_a_split_file_equals_the_whole_read(
         assert meta["rows_read"] == 3000 and meta["rows_written"] + meta["rows_rejected"] == 3000
         records = [r for s in sorted(root.glob("data-*")) for r in iter_records(str(s), meta["compression"])]
         rejected = sorted(
-            (x["row"], x["value"])
+            (x["row"], json.dumps(x, sort_keys=True))  # the whole line, its record included
             for f in (root / "_rejected").glob("*.jsonl")
             for x in map(json.loads, f.read_text().splitlines())
         )
         return records, rejected
 
     whole_records, whole_rejected = convert("one", ["--direct_num_workers=1"])
-    assert whole_rejected == [(i + 1, f"{i},too,many,columns") for i in range(3000) if i % 97 == 5]
+    rows = {i + 1: "csv_columns" for i in range(3000) if i % 97 == 5}
+    rows |= {i + 1: "min" for i in range(3000) if i % 89 == 7 and i % 97 != 5} | {1001: "type"}
+    assert [(r, json.loads(line)["rule"]) for r, line in whole_rejected] == sorted(rows.items())
+    # Rows after the untyped cell came from the text pass; their ids are integers all the same.
+    assert {
+        json.loads(line)["record"]["id"] for r, line in whole_rejected if r > 1001 and rows[r] == "min"
+    } <= set(range(3000))
     monkeypatch.setattr(csv_ranges, "CHUNK_BYTES", len(data) // 9)
     split_records, split_rejected = convert("split", flags)
     assert split_rejected == whole_rejected

@@ -33,6 +33,7 @@ from recordforge.sampledata import taxi_table
 from recordforge.storage import read_bytes
 from recordforge.tfrecord import iter_records
 from recordforge.tools.verify import verify
+from recordforge.transforms import csv_ranges
 
 _COUNTS = ("num_records", "rows_read", "rows_written", "rows_rejected", "rejected_by_rule")
 ROWS_PER_FILE = 20_000  # the killed run's input: 4 files, 16 row groups
@@ -208,10 +209,14 @@ def test_workers_run_in_their_own_folders(cluster: Cluster) -> None:
 
 
 def test_converts_from_and_to_gcs_like_the_local_runner(
-    cluster: Cluster, gcs_bucket: str, tmp_path: Path
+    cluster: Cluster, gcs_bucket: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from distributed import get_task_stream
     from distributed.utils import key_split
+
+    # Chunks of 1,000 bytes: on Dask the CSV file is read as byte ranges by both workers (the
+    # one local worker reads it whole), and every row, rejected ones too, keeps its number.
+    monkeypatch.setattr(csv_ranges, "CHUNK_BYTES", 1000)
 
     parquet = _parquet_inputs(f"{gcs_bucket}/in/parquet")
     csv, bad = _csv_input(f"{gcs_bucket}/in/csv")
@@ -229,14 +234,14 @@ def test_converts_from_and_to_gcs_like_the_local_runner(
             assert _records(f"{gcs_bucket}/dask-{name}") == _records(f"{gcs_bucket}/local-{name}"), name
             assert _rejected(f"{gcs_bucket}/dask-{name}") == _rejected(f"{gcs_bucket}/local-{name}"), name
             assert verify(f"{gcs_bucket}/dask-{name}") == [] and verify(f"{gcs_bucket}/local-{name}") == []
-            if name == "parquet":  # nine row groups; the CSV file is one piece of work
-                # The scheduler's record of where each task ran: reads and encoding ran on both.
-                steps: dict[str, set[str]] = {}
-                for task in stream.data:
-                    steps.setdefault(key_split(task["key"]), set()).add(task["worker"])
-                both = {s for s, workers in steps.items() if len(workers) == 2}
-                assert any(s.startswith("ToExamples") for s in both), steps
-                assert any(s.startswith("Read") for s in both), steps
+            # The scheduler's record of where each task ran: reads and encoding ran on both (the
+            # Parquet files' nine row groups; the CSV file's byte ranges).
+            steps: dict[str, set[str]] = {}
+            for task in stream.data:
+                steps.setdefault(key_split(task["key"]), set()).add(task["worker"])
+            both = {s for s, workers in steps.items() if len(workers) == 2}
+            assert any(s.startswith("ToExamples") for s in both), (name, steps)
+            assert any(s.startswith("Read") for s in both), (name, steps)
     assert dask["num_records"] == 400 - bad and dask["rows_rejected"] == bad
     assert sum(_rejected(f"{gcs_bucket}/dask-csv").values()) == bad
     assert local["rejected_by_rule"] and dask["rows_read"] == 400

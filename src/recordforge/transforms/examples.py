@@ -17,7 +17,7 @@ from recordforge.schemas.model import Schema
 from recordforge.schemas.plan import Plan, compile_schema
 from recordforge.transforms.coders import ArrowArrayCoder, declare_element_type
 from recordforge.transforms.conform import BadRow, conform_batch
-from recordforge.transforms.rejects import rejected_line
+from recordforge.transforms.rejects import rejected_line, source_record
 from recordforge.transforms.sources import SourceBatch
 from recordforge.transforms.splits import SplitSpec, assign_by_hash, assign_by_value
 
@@ -36,6 +36,7 @@ class _ToExamplesFn(beam.DoFn):
         self._strict = strict
         self._splits = splits
         self._namespace = namespace
+        self._csv_types = dict(plan.csv_column_types)
         self._rows_read = Metrics.counter(namespace, "rows_read")
         self._rows_encoded = Metrics.counter(namespace, "rows_encoded")
         self._rows_rejected = Metrics.counter(namespace, "rows_rejected")
@@ -70,7 +71,7 @@ class _ToExamplesFn(beam.DoFn):
             self._rows_rejected.inc(len(result.rejected))
             for bad, index in zip(result.rejected, result.rejected_rows.tolist(), strict=True):
                 Metrics.counter(self._namespace, f"rejected_{bad.rule}").inc()
-                record = batch.slice(index, 1).to_pylist()[0]
+                record = source_record(batch, index, self._csv_types if element.text_lists else None)
                 yield beam.pvalue.TaggedOutput(REJECTED, rejected_line(bad, record))
         if not result.batch.num_rows:
             return
@@ -101,7 +102,9 @@ class _ToExamplesFn(beam.DoFn):
                     raise bad.error()
                 self._rows_rejected.inc()
                 Metrics.counter(self._namespace, "rejected_split").inc()
-                record = element.batch.slice(int(good[i]), 1).to_pylist()[0]
+                record = source_record(
+                    element.batch, int(good[i]), self._csv_types if element.text_lists else None
+                )
                 yield beam.pvalue.TaggedOutput(REJECTED, rejected_line(bad, record))
         else:
             keys = (

@@ -5,11 +5,14 @@ from __future__ import annotations
 import base64
 import datetime
 import decimal
+import functools
+import io
 import json
 import math
 from typing import Any
 
 import apache_beam as beam
+import pyarrow as pa
 
 from recordforge.layout import REJECTED_DIR
 from recordforge.transforms.conform import BadRow
@@ -52,6 +55,39 @@ def decode_value(value: Any) -> Any:
     if isinstance(value, dict):
         return {k: decode_value(v) for k, v in value.items()}
     return value
+
+
+def source_record(
+    batch: pa.RecordBatch, row: int, csv_types: dict[str, pa.DataType] | None
+) -> dict[str, Any]:
+    """Row `row` of a source batch as a dict. For a CSV batch (`csv_types`: the columns' types),
+    a cell of a column Arrow's reader types (integers, dates, timestamps) that arrives as text
+    (read again as text after another cell failed) is typed as Arrow's reader types it where it
+    can be, so that a rejected row reads the same whichever pass, range or worker read it."""
+    record = batch.slice(row, 1).to_pylist()[0]
+    for name, arrow_type in (csv_types or {}).items():
+        value = record.get(name)
+        # Text, binary, floats and bools are text in both passes (floats and bools are parsed
+        # later, by the cast): left as they are.
+        kinds = (pa.types.is_string, pa.types.is_binary, pa.types.is_floating, pa.types.is_boolean)
+        if isinstance(value, str) and not any(is_kind(arrow_type) for is_kind in kinds):
+            record[name] = _csv_cell(value, arrow_type)
+    return record
+
+
+@functools.lru_cache(maxsize=4096)
+def _csv_cell(text: str, arrow_type: pa.DataType) -> Any:
+    import pyarrow.csv as pacsv
+
+    cell = '"' + text.replace('"', '""') + '"'
+    try:
+        table = pacsv.read_csv(
+            io.BytesIO(f"c\n{cell}\n".encode()),
+            convert_options=pacsv.ConvertOptions(column_types={"c": arrow_type}, null_values=[""]),
+        )
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        return text
+    return table.column(0)[0].as_py() if table.num_rows == 1 else text
 
 
 def rejected_line(bad: BadRow, record: dict[str, Any] | None) -> str:
