@@ -114,3 +114,46 @@ def test_image_sizes_in_the_text_and_the_page() -> None:
     assert "from the headers: height 14..40, width 4..30, channels 3..3" in format_stats(result)
     page = stats_html(result)
     assert ">height<" in page and ">width<" in page and ">channels<" in page
+
+
+def _int_column(rows: np.ndarray, counts: np.ndarray) -> Column:
+    """A column of int64 lists: entry i holds counts[i] values of `rows`, in order."""
+    records, at = [], 0
+    for c in counts.tolist():
+        ex = Example()
+        ex.features.feature["v"].int64_list.value.extend(rows[at : at + c].tolist())
+        records.append(ex.SerializeToString())
+        at += c
+    lengths = np.array([len(r) for r in records], np.int64)
+    starts = np.cumsum(lengths) - lengths
+    return decode_batch(b"".join(records), starts, starts + lengths, KeyTable()).columns["v"]
+
+
+def test_sample_is_uniform_and_knows_positions() -> None:
+    """Past SAMPLE values only a drawn few are looked at, yet the kept values are a uniform
+    sample of all (mean and spread of 0..N-1 as for uniform draws), merged over parts; fixed
+    width lists keep each value's position in its list."""
+    from recordforge.tools.stats import SAMPLE
+
+    n = 150_000
+    rng = np.random.default_rng(5)
+    total = FeatureStats()
+    for part in np.array_split(np.arange(n), 5):
+        s = FeatureStats()
+        for piece in np.array_split(part, 3):
+            s.add(_int_column(piece, np.ones(len(piece), np.int64)), rng)
+        total.merge(s)
+    sample = total.sample
+    assert len(sample) == SAMPLE and len(np.unique(sample)) == SAMPLE
+    sd = n / np.sqrt(12) / np.sqrt(SAMPLE)
+    assert abs(sample.mean() - (n - 1) / 2) < 4 * sd
+    deciles = np.histogram(sample, bins=10, range=(0, n))[0]
+    assert (abs(deciles - SAMPLE / 10) < 5 * np.sqrt(SAMPLE / 10)).all()
+    assert total.min == 0 and total.max == n - 1 and total.values == n
+    # Three values per record, value = position * 1000 + record: positions come back.
+    rec = np.arange(30_000)
+    rows = (np.arange(3)[None, :] * 1000_000 + rec[:, None]).ravel()
+    s = FeatureStats()
+    s.add(_int_column(rows, np.full(len(rec), 3)), rng)
+    assert s.width == 3 and len(s.sample) == SAMPLE
+    assert (s.sample // 1000_000 == s.sample_pos).all()

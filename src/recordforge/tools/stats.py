@@ -34,6 +34,22 @@ _MAGIC = {b"\x89PNG": "png", b"\xff\xd8\xff": "jpeg", b"GIF8": "gif", b"BM": "bm
 _MASKS = np.array([(1 << (8 * k)) - 1 for k in range(9)], dtype=np.uint64)
 
 
+_KIND_NAMES = {NONE: "none", BYTES: "bytes", FLOAT: "float", INT64: "int64"}
+
+
+def _bernoulli(n: int, p: float, rng: np.random.Generator) -> np.ndarray:
+    """The indices below n that each pass a coin of probability p, drawn as geometric gaps."""
+    out = []
+    last = -1
+    while True:
+        want = int(n * p + 6 * math.sqrt(n * p + 1) + 8)
+        steps = np.cumsum(rng.geometric(p, want)) + last
+        out.append(steps[steps < n])
+        if steps[-1] >= n:
+            return np.concatenate(out)
+        last = int(steps[-1])
+
+
 def _word(raw: bytes) -> np.uint64:
     return np.uint64(int.from_bytes(raw, "little"))
 
@@ -91,52 +107,85 @@ class FeatureStats:
     # --- adding a column -------------------------------------------------------------------
 
     def add(self, col: Column, rng: np.random.Generator) -> None:
-        kinds, counts = np.unique(col.kind, return_counts=True)
-        for k, c in zip(kinds.tolist(), counts.tolist(), strict=True):
-            self.kinds[{NONE: "none", BYTES: "bytes", FLOAT: "float", INT64: "int64"}[k]] += c
+        kinds = np.bincount(col.kind, minlength=4)
+        for k in np.flatnonzero(kinds).tolist():
+            self.kinds[_KIND_NAMES[k]] += int(kinds[k])
         self.present += len(col.rec)
-        lengths, counts = np.unique(col.count, return_counts=True)
+        if len(col.count) and int(col.count.max()) < 1 << 16:
+            per_length = np.bincount(col.count)
+            lengths = np.flatnonzero(per_length)
+            counts = per_length[lengths]
+        else:
+            lengths, counts = np.unique(col.count, return_counts=True)
         self.lengths.update(dict(zip(lengths.tolist(), counts.tolist(), strict=True)))
         width = int(lengths[0]) if len(lengths) == 1 else -1
         self.width = width if self.width in (None, width) else -1
+        one_kind = int(kinds.max()) == len(col.kind)
         for kind, values in ((INT64, col.ints), (FLOAT, col.floats)):
             if len(values):
-                self._numbers(values, col.count[col.kind == kind], rng)
+                per = col.count if one_kind else col.count[col.kind == kind]
+                self._numbers(values, None if width == 1 else per, rng)
         if len(col.starts):
             self._strings(col, rng)
 
-    def _numbers(self, values: np.ndarray, counts: np.ndarray, rng: np.random.Generator) -> None:
+    def _numbers(self, values: np.ndarray, counts: np.ndarray | None, rng: np.random.Generator) -> None:
+        """Counts, moments and extremes of a column's values (`counts`: values per entry, None
+        when every entry has one), and its share of the sample."""
         as_float = values.astype(np.float64)
-        finite = np.isfinite(as_float)
         before = self.values - self.nan - self.inf  # finite values so far
-        nan = int(np.isnan(as_float).sum())
         self.values += len(values)
-        self.nan += nan
-        self.inf += int((~finite).sum()) - nan
-        good = as_float[finite] if not finite.all() else as_float
+        good, exact = as_float, values
+        if values.dtype.kind == "f":
+            finite = np.isfinite(as_float)
+            if not finite.all():
+                nan = int(np.isnan(as_float).sum())
+                self.nan += nan
+                self.inf += int((~finite).sum()) - nan
+                good = exact = as_float[finite]
+            else:
+                exact = as_float
         if len(good):
             n, m = len(good), float(good.mean())
-            m2 = float(((good - m) ** 2).sum())
+            d = good - m
+            m2 = float(np.einsum("i,i->", d, d))  # np.dot would call BLAS, which spins up threads
             total = before + n
             delta = m - self.mean
             self.mean += delta * n / total
             self.m2 += m2 + delta * delta * before * n / total
-            exact = values[finite] if values.dtype.kind == "i" else good
             lo, hi = exact.min().item(), exact.max().item()
             self.min = lo if self.min is None else min(self.min, lo)
             self.max = hi if self.max is None else max(self.max, hi)
-        positions = np.arange(len(values)) - np.repeat(np.cumsum(counts) - counts, counts)
-        self._sample(as_float, positions, rng)
+        self._sample(as_float, counts, rng)
 
-    def _sample(self, values: np.ndarray, positions: np.ndarray, rng: np.random.Generator) -> None:
-        """A uniform sample: every value draws a random priority, the SAMPLE smallest stay."""
-        priority = rng.random(len(values))
-        if len(values) > SAMPLE:
-            keep = np.argpartition(priority, SAMPLE)[:SAMPLE]
-            values, positions, priority = values[keep], positions[keep], priority[keep]
-        self.sample = np.concatenate([self.sample, values])
+    def _sample(self, values: np.ndarray, counts: np.ndarray | None, rng: np.random.Generator) -> None:
+        """A uniform sample: every value draws a random priority and the SAMPLE smallest stay.
+        Once SAMPLE are held, only a value whose priority falls below the largest held can
+        enter: which values do is drawn directly (gaps between them are geometric), and only
+        they draw their priority (uniform below that bound), the same law at a cost per value
+        kept instead of per value read."""
+        n = len(values)
+        bound = float(self._priority.max()) if len(self._priority) >= SAMPLE else 1.0
+        if bound < 1.0 and n:
+            idx = _bernoulli(n, bound, rng)
+            priority = rng.random(len(idx)) * bound
+        else:
+            idx = np.arange(n)
+            priority = rng.random(n)
+            if n > SAMPLE:
+                keep = np.argpartition(priority, SAMPLE)[:SAMPLE]
+                idx, priority = idx[keep], priority[keep]
+        if counts is None:
+            positions = np.zeros(len(idx), np.int64)
+        else:
+            ends = np.cumsum(counts)
+            entry = np.searchsorted(ends, idx, side="right")
+            positions = idx - (ends[entry] - counts[entry])
+        self.sample = np.concatenate([self.sample, values[idx]])
         self.sample_pos = np.concatenate([self.sample_pos, positions])
         self._priority = np.concatenate([self._priority, priority])
+        self._trim()
+
+    def _trim(self) -> None:
         if len(self.sample) > SAMPLE:
             keep = np.argpartition(self._priority, SAMPLE)[:SAMPLE]
             self.sample, self.sample_pos, self._priority = (
@@ -184,7 +233,7 @@ class FeatureStats:
                 dim.present += len(values)
                 dim.lengths[1] += len(values)
                 dim.width = 1
-                dim._numbers(values, np.ones(len(values), np.int64), rng)
+                dim._numbers(values, None, rng)
 
     def _count(self, hashes: np.ndarray, counts: np.ndarray, value: Any) -> None:
         """Adds counts per value hash (sorted, distinct); `value(i)` gives the bytes of hash i,
@@ -246,12 +295,10 @@ class FeatureStats:
         self.width = (
             other.width if self.width in (None, other.width) else (self.width if other.width is None else -1)
         )
-        rng = np.random.default_rng(len(self.sample))
         self.sample = np.concatenate([self.sample, other.sample])
         self.sample_pos = np.concatenate([self.sample_pos, other.sample_pos])
         self._priority = np.concatenate([self._priority, other._priority])
-        if len(self.sample) > SAMPLE:
-            self._sample(np.zeros(0), np.zeros(0, np.int64), rng)
+        self._trim()
         self.top_exact = self.top_exact and other.top_exact
         values = other._values
         self._count(other._top_hash, other._top_count, lambda i: values[int(other._top_hash[i])])

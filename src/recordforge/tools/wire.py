@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from recordforge.tools.wire_keys import KeyTable
+from recordforge.tools.wire_keys import KeyTable, words_at
 
 __all__ = ["BYTES", "FLOAT", "INT64", "NONE", "Batch", "Column", "KeyTable", "decode_batch"]
 
@@ -32,9 +32,9 @@ def _lengths(buf: np.ndarray, pos: np.ndarray) -> tuple[np.ndarray, Any, np.ndar
     One gather when every length is below 128 (the common case); longer ones take a round per
     further byte, over only the lengths still going."""
     b = buf[pos]
-    going = np.flatnonzero(b >= 0x80)
-    if not len(going):
+    if not len(b) or int(b.max()) < 0x80:
         return b, 1, None
+    going = np.flatnonzero(b >= 0x80)
     value = b.astype(np.int64)
     value[going] &= 0x7F
     size = np.ones(len(pos), np.int64)
@@ -77,11 +77,11 @@ def _fields(
     span holding anything else (another field, or a field running past its span)."""
     owners, vstarts, vends = [], [], []
     odd = np.zeros(len(starts), bool)
-    pos = starts.astype(np.int64, copy=True)
-    active = np.flatnonzero(pos < ends)
+    going = starts < ends
+    active = np.flatnonzero(going) if not going.all() else np.arange(len(starts))
+    pos, end = starts[active], ends[active]
     while len(active):
-        tag, s, e, ok = _field(buf, pos[active], limit)
-        end = ends[active]
+        tag, s, e, ok = _field(buf, pos, limit)
         good = _all((tag == 0x0A) & (e <= end), ok)
         if not good.all():
             odd[active[~good]] = True
@@ -89,8 +89,10 @@ def _fields(
         owners.append(active)
         vstarts.append(s)
         vends.append(e)
-        pos[active] = e
-        active = active[e < end]
+        going = e < end
+        if not going.all():
+            active, e, end = active[going], e[going], end[going]
+        pos = e
     if not owners:
         empty = np.zeros(0, np.int64)
         return empty, empty, empty, odd
@@ -119,12 +121,57 @@ def _ranges(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
     return np.arange(total, dtype=np.int64) + np.repeat(starts - before, lengths)
 
 
+_HIGH = np.uint64(0x8080808080808080)
+_LOW7 = np.uint64(0x7F7F7F7F7F7F7F7F)
+_MASKS = np.array([(1 << (8 * k)) - 1 for k in range(9)], dtype=np.uint64)
+_LAST_STOP = np.array([0] + [0x80 << (8 * (k - 1)) for k in range(1, 9)], dtype=np.uint64)
+
+
 def _packed_varints(
     buf: np.ndarray, starts: np.ndarray, ends: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(int64 values, values per span, ok per span) of packed varint spans. A value begins
-    after a varint's last byte and at every span's start, so that a span cut inside a varint
-    (not ok) never shifts the values of the spans after it."""
+    """(int64 values, values per span, ok per span) of packed varint spans. Spans holding one
+    varint (a scalar feature) are read as 8-byte words, their 7-bit groups packed together by
+    shifts over the whole batch; the others byte by byte (_varint_bytes)."""
+    size = ends - starts
+    n = len(starts)
+    short = np.flatnonzero((size >= 1) & (size <= 8))
+    w = words_at(buf)[starts[short]] & _MASKS[size[short]]
+    # One varint: the only byte without a continuation bit is the span's last.
+    single = (~w & _HIGH & _MASKS[size[short]]) == _LAST_STOP[size[short]]
+    one, w = short[single], w[single]
+    if len(one) == n:
+        return _pack7(w), np.ones(n, np.int64), np.ones(n, bool)
+    rest = np.ones(n, bool)
+    rest[one] = False
+    rest = np.flatnonzero(rest)
+    values, counts, ok = _varint_bytes(buf, starts[rest], ends[rest])
+    count = np.ones(n, np.int64)
+    count[rest] = counts
+    offset = np.cumsum(count) - count
+    out = np.empty(int(count.sum()), np.int64)
+    out[offset[one]] = _pack7(w)
+    out[_ranges(offset[rest], offset[rest] + counts)] = values
+    all_ok = np.ones(n, bool)
+    all_ok[rest] = ok
+    return out, count, all_ok
+
+
+def _pack7(w: np.ndarray) -> np.ndarray:
+    """The value of varints of at most 8 bytes, each in a word (bytes past it zero)."""
+    x = w & _LOW7
+    x = (x & np.uint64(0x007F007F007F007F)) | ((x & np.uint64(0x7F007F007F007F00)) >> np.uint64(1))
+    x = (x & np.uint64(0x00003FFF00003FFF)) | ((x & np.uint64(0x3FFF00003FFF0000)) >> np.uint64(2))
+    x = (x & np.uint64(0x000000000FFFFFFF)) | ((x & np.uint64(0x0FFFFFFF00000000)) >> np.uint64(4))
+    return x.view(np.int64)
+
+
+def _varint_bytes(
+    buf: np.ndarray, starts: np.ndarray, ends: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(int64 values, values per span, ok per span) of packed varint spans, byte by byte. A
+    value begins after a varint's last byte and at every span's start, so that a span cut
+    inside a varint (not ok) never shifts the values of the spans after it."""
     lengths = ends - starts
     ok = np.ones(len(starts), bool)
     idx = _ranges(starts, ends)
