@@ -8,12 +8,15 @@ CRC-checked and decoded where they are used, and progress counts records as chun
 
 from __future__ import annotations
 
+import ctypes
 import multiprocessing
 import os
 import posixpath
+import queue
 import threading
+import traceback
 from collections.abc import Callable
-from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -89,12 +92,6 @@ def _whole_shard(path: str, compression: str, make: Callable[[], Accumulator]) -
     return result
 
 
-def _one_chunk(chunk: RecordChunk, name: str, make: Callable[[], Accumulator]) -> Accumulator:
-    acc = make()
-    acc.add(chunk, name)
-    return acc
-
-
 def scan_shards(
     shards: list[tuple[str, str]],
     make: Callable[[], Accumulator],
@@ -110,11 +107,13 @@ def scan_shards(
         "fork" if "fork" in multiprocessing.get_all_start_methods() else None
     )
     counters = context.Array("q", 2)
-    with ProcessPoolExecutor(workers, mp_context=context, initializer=_init, initargs=(counters,)) as pool:
-        if len(shards) >= workers:
+    if len(shards) >= workers:
+        with ProcessPoolExecutor(
+            workers, mp_context=context, initializer=_init, initargs=(counters,)
+        ) as pool:
             results = _by_shard(pool, shards, make, progress, counters)
-        else:
-            results = _by_chunk(pool, shards, make, progress, workers)
+    else:
+        results = _by_chunk(context, shards, make, progress, workers, counters)
     progress.done()
     return results
 
@@ -137,53 +136,108 @@ def _by_shard(
     return [r for r in results if r is not None]
 
 
+def _chunk_worker(inbox: Any, outbox: Any, make: Callable[[], Accumulator], counters: Any) -> None:
+    """A worker process of _by_chunk: one accumulator per shard for every chunk it is handed,
+    sent back once at the end (a fresh accumulator per chunk would send back, and have the
+    parent merge, a whole summary per chunk: a stats sample alone is 20,000 values a feature)."""
+    _init(counters)
+    _malloc_keeps_memory()
+    accs: dict[int, Accumulator] = {}
+    try:
+        while (item := inbox.get()) is not None:
+            i, name, chunk = item
+            if i not in accs:
+                accs[i] = make()
+            accs[i].add(chunk, name)
+            _count(len(chunk), chunk.raw_bytes)
+        outbox.put((True, accs))
+    except BaseException as exn:  # the parent raises it; a worker must not die silently
+        outbox.put((False, f"{type(exn).__name__}: {exn}\n{traceback.format_exc()}"))
+
+
+def _malloc_keeps_memory() -> None:
+    """Large numpy arrays come from glibc's heap and are reused, instead of each being mapped
+    and unmapped (a page fault per 4 KiB every time a chunk's arrays are made). Only in the
+    worker processes, whose peak is a few chunks' arrays; elsewhere (not glibc) a no-op."""
+    try:
+        libc = ctypes.CDLL(None)
+        libc.mallopt(-3, 1 << 30)  # M_MMAP_THRESHOLD
+        libc.mallopt(-1, 1 << 30)  # M_TRIM_THRESHOLD
+    except (OSError, AttributeError):
+        pass
+
+
 def _by_chunk(
-    pool: ProcessPoolExecutor,
+    context: Any,
     shards: list[tuple[str, str]],
     make: Callable[[], Accumulator],
     progress: Progress,
     workers: int,
+    counters: Any,
 ) -> list[ShardResult]:
-    lock = threading.Lock()
-    in_flight = threading.BoundedSemaphore(2 * workers)  # chunks read but not yet processed
+    """Threads of this process read the shards and hand chunks to `workers` processes through
+    one bounded queue (at most two chunks waiting per worker: bounded memory)."""
+    inbox, outbox = context.Queue(2 * workers), context.Queue()
+    procs = [
+        context.Process(target=_chunk_worker, args=(inbox, outbox, make, counters), daemon=True)
+        for _ in range(workers)
+    ]
+    for proc in procs:
+        proc.start()
     results: list[ShardResult] = [ShardResult(path) for path, _ in shards]
-    accs: list[list[Future]] = [[] for _ in shards]
-    state = {"records": 0, "raw": 0, "files": 0}
+    failed: list[str] = []
 
-    def finished(f: Future, chunk_records: int, raw: int) -> None:
-        in_flight.release()
-        with lock:
-            state["records"] += chunk_records
-            state["raw"] += raw
+    def hand(item: Any) -> None:
+        while True:
+            if failed:
+                raise RuntimeError("stopped: the scan failed elsewhere")
+            try:
+                inbox.put(item, timeout=0.25)
+                return
+            except queue.Full:
+                continue
 
     def reader(i: int) -> None:
         path, compression = shards[i]
         name = posixpath.basename(path)
-
-        def each(chunk: RecordChunk) -> None:
-            in_flight.acquire()
-            f = pool.submit(_one_chunk, chunk, name, make)
-            n, raw = len(chunk), chunk.raw_bytes
-            f.add_done_callback(lambda f: finished(f, n, raw))
-            accs[i].append(f)
-
-        results[i] = _read(path, compression, each)
-        with lock:
-            state["files"] += 1
+        results[i] = _read(path, compression, lambda chunk: hand((i, name, chunk)))
 
     threads = [threading.Thread(target=reader, args=(i,), daemon=True) for i in range(len(shards))]
     for t in threads:
         t.start()
-    for t in threads:
-        while t.is_alive():
-            t.join(timeout=0.25)
-            with lock:
-                progress.set(files=state["files"], records=state["records"], raw=state["raw"])
-    for i, futures in enumerate(accs):
-        acc = make()
-        for f in futures:
-            acc.merge(f.result())
-        results[i].acc = acc
-    with lock:
-        progress.set(files=len(shards), records=state["records"], raw=state["raw"])
+    merged: dict[int, Accumulator] = {}
+    answered, closed = 0, False
+    try:
+        while answered < workers:
+            if not closed and not any(t.is_alive() for t in threads):
+                for _ in procs:
+                    hand(None)  # every chunk is queued: one end mark per worker
+                closed = True
+            try:
+                ok, payload = outbox.get(timeout=0.25)
+            except queue.Empty:
+                if any(p.exitcode not in (None, 0) for p in procs):
+                    raise RuntimeError("a worker process died") from None
+                done = sum(not t.is_alive() for t in threads)
+                progress.set(files=done, records=counters[0], raw=counters[1])
+                continue
+            answered += 1
+            if not ok:
+                raise RuntimeError(f"failed in a worker process: {payload}")
+            for i, acc in payload.items():
+                if i in merged:
+                    merged[i].merge(acc)
+                else:
+                    merged[i] = acc
+    finally:
+        failed.append("stop")  # readers still waiting to hand a chunk give up
+        for proc in procs:
+            if answered < workers:  # an error: the others wait for chunks that will not come
+                proc.terminate()
+            proc.join()
+        for t in threads:
+            t.join()
+    for i, result in enumerate(results):
+        result.acc = merged[i] if i in merged else make()
+    progress.set(files=len(shards), records=counters[0], raw=counters[1])
     return results
