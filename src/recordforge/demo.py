@@ -39,6 +39,16 @@ def draw_digit(digit: int, rng: np.random.Generator) -> np.ndarray:
     return image
 
 
+# Written into the digits folder with what drew it: a folder drawn otherwise (an older demo's
+# random noise, or other settings) is drawn again instead of kept.
+DIGITS_MARKER = ".recordforge-digits"
+_DIGITS_VERSION = "5x7 font v1"
+
+
+def _digits_stamp(per_class: int, seed: int) -> str:
+    return f"{_DIGITS_VERSION}, {per_class} per class, seed {seed}\n"
+
+
 def digit_folder(root: str, *, per_class: int = 10, seed: int = 0) -> int:
     """An MNIST-shaped folder of drawn digits: train/<digit>/ and test/<digit>/ PNGs."""
     from PIL import Image
@@ -52,7 +62,30 @@ def digit_folder(root: str, *, per_class: int = 10, seed: int = 0) -> int:
             for k in range(count):
                 Image.fromarray(draw_digit(digit, rng), mode="L").save(os.path.join(folder, f"{k:05d}.png"))
                 written += 1
+    with open(os.path.join(root, DIGITS_MARKER), "w") as f:
+        f.write(_digits_stamp(per_class, seed))
     return written
+
+
+def ensure_digit_folder(root: str, *, per_class: int = 10, seed: int = 0) -> bool:
+    """The demo's digits at `root`, drawn again unless the folder says it holds these very
+    digits (its marker); True when they were drawn. Only the demo's own train/ and test/
+    folders and marker are removed first."""
+    import shutil
+
+    marker = os.path.join(root, DIGITS_MARKER)
+    if os.path.exists(marker):
+        with open(marker) as f:
+            if f.read() == _digits_stamp(per_class, seed):
+                return False
+    for name in ("train", "test", DIGITS_MARKER):
+        path = os.path.join(root, name)
+        if os.path.isdir(path):
+            shutil.rmtree(path)
+        elif os.path.exists(path):
+            os.remove(path)
+    digit_folder(root, per_class=per_class, seed=seed)
+    return True
 
 
 def main() -> None:
@@ -107,8 +140,7 @@ def main() -> None:
 
     # An MNIST-shaped folder of PNGs: labels from folder names, original bytes kept.
     digits = os.path.join(args.workdir, "digits")
-    if not os.path.exists(digits):
-        digit_folder(digits, per_class=10)
+    ensure_digit_folder(digits, per_class=10)
     photos = os.path.join(args.workdir, "digits-tfrecords")
     meta = run(["--format", "images", "--source", digits, "--output", photos, "--overwrite"])
     grid = os.path.join(args.workdir, "digits-grid.png")
