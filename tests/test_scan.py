@@ -59,7 +59,7 @@ def test_chunks_of_few_shards_over_workers(tmp_path: Path) -> None:
         assert result.records == result.acc.records == len(records)
         assert result.acc.bytes == sum(len(r) for r in records)
         assert result.error is None and len(result.sha256) == 64
-    assert results[0].acc.chunks >= 2  # chunks of one shard summed by more than one worker
+    assert results[0].acc.chunks >= 2  # a shard of several chunks, merged
 
 
 def test_a_failing_worker_stops_the_scan(tmp_path: Path) -> None:

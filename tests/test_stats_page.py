@@ -57,3 +57,22 @@ def test_html_page_shows_labels(bench_bundle: tuple[Path, object]) -> None:
     for label in ("position [0]", "position [7]", "list lengths", "distinct", "2,000 records", "token_"):
         assert label in page, label
     assert page.count('class="x0"') >= 15  # every histogram writes its axis range
+
+
+def test_png_rendering_of_the_page(bench_bundle: tuple[Path, object], tmp_path: Path) -> None:
+    """The README's picture: one row per feature drawn, bars in the bar colour, a small file."""
+    from PIL import Image
+
+    from recordforge.tools.stats_image import _BAR, stats_png
+
+    result = stats(str(bench_bundle[0]))
+    heights = {}
+    for features in (["i0", "s0"], None):
+        path = tmp_path / f"{len(features or [])}.png"
+        stats_png(result, str(path), features)
+        with Image.open(path) as im:
+            rgb = np.asarray(im.convert("RGB"))
+        heights[len(features or result["features"])] = rgb.shape[0]
+        assert (rgb == np.array(_BAR, np.uint8)).all(axis=2).sum() > 500  # histogram bars
+        assert path.stat().st_size < 200_000
+    assert heights[len(result["features"])] > heights[2] * 3
