@@ -68,3 +68,22 @@ def test_a_failing_worker_stops_the_scan(tmp_path: Path) -> None:
     with pytest.raises(RuntimeError, match="no such feature"):
         scan_shards(shards, _Fails, what="test", workers=3)
     assert time.monotonic() - start < 30
+
+
+@pytest.mark.parametrize("chunk_bytes", [1 << 10, 50_000, 8 << 20])
+def test_chunks_split_into_whole_records(tmp_path: Path, chunk_bytes: int) -> None:
+    """Chunks of any size hold whole records: their offsets, first record indices and
+    payloads are read_records', and their raw bytes add up to the file's size."""
+    from recordforge.tfrecord import read_record_chunks
+
+    path, comp = _shards(tmp_path)[0]
+    want = list(read_records(path, comp))
+    got, raw = [], 0
+    for chunk in read_record_chunks(path, comp, chunk_bytes=chunk_bytes):
+        assert chunk.first_record == len(got)
+        assert len(chunk.data) <= max(2 * chunk_bytes, 16_000)
+        raw += chunk.raw_bytes
+        for head, length in zip(chunk.heads.tolist(), chunk.lengths.tolist(), strict=True):
+            got.append((chunk.offset + head, chunk.data[head + 12 : head + 12 + length]))
+    assert got == want
+    assert raw == Path(path).stat().st_size

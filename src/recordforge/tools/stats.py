@@ -71,6 +71,7 @@ class FeatureStats:
     sample: np.ndarray = field(default_factory=lambda: np.zeros(0))
     sample_pos: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     _priority: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    _bound: float = 1.0  # values with a priority above it cannot enter the sample
     width: int | None = None  # values per record when every record has the same number
     _top_hash: np.ndarray = field(default_factory=lambda: np.zeros(0, np.uint64))  # sorted
     _top_count: np.ndarray = field(default_factory=lambda: np.zeros(0))
@@ -164,7 +165,7 @@ class FeatureStats:
         they draw their priority (uniform below that bound), the same law at a cost per value
         kept instead of per value read."""
         n = len(values)
-        bound = float(self._priority.max()) if len(self._priority) >= SAMPLE else 1.0
+        bound = self._bound
         if bound < 1.0 and n:
             idx = _bernoulli(n, bound, rng)
             priority = rng.random(len(idx)) * bound
@@ -185,14 +186,19 @@ class FeatureStats:
         self._priority = np.concatenate([self._priority, priority])
         self._trim()
 
-    def _trim(self) -> None:
-        if len(self.sample) > SAMPLE:
+    def _trim(self, *, exact: bool = False) -> None:
+        """Keeps the SAMPLE smallest priorities once twice as many are held (or now: `exact`).
+        Between trims the bound is the largest priority kept at the last one, at least the
+        true SAMPLE-th smallest: a value that can enter is never left out by it."""
+        if len(self.sample) > (SAMPLE if exact else 2 * SAMPLE):
             keep = np.argpartition(self._priority, SAMPLE)[:SAMPLE]
             self.sample, self.sample_pos, self._priority = (
                 self.sample[keep],
                 self.sample_pos[keep],
                 self._priority[keep],
             )
+        if len(self._priority) >= SAMPLE:
+            self._bound = min(self._bound, float(self._priority.max()))
 
     def _strings(self, col: Column, rng: np.random.Generator) -> None:
         starts, ends = col.starts, col.ends
@@ -220,6 +226,12 @@ class FeatureStats:
         uniq, first, counts = np.unique(h, return_index=True, return_counts=True)
         self._sketch(uniq)
         self._count(uniq, counts, lambda i: blob[s[first[i]] : s[first[i]] + n[first[i]]].tobytes())
+
+    def finish(self) -> None:
+        """The sample cut to its SAMPLE values (between merges it may hold up to twice that)."""
+        self._trim(exact=True)
+        for dim in self.dims.values():
+            dim.finish()
 
     def _image_sizes(
         self, fmt: str, blob: np.ndarray, starts: np.ndarray, ends: np.ndarray, rng: np.random.Generator
@@ -298,7 +310,7 @@ class FeatureStats:
         self.sample = np.concatenate([self.sample, other.sample])
         self.sample_pos = np.concatenate([self.sample_pos, other.sample_pos])
         self._priority = np.concatenate([self._priority, other._priority])
-        self._trim()
+        self._trim(exact=True)
         self.top_exact = self.top_exact and other.top_exact
         values = other._values
         self._count(other._top_hash, other._top_count, lambda i: values[int(other._top_hash[i])])
@@ -373,6 +385,7 @@ def stats(path: str, *, workers: int | None = None) -> dict[str, Any]:
         total.merge(r.acc)
     spec = _spec(path)
     for name, s in total.features.items():
+        s.finish()
         entry = spec.get(name, {})
         s.logical = entry.get("logical") or ("image" if "image" in entry else None)
         if s.logical is None and s.formats and sum(s.formats.values()) == s.kinds.get("bytes", 0):
