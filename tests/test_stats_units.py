@@ -157,3 +157,19 @@ def test_sample_is_uniform_and_knows_positions() -> None:
     s.add(_int_column(rows, np.full(len(rec), 3)), rng)
     assert s.width == 3 and len(s.sample) == SAMPLE
     assert (s.sample // 1000_000 == s.sample_pos).all()
+
+
+def test_string_counts_once_the_values_stop_changing() -> None:
+    """After a batch with no new value, values are looked up in an index; one met later still
+    counts, and so do values of other lengths and an empty string."""
+    rng = np.random.default_rng(2)
+    s = FeatureStats()
+    words = [b"a", b"bb", b"", b"x" * 17]
+    batches = [[words[i] for i in rng.integers(0, 4, 500)] for _ in range(4)]
+    batches.append([b"late"] * 3 + batches[0][:10])
+    batches.append(batches[1])
+    for batch in batches:
+        s.add(_column(batch), rng)
+    flat = [v for b in batches for v in b]
+    assert dict(s.top) == {w: flat.count(w) for w in set(flat)}
+    assert s.distinct == (5, True)

@@ -20,7 +20,7 @@ from recordforge.tools.image_headers import image_sizes
 from recordforge.tools.records import CorruptRecord, record_files
 from recordforge.tools.scan import scan_shards
 from recordforge.tools.wire import BYTES, FLOAT, INT64, NONE, Column, KeyTable, decode_batch
-from recordforge.tools.wire_keys import key_hash, words_at
+from recordforge.tools.wire_keys import HashIndex, key_hash, words_at
 
 __all__ = ["FeatureStats", "stats"]
 
@@ -68,10 +68,13 @@ class FeatureStats:
     m2: float = 0.0
     min: float | int | None = None
     max: float | int | None = None
-    sample: np.ndarray = field(default_factory=lambda: np.zeros(0))
-    sample_pos: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    _kept: np.ndarray = field(default_factory=lambda: np.zeros(0))  # the sample's values
+    _kept_pos: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # their positions
     _priority: np.ndarray = field(default_factory=lambda: np.zeros(0))
     _bound: float = 1.0  # values with a priority above it cannot enter the sample
+    _waiting: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = field(default_factory=list)
+    _held: int = 0  # sample values, those waiting included
+    _index: HashIndex | None = None  # where each counted value's hash is, once they stop changing
     width: int | None = None  # values per record when every record has the same number
     _top_hash: np.ndarray = field(default_factory=lambda: np.zeros(0, np.uint64))  # sorted
     _top_count: np.ndarray = field(default_factory=lambda: np.zeros(0))
@@ -181,24 +184,45 @@ class FeatureStats:
             ends = np.cumsum(counts)
             entry = np.searchsorted(ends, idx, side="right")
             positions = idx - (ends[entry] - counts[entry])
-        self.sample = np.concatenate([self.sample, values[idx]])
-        self.sample_pos = np.concatenate([self.sample_pos, positions])
-        self._priority = np.concatenate([self._priority, priority])
-        self._trim()
+        # Joined to the sample at the next trim: joining now would copy the whole sample.
+        self._waiting.append((values[idx], positions, priority))
+        self._held += len(idx)
+        if self._held > 2 * SAMPLE:
+            self._trim()
 
     def _trim(self, *, exact: bool = False) -> None:
         """Keeps the SAMPLE smallest priorities once twice as many are held (or now: `exact`).
         Between trims the bound is the largest priority kept at the last one, at least the
         true SAMPLE-th smallest: a value that can enter is never left out by it."""
-        if len(self.sample) > (SAMPLE if exact else 2 * SAMPLE):
+        self._join()
+        if len(self._kept) > (SAMPLE if exact else 2 * SAMPLE):
             keep = np.argpartition(self._priority, SAMPLE)[:SAMPLE]
-            self.sample, self.sample_pos, self._priority = (
-                self.sample[keep],
-                self.sample_pos[keep],
+            self._kept, self._kept_pos, self._priority = (
+                self._kept[keep],
+                self._kept_pos[keep],
                 self._priority[keep],
             )
         if len(self._priority) >= SAMPLE:
             self._bound = min(self._bound, float(self._priority.max()))
+        self._held = len(self._kept)
+
+    def _join(self) -> None:
+        if self._waiting:
+            parts = [(self._kept, self._kept_pos, self._priority), *self._waiting]
+            self._kept, self._kept_pos, self._priority = (np.concatenate(p) for p in zip(*parts, strict=True))
+            self._waiting = []
+
+    @property
+    def sample(self) -> np.ndarray:
+        """Values drawn uniformly at random: SAMPLE of them (all, if fewer) after finish()."""
+        self._join()
+        return self._kept
+
+    @property
+    def sample_pos(self) -> np.ndarray:
+        """The position of each sample value in its record's list."""
+        self._join()
+        return self._kept_pos
 
     def _strings(self, col: Column, rng: np.random.Generator) -> None:
         starts, ends = col.starts, col.ends
@@ -223,9 +247,17 @@ class FeatureStats:
             return
         s, n = starts[short], lengths[short]
         h = key_hash(words, s, n)
+        if self._index is not None:  # the values met so far stopped changing: look them up
+            ids = self._index.find(h)
+            if int(ids.min()) >= 0:
+                self._top_count = self._top_count + np.bincount(ids, minlength=len(self._top_hash))
+                return
         uniq, first, counts = np.unique(h, return_index=True, return_counts=True)
         self._sketch(uniq)
         self._count(uniq, counts, lambda i: blob[s[first[i]] : s[first[i]] + n[first[i]]].tobytes())
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_index": None}  # rebuilt where needed, not sent back
 
     def finish(self) -> None:
         """The sample cut to its SAMPLE values (between merges it may hold up to twice that)."""
@@ -265,6 +297,8 @@ class FeatureStats:
             keep = np.sort(np.argsort(-(2 * merged_c + old), kind="stable")[:DISTINCT_EXACT])
             merged, merged_c, old = merged[keep], merged_c[keep], old[keep]
         new = np.flatnonzero(~old)
+        same = len(new) == 0 and len(merged) == held
+        self._index = (self._index or HashIndex(merged)) if same and self.top_exact else None
         if len(new):
             where = np.searchsorted(hashes, merged[new])
             for h, i in zip(merged[new].tolist(), where.tolist(), strict=True):
@@ -307,9 +341,8 @@ class FeatureStats:
         self.width = (
             other.width if self.width in (None, other.width) else (self.width if other.width is None else -1)
         )
-        self.sample = np.concatenate([self.sample, other.sample])
-        self.sample_pos = np.concatenate([self.sample_pos, other.sample_pos])
-        self._priority = np.concatenate([self._priority, other._priority])
+        other._trim()
+        self._waiting.append((other._kept, other._kept_pos, other._priority))
         self._trim(exact=True)
         self.top_exact = self.top_exact and other.top_exact
         values = other._values

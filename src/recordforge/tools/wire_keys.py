@@ -7,7 +7,7 @@ from collections.abc import Iterable
 
 import numpy as np
 
-__all__ = ["KeyTable", "key_hash", "words_at"]
+__all__ = ["HashIndex", "KeyTable", "key_hash", "words_at"]
 
 _C1, _C2 = np.uint64(0x9E3779B97F4A7C15), np.uint64(0xBF58476D1CE4E5B9)
 # _MASKS[k] keeps the first k bytes of a little-endian word.
@@ -142,3 +142,46 @@ def key_hash(words: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.n
     """The hash KeyTable gives the bytes words[starts[i]] onwards, lengths[i] of them (for any
     short bytes values: strings counted by stats)."""
     return _hash(lengths, _key_words(words, starts, lengths))
+
+
+class HashIndex:
+    """Positions of known 64-bit hashes, found for a whole array at once: an open-addressing
+    table (linear probing, a quarter full) built once for a set that stops changing, such as
+    the values of a categorical string feature."""
+
+    def __init__(self, hashes: np.ndarray) -> None:
+        self.hashes = hashes
+        n = len(hashes)
+        bits = max(4, (4 * n - 1).bit_length())
+        self._mask = (1 << bits) - 1
+        self._shift = np.uint64(64 - bits)
+        self._slots = np.full(1 << bits, -1, np.int64)
+        pos = (hashes >> self._shift).astype(np.int64)
+        pending = np.arange(n)
+        self._probes = 0
+        while len(pending):
+            at = (pos[pending] + self._probes) & self._mask
+            free = self._slots[at] == -1
+            # Of several hashes claiming one free slot, the first takes it; the rest probe on.
+            _, first = np.unique(at[free], return_index=True)
+            won = np.flatnonzero(free)[first]
+            self._slots[at[won]] = pending[won]
+            left = np.ones(len(pending), bool)
+            left[won] = False
+            pending = pending[left]
+            self._probes += 1 if len(pending) else 0
+
+    def find(self, h: np.ndarray) -> np.ndarray:
+        """The index in `hashes` of every value of h, -1 where it is not there."""
+        out = np.full(len(h), -1, np.int64)
+        pos = (h >> self._shift).astype(np.int64)
+        todo = np.arange(len(h))
+        for probe in range(self._probes + 1):
+            ids = self._slots[(pos[todo] + probe) & self._mask]
+            known = ids >= 0
+            match = known & (self.hashes[np.where(known, ids, 0)] == h[todo])
+            out[todo[match]] = ids[match]
+            todo = todo[known & ~match]  # an empty slot ends the probe sequence: not there
+            if not len(todo):
+                break
+        return out
