@@ -120,3 +120,20 @@ def test_truncated_and_lying_lengths_fall_back_or_are_refused() -> None:
             continue
         assert r not in refused and got[r] == want, r
     assert {1, 4} <= refused and 0 not in refused and 5 not in refused
+
+
+def test_a_key_twice_in_one_record_is_read_as_protobuf_does() -> None:
+    """A map entry repeated under one key (only key of the batch): the last one counts."""
+    twice = b"\n" + bytes([2 * len(_entry(b"k", 1))]) + _entry(b"k", 1) + _entry(b"k", 2)
+    empty_features = b"\n\x00"
+    got, batch = _decode([twice, empty_features])
+    assert got == [parse_example(twice), parse_example(empty_features)]
+    assert got[0] == {"k": ("int64", [2])}
+    assert batch.columns["k"].rec.tolist() == [0]  # one entry: the record's last
+
+
+def _entry(key: bytes, value: int) -> bytes:
+    packed = bytes([0x0A, 1, value])  # one varint below 128
+    feature = bytes([0x1A, len(packed)]) + packed
+    body = bytes([0x0A, len(key)]) + key + bytes([0x12, len(feature)]) + feature
+    return bytes([0x0A, len(body)]) + body

@@ -283,7 +283,7 @@ def decode_batch(data: bytes, starts: np.ndarray, ends: np.ndarray, keys: KeyTab
         erec, ks, ke, kind, ps, pe, le, full = (a[keep] for a in (erec, ks, ke, kind, ps, pe, le, full))
     ids = keys.lookup(buf, ks, ke)
     nk = len(keys.names)
-    if len(erec) > len(rec) or nk > 1:  # two entries of one record under one key
+    if len(erec):  # two entries of one record under one key (protobuf keeps the last)
         dup = np.bincount(erec * nk + ids, minlength=n * nk) > 1
         if dup.any():
             slow[np.flatnonzero(dup) // nk] = True
