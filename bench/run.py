@@ -194,6 +194,10 @@ def main() -> None:
             "recordforge --sink beam (WriteToTFRecord), Parquet, GZIP",
             ["recordforge", source, f"{w}/rf_beam", n, "--schema", schema, "--sink", "beam"],
         ),
+        "rf_shuffle": (
+            "recordforge --shuffle (seeded global order), Parquet, GZIP, 1 worker",
+            ["recordforge", source, f"{w}/rf_shuffle", n, "--schema", schema, "--shuffle"],
+        ),
         "rf_csv": (
             "recordforge, CSV, GZIP, 1 worker",
             ["recordforge", csv, f"{w}/rf_csv", n, "--schema", schema],
@@ -291,6 +295,7 @@ def main() -> None:
             )
     ratio("rf_tft", "tft_census", "Vocabulary + z-score: recordforge vs TFT census-style", 1)
     ratio("rf", "rf_csv", "Parquet vs CSV throughput")
+    ratio("rf", "rf_shuffle", "Unshuffled vs --shuffle throughput (the cost of the global order)")
     for key, what in (("rf_verify", "verify"), ("rf_stats", "stats")):
         if key in results and "rf" in results:
             # Seconds, same rounds: the conversion that wrote the bundle, then reading it back.
