@@ -282,6 +282,24 @@ def test_reading_a_file_that_is_not_a_tfrecord(capsys: Any, not_tfrecords: list[
             assert line.startswith(f"recordforge {command}: error: {path}: not a TFRecord file ("), line
 
 
+def test_a_file_that_is_not_a_tfrecord_is_named_for_what_it_is(capsys: Any, tmp_path: Any) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"x": [1]}), tmp_path / "t.parquet")
+    (tmp_path / "rows.csv.gz").write_bytes(gzip.compress(b"id,name\n1,a\n"))
+    (tmp_path / "notes.txt").write_text("features:\n  - name: a\n")
+    found = {
+        "t.parquet": "(a Parquet file; ",
+        "rows.csv.gz": "(gzip of text, starting 'id,name'; ",
+        "notes.txt": "(text, starting 'features:'; ",
+    }
+    for name, what in found.items():
+        code, _, err = _main(capsys, "head", str(tmp_path / name))
+        assert code == 1
+        assert f"{tmp_path / name}: not a TFRecord file {what}" in _one_line(err)
+
+
 def test_pattern_matching_nothing_is_named_as_given(capsys: Any, tmp_path: Any, monkeypatch: Any) -> None:
     monkeypatch.chdir(tmp_path)
     code, _, err = _main(capsys, "infer-schema", "nothing-*.csv")

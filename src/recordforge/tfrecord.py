@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import struct
+import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -132,13 +133,53 @@ class CorruptRecord(RecordForgeError, ValueError):
         self.offset = offset
         self.what = what
         if offset == 0:
-            super().__init__(f"{path}: not a TFRecord file ({what} at byte 0)")
+            found = _looks_like(path)
+            super().__init__(f"{path}: not a TFRecord file ({found}{what} at byte 0)")
         else:
             super().__init__(f"{path}: {what} at byte {offset}")
 
     def __reduce__(self) -> tuple[Any, ...]:
         # Three-argument __init__: tell pickle how to rebuild it across Beam worker boundaries.
         return (type(self), (self.path, self.offset, self.what))
+
+
+_MAGIC = (
+    (b"PAR1", "a Parquet file"),
+    (b"\x89PNG", "a PNG image"),
+    (b"\xff\xd8\xff", "a JPEG image"),
+    (b"PK\x03\x04", "a zip archive"),
+    (b"ARROW1", "an Arrow file"),
+)
+
+
+def _looks_like(path: str) -> str:
+    """What a file that is not a TFRecord file seems to be, from its first bytes, as a prefix
+    for the error ("" when nothing is recognised)."""
+    try:
+        with open_read(path) as f:
+            head = f.read(4096)
+        found = _looks_like_bytes(head[:64])
+        if head[:2] == b"\x1f\x8b":  # say what the gzip stream holds
+            inner = _looks_like_bytes(zlib.decompressobj(31).decompress(head, 64))
+            found = f"gzip of {inner}" if inner else ""
+    except Exception:  # noqa: BLE001 - a description only; the error stands without it
+        return ""
+    return f"{found}; " if found else ""
+
+
+def _looks_like_bytes(head: bytes) -> str:
+    for magic, name in _MAGIC:
+        if head.startswith(magic):
+            return name
+    for cut in range(4):  # the bytes may end inside a character
+        try:
+            text = head[: len(head) - cut].decode("utf-8")
+        except UnicodeDecodeError:
+            continue
+        if text.strip() and all(c.isprintable() or c in "\n\r\t" for c in text):
+            return f"text, starting {text.strip().splitlines()[0][:40]!r}"
+        break
+    return ""
 
 
 def detect_compression(path: str) -> str:
