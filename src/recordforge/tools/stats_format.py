@@ -203,22 +203,32 @@ def _lengths_hist(s: FeatureStats) -> str:
     )
 
 
-def _thumbnails(s: FeatureStats) -> str:
+def thumbnail(raw: bytes, box: int, least: int, up_to: int) -> Any:
+    """An image's bytes as an RGB PIL image fitting `box` pixels, scaled up by a whole factor
+    (nearest neighbour, towards `up_to`) when its longer side is under `least`; None when the
+    bytes do not decode."""
     from PIL import Image
 
+    try:
+        with Image.open(io.BytesIO(raw)) as im:
+            tile = im.convert("RGB")
+    except Exception:  # noqa: BLE001 - an undecodable image is shown as nothing
+        return None
+    tile.thumbnail((box, box))
+    if max(tile.size) < least:
+        k = up_to // max(tile.size)
+        tile = tile.resize((tile.width * k, tile.height * k), Image.Resampling.NEAREST)
+    return tile
+
+
+def _thumbnails(s: FeatureStats) -> str:
     out = []
     for raw in s.thumbs:
-        try:
-            with Image.open(io.BytesIO(raw)) as im:
-                im = im.convert("RGB")
-                im.thumbnail((64, 64))
-                if max(im.size) < 48:
-                    k = 48 // max(im.size)
-                    im = im.resize((im.width * k, im.height * k), Image.Resampling.NEAREST)
-                buf = io.BytesIO()
-                im.save(buf, format="PNG")
-        except Exception:
+        tile = thumbnail(raw, 64, 48, 48)
+        if tile is None:
             continue
+        buf = io.BytesIO()
+        tile.save(buf, format="PNG")
         out.append(f'<img src="data:image/png;base64,{base64.b64encode(buf.getvalue()).decode()}">')
     return f'<div class="thumbs">{"".join(out)}</div>' if out else ""
 

@@ -22,6 +22,7 @@ from recordforge.tools.stats_format import (
     _short,
     format_number,
     histogram,
+    thumbnail,
 )
 
 __all__ = ["stats_png"]
@@ -152,17 +153,9 @@ def _per_row(s: Any) -> int:
 
 
 def _thumbs(c: _Canvas, s: Any, x: int, y: int) -> None:
-    import io
-
     for raw in s.thumbs:
-        try:
-            with Image.open(io.BytesIO(raw)) as im:
-                tile = im.convert("RGB")
-                tile.thumbnail((48, 48))
-                if max(tile.size) < 40:
-                    k = 48 // max(tile.size)
-                    tile = tile.resize((tile.width * k, tile.height * k), Image.Resampling.NEAREST)
-        except Exception:
+        tile = thumbnail(raw, 48, 40, 48)
+        if tile is None:
             continue
         c.image.paste(tile, (x, y))
         x += tile.width + 4
