@@ -24,6 +24,8 @@ from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 from isal import isal_zlib
 
+from recordforge.arrays import binary_array, binary_parts
+
 __all__ = [
     "ImageColumn",
     "ImageOptions",
@@ -290,8 +292,6 @@ def load_image_column(
     then only their data checked one by one. Every other image (JPEG, palette PNG, any other
     format, or all when re-encoding) goes through `process_image`; the results are the same.
     """
-    from recordforge.encoding import binary_parts
-
     n = len(col)
     valid = _valid(col)
     errors: dict[int, str] = {}
@@ -439,8 +439,6 @@ def read_local_files(paths: list[str], batch_bytes: int) -> Iterator[tuple[int, 
 
 def _binary(items: list[bytes | None]) -> pa.Array:
     """A large_binary array of `items` (None: null), built from one join of the bytes."""
-    from recordforge.encoding import binary_array
-
     valid = np.fromiter((x is not None for x in items), bool, len(items))
     items = [x if x is not None else b"" for x in items] if not valid.all() else items
     lengths = np.fromiter(map(len, items), np.int64, len(items))
@@ -485,8 +483,6 @@ def _png_values(starts: np.ndarray, buf: np.ndarray) -> tuple[np.ndarray, np.nda
 
 def _rebuild(encoded: pa.Array, replaced: dict[int, bytes], present: np.ndarray) -> pa.Array:
     """`encoded` with re-encoded rows swapped in and rows without an image made null."""
-    from recordforge.encoding import binary_array, binary_parts
-
     offsets, buf = binary_parts(encoded)
     if not replaced:  # only nulls to add: the same bytes, a new validity
         lengths = np.where(present, np.diff(offsets), 0)

@@ -14,6 +14,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from recordforge.arrays import binary_array, binary_parts
 from recordforge.errors import RecordForgeError
 from recordforge.storage import open_read
 
@@ -103,8 +104,6 @@ def frame_records(records: pa.Array) -> pa.Array:
     the data. The length CRCs are computed for the whole batch at once; the data CRCs are one C
     call per record; the layout is one Arrow element-wise join.
     """
-    from recordforge.encoding import binary_array, binary_parts
-
     offsets, data = binary_parts(records)
     n = len(offsets) - 1
     lengths = np.diff(offsets).astype("<u8")

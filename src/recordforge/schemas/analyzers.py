@@ -16,7 +16,7 @@ import enum
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Analyzer", "Transform", "transform_problems"]
+__all__ = ["Analyzer", "Transform"]
 
 
 class Analyzer(enum.Enum):
@@ -25,6 +25,11 @@ class Analyzer(enum.Enum):
     SCALE_TO_0_1 = "scale_to_0_1"  # (x - min) / (max - min)
     BUCKETIZE = "bucketize"  # int64 quantile bucket ids
     HASH_STRINGS = "hash_strings"  # strings -> int64 in [0, hash_buckets) (no analysis pass)
+
+    @property
+    def takes_strings(self) -> bool:
+        """Whether the analyzer reads strings (otherwise numbers)."""
+        return self in (Analyzer.VOCABULARY, Analyzer.HASH_STRINGS)
 
 
 # Parameters each analyzer takes: name -> (type, required).
@@ -41,7 +46,6 @@ _PARAMS: dict[Analyzer, dict[str, tuple[type, bool]]] = {
 }
 
 _MAY_BE_ZERO = ("frequency_threshold", "num_oov_buckets")
-_STRING_INPUT = {Analyzer.VOCABULARY, Analyzer.HASH_STRINGS}
 
 
 @dataclass(frozen=True)
@@ -99,29 +103,3 @@ class Transform:
         if errs:
             return None, errs
         return Transform(analyzer, tuple(sorted(params.items())), output), []
-
-
-def transform_problems(
-    transform: Transform,
-    *,
-    dtype: str,
-    value_kind: str,
-    shape: tuple[int, ...],
-    is_image: bool,
-    float64_bytes: bool,
-) -> list[str]:
-    """Why a feature of this type cannot take this transform (empty when it can)."""
-    name = transform.analyzer.value
-    if is_image:
-        return [f"`{name}` does not apply to images"]
-    if len(shape) > 1 and -1 in shape:
-        return [f"`{name}` does not apply to ragged features"]
-    if transform.analyzer in _STRING_INPUT:
-        if dtype not in ("string", "bytes") or value_kind != "bytes":
-            return [f"`{name}` applies to string or bytes features, not {dtype}"]
-        return []
-    if value_kind not in ("int64", "float"):
-        return [f"`{name}` applies to numeric features, not {dtype}"]
-    if float64_bytes and -1 in shape:
-        return [f"`{name}` on `encode: bytes` float64 needs a fixed shape"]
-    return []

@@ -9,7 +9,7 @@ import struct
 from dataclasses import dataclass, field
 from typing import Any
 
-from recordforge.schemas.analyzers import Transform, transform_problems
+from recordforge.schemas.analyzers import Transform
 
 __all__ = [
     "DType",
@@ -76,7 +76,6 @@ IMAGE_PARTS = ("height", "width", "channels", "format")
 _NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_.\-/]*")
 _INT64_MAX = 2**63 - 1
 _NORMALIZE_RE = re.compile(r"[^a-z0-9_]+")
-_STRINGY = {"string", "bytes"}
 
 
 def normalize_name(column: str) -> str:
@@ -139,17 +138,7 @@ class Feature:
         out.extend(self._type_problems())
         out.extend(self._image_problems())
         out.extend(self._check_problems())
-        if self.transform is not None:
-            out.extend(
-                transform_problems(
-                    self.transform,
-                    dtype=self.dtype.value,
-                    value_kind=self.value_kind.name.lower(),
-                    shape=self.shape,
-                    is_image=self.is_image,
-                    float64_bytes=self.float64_bytes,
-                )
-            )
+        out.extend(self._transform_problems())
         if self.nulls is NullPolicy.DEFAULT:
             if self.default is None:
                 out.append("`nulls: default` needs a `default:` value")
@@ -234,6 +223,25 @@ class Feature:
         if self.nulls is NullPolicy.DEFAULT:
             out.append("an image cannot have a default")
         return out
+
+    def _transform_problems(self) -> list[str]:
+        """Why this feature cannot take its transform (empty when it can, or has none)."""
+        if self.transform is None:
+            return []
+        name = self.transform.analyzer.value
+        if self.is_image:
+            return [f"`{name}` does not apply to images"]
+        if len(self.shape) > 1 and -1 in self.shape:
+            return [f"`{name}` does not apply to ragged features"]
+        if self.transform.analyzer.takes_strings:
+            if self.dtype not in (DType.STRING, DType.BYTES) or self.value_kind is not ExampleKind.BYTES:
+                return [f"`{name}` applies to string or bytes features, not {self.dtype.value}"]
+            return []
+        if self.value_kind not in (ExampleKind.INT64, ExampleKind.FLOAT):
+            return [f"`{name}` applies to numeric features, not {self.dtype.value}"]
+        if self.float64_bytes and -1 in self.shape:
+            return [f"`{name}` on `encode: bytes` float64 needs a fixed shape"]
+        return []
 
     def _check_problems(self) -> list[str]:
         out = []

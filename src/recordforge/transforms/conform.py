@@ -16,7 +16,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from recordforge.encoding import binary_array, binary_parts, drop_hidden_values
+from recordforge.arrays import binary_array, binary_parts, drop_hidden_values
 from recordforge.errors import DataError, SourceError
 from recordforge.images import ImageOptions, load_image_column, manifest_dir
 from recordforge.schemas.model import DType, Feature, NullPolicy

@@ -22,7 +22,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from recordforge.encoding import ExampleEncoder, binary_array, binary_parts
+from recordforge.arrays import binary_array, binary_parts
+from recordforge.encoding import ExampleEncoder
 from recordforge.layout import RAW_METADATA
 from recordforge.schemas.model import NullPolicy
 from recordforge.schemas.plan import Plan, value_type

@@ -23,7 +23,7 @@ from apache_beam.transforms.window import GlobalWindow
 from apache_beam.utils.timestamp import MIN_TIMESTAMP
 from apache_beam.utils.windowed_value import WindowedValue
 
-from recordforge.encoding import binary_parts
+from recordforge.arrays import binary_parts
 from recordforge.storage import delete_tree
 from recordforge.streams import HashingFile, Segment, StreamWriter, splice
 from recordforge.tfrecord import ShardInfo, frame_records, read_records

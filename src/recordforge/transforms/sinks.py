@@ -14,7 +14,7 @@ from apache_beam.io import filebasedsink
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
-from recordforge.encoding import binary_parts
+from recordforge.arrays import binary_parts
 from recordforge.storage import delete_tree
 from recordforge.streams import HashingFile, StreamWriter
 from recordforge.tfrecord import Compression, ShardInfo, describe_shard, frame_records

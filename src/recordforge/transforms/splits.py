@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-from recordforge.encoding import binary_parts
+from recordforge.arrays import binary_parts
 
 __all__ = ["SplitSpec", "assign_by_hash", "assign_by_value", "in_split"]
 
