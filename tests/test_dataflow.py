@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -21,6 +20,7 @@ from conftest import published_root
 from recordforge.errors import RecordForgeError, UsageError
 from recordforge.pipelines.config import ConvertConfig
 from recordforge.pipelines.convert import build, dataflow_preflight, run
+from recordforge.pipelines.flags import FLAGS
 from recordforge.pipelines.options import ConvertOptions
 from recordforge.pipelines.template import template_metadata
 from recordforge.tfrecord import iter_records
@@ -37,20 +37,14 @@ DATAFLOW = [
 ]
 
 
-def _flags() -> dict[str, argparse.Action]:
-    parser = argparse.ArgumentParser()
-    ConvertOptions._add_argparse_args(parser)
-    return {a.dest: a for a in parser._actions if a.option_strings and a.dest != "help"}
-
-
 def test_template_metadata_matches_pipeline_flags() -> None:
     meta = json.loads((ROOT / "deploy" / "metadata.json").read_text())
     assert meta == template_metadata(), "deploy/metadata.json is stale: run `make metadata`"
     params = {p["name"]: p for p in meta["parameters"]}
-    flags = _flags()
+    flags = {f.name: f for f in FLAGS}
     assert set(params) == set(flags)
     for name, p in params.items():
-        assert p["helpText"] == flags[name].help.replace("%%", "%")  # argparse escapes %
+        assert p["helpText"] == flags[name].help
         assert p["isOptional"] == (name not in ("source", "output"))
         assert p["regexes"], name
     if shutil.which("gcloud"):

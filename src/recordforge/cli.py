@@ -68,7 +68,7 @@ def _plural(n: int, word: str) -> str:
 
 def _convert(argv: list[str]) -> int:
     if "-h" in argv or "--help" in argv:
-        from recordforge.pipelines.options import ConvertOptions
+        from recordforge.pipelines.flags import add_flags
 
         parser = _Parser(
             "recordforge convert",
@@ -80,7 +80,7 @@ def _convert(argv: list[str]) -> int:
             "Apache Beam's pipeline options (--runner, --project, --region, --temp_location, "
             "--direct_num_workers, ...) are accepted too; any other flag is an error."
         )
-        ConvertOptions._add_argparse_args(parser)
+        add_flags(parser)
         parser.print_help()
         return 0
     from recordforge.pipelines.options import check_flags

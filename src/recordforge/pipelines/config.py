@@ -6,11 +6,11 @@ import re
 from dataclasses import dataclass
 
 from recordforge.errors import RecordForgeError
-from recordforge.pipelines.options import FORMATS, ConvertOptions
+from recordforge.pipelines.flags import FLAGS, FORMATS, default
+from recordforge.pipelines.options import ConvertOptions
 from recordforge.sampling import format_from_path
 from recordforge.tfrecord import Compression
 from recordforge.transforms.rolling import DEFAULT_SHARD_SIZE, parse_size
-from recordforge.transforms.shuffle import DEFAULT_SEED
 
 __all__ = ["ConvertConfig", "format_from_path"]
 
@@ -39,30 +39,30 @@ class ConvertConfig:
 
     sources: tuple[str, ...]
     output: str
-    schema_path: str | None = None
-    source_format: str | None = None
-    compression: str | None = None  # None: gzip, or none when the schema holds images
-    num_shards: int = 0
-    batch_size: int = 16384
-    sink: str = "fast"
-    shard_size: str | None = None
-    records_per_shard: int = 0
-    compression_level: int = 1
-    deterministic: bool = False
-    shuffle: bool = False
-    seed: int = DEFAULT_SEED
-    max_rejected: int = 0
-    max_rejected_fraction: float = 0.0
-    skip_unreadable_files: bool = False
-    overwrite: bool = False
-    span: str | None = None
-    if_changed: bool = False
-    splits: str | None = None
-    split_key: str | None = None
-    split_column: str | None = None
-    split_salt: str = "recordforge"
-    preprocessing_fn: str | None = None
-    analyze_split: str | None = None
+    schema_path: str | None = default("schema_path")
+    source_format: str | None = default("source_format")
+    compression: str | None = default("compression")  # None: gzip, or none when the schema holds images
+    num_shards: int = default("num_shards")
+    batch_size: int = default("batch_size")
+    sink: str = default("sink")
+    shard_size: str | None = default("shard_size")
+    records_per_shard: int = default("records_per_shard")
+    compression_level: int = default("compression_level")
+    deterministic: bool = default("deterministic")
+    shuffle: bool = default("shuffle")
+    seed: int = default("seed")
+    max_rejected: int = default("max_rejected")
+    max_rejected_fraction: float = default("max_rejected_fraction")
+    skip_unreadable_files: bool = default("skip_unreadable_files")
+    overwrite: bool = default("overwrite")
+    span: str | None = default("span")
+    if_changed: bool = default("if_changed")
+    splits: str | None = default("splits")
+    split_key: str | None = default("split_key")
+    split_column: str | None = default("split_column")
+    split_salt: str = default("split_salt")
+    preprocessing_fn: str | None = default("preprocessing_fn")
+    analyze_split: str | None = default("analyze_split")
     command: tuple[str, ...] = ()
     # Set by run() for one run: the version folder it writes, and the version it replaces.
     version: str | None = None
@@ -79,12 +79,12 @@ class ConvertConfig:
         if self.compression is not None and self.compression not in Compression.CHOICES:
             problems.append(f"--compression must be one of {', '.join(Compression.CHOICES)}")
         if self.num_shards < 0:
-            problems.append("--num_shards must be 0 (runner decides) or more")
+            problems.append("--num_shards must be 0 (as many as --shard_size makes) or more")
         if self.deterministic and self.sink != "fast":
             problems.append("--deterministic needs --sink fast")
         if self.shuffle and self.sink != "fast":
             problems.append("--shuffle needs --sink fast")
-        if self.seed != DEFAULT_SEED and not self.shuffle:
+        if self.seed != default("seed") and not self.shuffle:
             problems.append("--seed is the seed of --shuffle, which is not given")
         if self.max_rejected < 0:
             problems.append("--max_rejected must be 0 or more")
@@ -145,32 +145,9 @@ class ConvertConfig:
         return "none" if has_images else "gzip"
 
     def settings(self) -> dict[str, object]:
-        """What, besides inputs and schema, decides the output's bytes (for --if_changed)."""
-        return {
-            k: getattr(self, k)
-            for k in (
-                "source_format",
-                "compression",
-                "num_shards",
-                "batch_size",
-                "sink",
-                "shard_size",
-                "records_per_shard",
-                "splits",
-                "split_key",
-                "split_column",
-                "split_salt",
-                "preprocessing_fn",
-                "analyze_split",
-                "compression_level",
-                "deterministic",
-                "shuffle",
-                "seed",
-                "max_rejected",
-                "max_rejected_fraction",
-                "skip_unreadable_files",
-            )
-        }
+        """What, besides inputs and schema, decides the output's bytes (for --if_changed): every
+        flag the flag table marks as changing the output."""
+        return {f.dest: getattr(self, f.dest) for f in FLAGS if f.changes_output}
 
     @property
     def strict(self) -> bool:
@@ -179,32 +156,7 @@ class ConvertConfig:
 
     @classmethod
     def from_options(cls, opts: ConvertOptions, command: tuple[str, ...] = ()) -> ConvertConfig:
-        return cls(
-            sources=tuple(opts.source or ()),
-            output=opts.output or "",
-            schema_path=opts.schema,
-            source_format=opts.format,
-            compression=opts.compression,
-            num_shards=opts.num_shards,
-            batch_size=opts.batch_size,
-            sink=opts.sink,
-            shard_size=opts.shard_size,
-            records_per_shard=opts.records_per_shard,
-            compression_level=opts.compression_level,
-            deterministic=opts.deterministic,
-            shuffle=opts.shuffle,
-            seed=opts.seed,
-            max_rejected=opts.max_rejected,
-            max_rejected_fraction=opts.max_rejected_fraction,
-            skip_unreadable_files=opts.skip_unreadable_files,
-            overwrite=opts.overwrite,
-            span=opts.span,
-            if_changed=opts.if_changed,
-            splits=opts.splits,
-            split_key=opts.split_key,
-            split_column=opts.split_column,
-            split_salt=opts.split_salt,
-            preprocessing_fn=opts.preprocessing_fn,
-            analyze_split=opts.analyze_split,
-            command=command,
-        )
+        values = {f.dest: getattr(opts, f.name) for f in FLAGS}
+        values["sources"] = tuple(values["sources"] or ())
+        values["output"] = values["output"] or ""
+        return cls(**values, command=command)

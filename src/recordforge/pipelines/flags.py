@@ -1,0 +1,420 @@
+"""Every flag of `recordforge convert`, declared once.
+
+One `Flag` per flag holds its name, type, default, help, the `ConvertConfig` field it fills, and
+whether it changes the output's bytes. From this table come: the argparse flags (Beam's options
+class, `convert --help`), `ConvertConfig`'s defaults and `from_options`, the `--if_changed`
+fingerprint (`ConvertConfig.settings()`: exactly the flags that change the output), the Flex
+Template's parameters (deploy/metadata.json) and the README's flag table (`python -m
+recordforge.pipelines.flags` prints it; a test checks the README holds it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from recordforge.tfrecord import Compression
+from recordforge.transforms.rolling import DEFAULT_SHARD_SIZE
+from recordforge.transforms.shuffle import DEFAULT_SEED
+from recordforge.transforms.sinks import DEFAULT_LEVEL, SINKS
+
+__all__ = ["FLAGS", "FORMATS", "Flag", "add_flags", "default", "flag", "readme_table"]
+
+FORMATS = ("parquet", "csv", "images")
+_ANY = r"^\S+$"
+_NUMBER = "^[0-9]+$"
+_BOOL = "^(true|false)$"
+
+
+def parse_bool(text: str) -> bool:
+    """`--flag`, `--flag=true` and `--flag=false` all work (Flex Templates pass `--name=value`)."""
+    lowered = text.lower()
+    if lowered not in ("true", "false", "1", "0", "yes", "no"):
+        raise argparse.ArgumentTypeError(f"expected true or false, not {text!r}")
+    return lowered in ("true", "1", "yes")
+
+
+@dataclass(frozen=True)
+class Flag:
+    """One flag. `changes_output` has no default on purpose: every flag must say whether it
+    belongs in the `--if_changed` fingerprint (a flag that changes the bytes but is left out
+    would let a changed run be skipped)."""
+
+    name: str  # without the dashes; also the Flex Template's parameter name
+    help: str  # `convert --help` and the template's helpText
+    changes_output: bool
+    label: str  # the template's label
+    regex: str  # the template's validation
+    summary: str  # the README's line (several flags of one `row` share it)
+    type: Callable[[str], Any] = str
+    default: Any = None
+    choices: tuple[Any, ...] | None = None
+    field: str = ""  # the ConvertConfig field; default: the name
+    repeated: bool = False
+    required: bool = False
+    row: str = ""  # flags with the same row share one README line; default: the name
+    metavar: str = ""  # how help and the README show the value
+
+    @property
+    def dest(self) -> str:
+        return self.field or self.name
+
+    @property
+    def is_bool(self) -> bool:
+        return self.type is parse_bool
+
+
+def _bool_flag(
+    name: str, help: str, *, changes_output: bool, label: str, summary: str, row: str = ""
+) -> Flag:
+    return Flag(
+        name,
+        help,
+        changes_output,
+        label,
+        _BOOL,
+        summary,
+        type=parse_bool,
+        default=False,
+        row=row,
+    )
+
+
+FLAGS: tuple[Flag, ...] = (
+    Flag(
+        "source",
+        "Input file pattern (local path or any Beam filesystem such as gs://); repeat the flag "
+        "for several patterns. A pattern that matches nothing is an error before anything runs.",
+        False,  # the inputs' paths, sizes and modification times are fingerprinted themselves
+        "Input file pattern",
+        _ANY,
+        "input pattern, any Beam filesystem (`gs://bucket/data/*.parquet`); repeatable; one "
+        "matching nothing is an error before anything runs",
+        field="sources",
+        repeated=True,
+        required=True,
+    ),
+    Flag(
+        "output",
+        "Output folder for shards and bundle.",
+        False,
+        "Output folder",
+        _ANY,
+        "output folder; schema YAML or TFMD `schema.pbtxt` (default: inferred)",
+        required=True,
+        row="output",
+    ),
+    Flag(
+        "schema",
+        "Schema YAML file (or a TFMD schema.pbtxt); without it the schema is inferred from the "
+        "first source file.",
+        False,  # the schema's content is fingerprinted itself
+        "Schema file (YAML or TFMD schema.pbtxt)",
+        _ANY,
+        "",
+        field="schema_path",
+        row="output",
+    ),
+    Flag(
+        "format",
+        "Source format; defaults from the file extension of the first match. images: --source "
+        "is a folder (labels from folder names) or a CSV/Parquet manifest whose schema marks "
+        "`type: image` columns.",
+        True,
+        "Source format",
+        "^(parquet|csv|images)$",
+        "default: from the file extension",
+        choices=FORMATS,
+        field="source_format",
+    ),
+    Flag(
+        "compression",
+        "Compression of the TFRecord shards: gzip by default, none when the schema holds images "
+        "(encoded images gain ~3% from GZIP at 8-9x the CPU).",
+        True,
+        "Shard compression",
+        "^(gzip|zlib|none)$",
+        "default gzip (none when the schema holds images; zlib shards are `.deflate`, which "
+        "Beam and TFDV detect, tf.data reads as `ZLIB`); ISA-L level, default 1",
+        choices=Compression.CHOICES,
+        row="compression",
+    ),
+    Flag(
+        "compression_level",
+        f"ISA-L deflate level 0-3 (default {DEFAULT_LEVEL}).",
+        True,
+        "Deflate level",
+        "^[0-3]$",
+        "",
+        type=int,
+        default=DEFAULT_LEVEL,
+        choices=(0, 1, 2, 3),
+        row="compression",
+        metavar="0-3",
+    ),
+    Flag(
+        "shard_size",
+        f"Target compressed bytes per shard, e.g. 128MB (default {DEFAULT_SHARD_SIZE >> 20}MiB): "
+        "every shard but one per split is within 25% of it, however the runner splits the work. "
+        "With --deterministic or --shuffle: one shard per this much input.",
+        True,
+        "Target shard size",
+        r"^[0-9]+(\.[0-9]+)?\s*([KMG]i?B|B)?$",
+        "shards of this compressed size (default 128MiB; all but one per split within 25%); "
+        "exactly K records per shard (but one); or exactly N shards",
+        row="shards",
+        metavar="128MB",
+    ),
+    Flag(
+        "records_per_shard",
+        "At most this many records per shard (exact); 0 (default): no limit.",
+        True,
+        "Records per shard",
+        _NUMBER,
+        "",
+        type=int,
+        default=0,
+        row="shards",
+        metavar="K",
+    ),
+    Flag(
+        "num_shards",
+        "Exactly this many shards per split; 0 (default): as many as --shard_size makes.",
+        True,
+        "Number of shards",
+        _NUMBER,
+        "",
+        type=int,
+        default=0,
+        row="shards",
+        metavar="N",
+    ),
+    Flag(
+        "sink",
+        "fast (default): RecordForge's writer, whole batches framed at once and deflated with "
+        "ISA-L; beam: beam.io.WriteToTFRecord, one element per record, kept only to compare "
+        "against in benchmarks.",
+        True,
+        "Sink",
+        "^(fast|beam)$",
+        "`beam`: `beam.io.WriteToTFRecord`, one element per record (for comparison only)",
+        default="fast",
+        choices=SINKS,
+    ),
+    Flag(
+        "batch_size",
+        "Rows per Arrow record batch moved between pipeline steps (default 16384); also the "
+        "piece of a Parquet row group that local workers hand over to one another.",
+        True,
+        "Rows per batch",
+        "^[1-9][0-9]*$",
+        "rows per Arrow record batch (default 16,384)",
+        type=int,
+        default=16384,
+    ),
+    _bool_flag(
+        "deterministic",
+        "Byte-identical output for the same input and config on any runner and worker count: "
+        "exactly --num_shards shards (default: one per --shard_size of input), each a contiguous "
+        "run of the input in order, written in parallel.",
+        changes_output=True,
+        label="Deterministic output",
+        summary="byte-identical output on any runner and worker count: `--num_shards` shards "
+        "(default one per `--shard_size` of input), each a contiguous run of the input; with "
+        "`--shuffle`, the records in a permutation drawn from `--seed` (default 42, "
+        "`shuffle_seed` in `metadata.json`), across and within shards, each split apart",
+        row="deterministic",
+    ),
+    _bool_flag(
+        "shuffle",
+        "Write the records in a random order drawn from --seed, across and within shards: "
+        "exactly --num_shards shards (default: one per --shard_size of input), each split "
+        "shuffled apart. Deterministic like --deterministic (implied; both may be given).",
+        changes_output=True,
+        label="Shuffle the records",
+        summary="",
+        row="deterministic",
+    ),
+    Flag(
+        "seed",
+        f"Seed of --shuffle (default {DEFAULT_SEED}), recorded in metadata.json.",
+        True,
+        "Shuffle seed",
+        "^-?[0-9]+$",
+        "",
+        type=int,
+        default=DEFAULT_SEED,
+        row="deterministic",
+        metavar="S",
+    ),
+    Flag(
+        "max_rejected",
+        "Bad rows allowed into the output's _rejected/ folder before the job fails; 0 (default): "
+        "the first bad row fails the job, naming file, row, column, value and rule.",
+        True,
+        "Bad rows allowed",
+        _NUMBER,
+        "see Bad rows",
+        type=int,
+        default=0,
+        row="rejected",
+        metavar="N",
+    ),
+    Flag(
+        "max_rejected_fraction",
+        "Bad rows allowed as a fraction of rows read (the larger bound applies).",
+        True,
+        "Bad rows allowed, as a fraction",
+        r"^(0(\.[0-9]+)?|1(\.0+)?)$",
+        "",
+        type=float,
+        default=0.0,
+        row="rejected",
+        metavar="F",
+    ),
+    _bool_flag(
+        "skip_unreadable_files",
+        "List unreadable input files in metadata.json instead of failing the job.",
+        changes_output=True,
+        label="Skip unreadable files",
+        summary="",
+        row="rejected",
+    ),
+    Flag(
+        "splits",
+        "Named splits with weights, e.g. train=8,eval=1,test=1: each split gets its own folder "
+        "{output}/{split}/ of {split}-SSSSS-of-NNNNN shards. With --split_column, the names "
+        "alone: train,eval,test.",
+        True,
+        "Splits and weights",
+        r"^[A-Za-z0-9_\-]+(=[0-9]+)?(,[A-Za-z0-9_\-]+(=[0-9]+)?)*$",
+        "see Splits",
+        row="splits",
+    ),
+    Flag(
+        "split_key",
+        "Feature whose value decides a row's split (a salted stable hash); default: the whole record.",
+        True,
+        "Split key feature",
+        _ANY,
+        "",
+        row="splits",
+    ),
+    Flag(
+        "split_column",
+        "Source column whose values are the split names (instead of hashing).",
+        True,
+        "Split name column",
+        r"^.+$",
+        "",
+        row="splits",
+    ),
+    Flag(
+        "split_salt",
+        "Salt of the split hash, recorded in metadata.json.",
+        True,
+        "Split hash salt",
+        r"^.*$",
+        "",
+        default="recordforge",
+        row="splits",
+    ),
+    Flag(
+        "preprocessing_fn",
+        "A tensorflow-transform preprocessing_fn, as path/to/module.py:function or "
+        "package.module:function. The records then hold what it returns plus the outputs of "
+        "the schema's `transform:` entries.",
+        True,
+        "tensorflow-transform preprocessing_fn (module.py:function)",
+        r"^\S+:\w+$",
+        "see tensorflow-transform",
+        row="tft",
+    ),
+    Flag(
+        "analyze_split",
+        "With --splits: the split analyzers are fitted on (default: train).",
+        True,
+        "Split the analyzers are fitted on",
+        r"^[A-Za-z0-9_\-]+$",
+        "",
+        row="tft",
+    ),
+    Flag(
+        "span",
+        "For patterns (and --output) with {YYYY}, {MM}, {DD} or {SPAN}: latest (default when "
+        "tokens are present), a date YYYY-MM-DD, or a span number.",
+        False,  # it picks the inputs, which are fingerprinted themselves
+        "Span: latest, YYYY-MM-DD or a number",
+        r"^(latest|\d{4}-\d{2}-\d{2}|\d+)$",
+        "for patterns (and `--output`) with `{YYYY}`, `{MM}`, `{DD}`, `{SPAN}`: `latest`, a "
+        "date or a span number",
+    ),
+    _bool_flag(
+        "if_changed",
+        "Skip the run when the published output was built from the same inputs (paths, sizes, "
+        "modification times), schema and settings; rebuild it otherwise.",
+        changes_output=False,
+        label="Skip when unchanged",
+        summary="skip the run when the published output was built from the same inputs, schema and settings",
+    ),
+    _bool_flag(
+        "overwrite",
+        "Replace a dataset already published at --output.",
+        changes_output=False,
+        label="Replace existing output",
+        summary="replace a dataset already published at `--output`",
+    ),
+)
+
+_BY_DEST = {f.dest: f for f in FLAGS}
+
+
+def flag(dest: str) -> Flag:
+    """The flag that fills ConvertConfig's field `dest`."""
+    return _BY_DEST[dest]
+
+
+def default(dest: str) -> Any:
+    """The default of the flag that fills ConvertConfig's field `dest`."""
+    return _BY_DEST[dest].default
+
+
+def add_flags(parser: argparse.ArgumentParser) -> None:
+    """Declares every flag on `parser`, as argparse flags named `--{name}`."""
+    for f in FLAGS:
+        # argparse formats help with %-interpolation, so a literal % is doubled.
+        kwargs: dict[str, Any] = {"dest": f.name, "help": f.help.replace("%", "%%"), "default": f.default}
+        if f.repeated:
+            kwargs["action"] = "append"
+        elif f.is_bool:
+            kwargs.update(type=parse_bool, nargs="?", const=True)
+        else:
+            kwargs.update(type=f.type, choices=f.choices, metavar=f.metavar or None)
+        parser.add_argument(f"--{f.name}", **kwargs)
+
+
+def readme_table() -> str:
+    """The README's flag table: one line per `row`, in the table's order."""
+    rows: dict[str, list[Flag]] = {}
+    for f in FLAGS:
+        rows.setdefault(f.row or f.name, []).append(f)
+    lines = ["| flag | meaning |", "|---|---|"]
+    for group in rows.values():
+        names = ", ".join(_readme_name(f) for f in group)
+        lines.append(f"| {names} | {' '.join(f.summary for f in group if f.summary)} |")
+    return "\n".join(lines) + "\n"
+
+
+def _readme_name(f: Flag) -> str:
+    if f.metavar:
+        return f"`--{f.name} {f.metavar}`"
+    if f.choices:
+        return f"`--{f.name} {'|'.join(map(str, f.choices))}`".replace("|", "\\|")
+    return f"`--{f.name}`"
+
+
+if __name__ == "__main__":
+    sys.stdout.write(readme_table())
