@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -414,3 +415,13 @@ def test_dry_run_flags_refused_in_one_line(
     with pytest.raises(UsageError, match=re.escape(problem)):
         run(["--source", parquet_source, "--output", str(tmp_path / "out"), *flags])
     assert not (tmp_path / "out").exists()
+
+
+def test_dockerfile_bases_are_pinned() -> None:
+    """A rebuild of the same commit must not pick up another base image."""
+    text = (ROOT / "deploy" / "Dockerfile").read_text()
+    args = dict(re.findall(r"^ARG (\w+)=(\S+)$", text, re.M))
+    for image in re.findall(r"^FROM (\S+)", text, re.M):
+        image = re.sub(r"\$\{(\w+)\}", lambda m: args[m.group(1)], image)
+        name, _, tag = image.rpartition(":")
+        assert name and tag and tag != "latest", image

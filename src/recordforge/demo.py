@@ -13,6 +13,8 @@ import pyarrow.parquet as pq
 from recordforge.pipelines.convert import run
 from recordforge.sampledata import taxi_table
 
+__all__ = ["DIGITS_MARKER", "digit_folder", "draw_digit", "ensure_digit_folder", "main"]
+
 # A 5x7 bitmap font of the ten digits: the demo's images are digits a person can read.
 _FONT = {
     0: ("01110", "10001", "10011", "10101", "11001", "10001", "01110"),

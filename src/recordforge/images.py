@@ -31,6 +31,7 @@ __all__ = [
     "ImageOptions",
     "ImageResult",
     "load_image_column",
+    "manifest_dir",
     "process_image",
     "read_local_files",
     "resolve",

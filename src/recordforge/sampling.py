@@ -21,12 +21,14 @@ from recordforge.errors import SourceError
 from recordforge.storage import is_local
 
 __all__ = [
+    "csv_reader",
     "format_from_path",
     "local_matches",
     "never_null_columns",
     "open_source",
     "read_arrow_schema",
     "read_sample",
+    "with_json_lists",
 ]
 # Footers read to find columns without nulls; beyond, inference keeps every column nullable.
 MAX_FOOTERS = 1000

@@ -12,7 +12,7 @@ from recordforge.sampling import format_from_path
 from recordforge.tfrecord import Compression
 from recordforge.transforms.rolling import DEFAULT_SHARD_SIZE, parse_size
 
-__all__ = ["ConvertConfig", "format_from_path"]
+__all__ = ["ConvertConfig", "format_from_path", "parse_splits"]
 
 
 def parse_splits(text: str, *, weighted: bool = True) -> tuple[tuple[str, int], ...]:

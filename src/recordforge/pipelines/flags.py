@@ -21,7 +21,7 @@ from recordforge.transforms.rolling import DEFAULT_SHARD_SIZE
 from recordforge.transforms.shuffle import DEFAULT_SEED
 from recordforge.transforms.sinks import DEFAULT_LEVEL, SINKS
 
-__all__ = ["FLAGS", "FORMATS", "Flag", "add_flags", "default", "flag", "readme_table"]
+__all__ = ["add_flags", "default", "flag", "Flag", "FLAGS", "FORMATS", "parse_bool", "readme_table"]
 
 FORMATS = ("parquet", "csv", "images")
 _ANY = r"^\S+$"

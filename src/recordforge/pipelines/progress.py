@@ -21,7 +21,7 @@ from contextlib import ExitStack, contextmanager
 from types import TracebackType
 from typing import TextIO
 
-__all__ = ["ENV", "Watch", "count", "quiet_watches", "watch_threads"]
+__all__ = ["count", "ENV", "line", "quiet_watches", "Watch", "watch_threads"]
 
 ENV = "RECORDFORGE_PROGRESS"  # "<folder>:<driver pid>", set while a watch is on
 _rows = [0]  # the driver process's count

@@ -15,11 +15,12 @@ __all__ = [
     "DType",
     "ExampleKind",
     "Feature",
+    "feature_to_dict",
+    "normalize_name",
     "NullPolicy",
     "Op",
     "Schema",
     "VARIABLE",
-    "normalize_name",
 ]
 
 

@@ -29,7 +29,14 @@ from recordforge.schemas.export import to_tf_feature_spec
 from recordforge.schemas.model import DType, Feature, NullPolicy, Schema
 from recordforge.schemas.plan import Plan, compile_schema
 
-__all__ = ["build_preprocessing_fn", "load_user_fn", "output_plan", "raw_tf_spec", "vocabulary_name"]
+__all__ = [
+    "apply_transform",
+    "build_preprocessing_fn",
+    "load_user_fn",
+    "output_plan",
+    "raw_tf_spec",
+    "vocabulary_name",
+]
 
 PreprocessingFn = Callable[[dict[str, Any]], dict[str, Any]]
 

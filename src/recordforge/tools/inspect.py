@@ -11,7 +11,15 @@ import yaml
 from recordforge.storage import exists, open_read
 from recordforge.tools.records import detect_compression, infer_feature_spec, parse_example, read_records
 
-__all__ = ["feature_description_code", "head", "inspect", "spec_to_schema_yaml"]
+__all__ = [
+    "feature_description_code",
+    "format_head",
+    "format_inspect",
+    "format_record",
+    "head",
+    "inspect",
+    "spec_to_schema_yaml",
+]
 
 _TF_DTYPE = {"int64": "tf.int64", "float32": "tf.float32", "string": "tf.string"}
 

@@ -16,7 +16,7 @@ import numpy as np
 if TYPE_CHECKING:
     from recordforge.tools.stats import FeatureStats
 
-__all__ = ["format_number", "format_stats", "histogram", "stats_html"]
+__all__ = ["format_number", "format_stats", "histogram", "stats_html", "thumbnail"]
 
 _UNITS = {"s": 1, "ms": 1e3, "us": 1e6, "ns": 1e9}
 _BINS = 20

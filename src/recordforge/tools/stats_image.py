@@ -25,7 +25,7 @@ from recordforge.tools.stats_format import (
     thumbnail,
 )
 
-__all__ = ["stats_png"]
+__all__ = ["main", "stats_png"]
 
 _W_HIST, _H_HIST = 190, 54  # one histogram's bars
 _COLUMNS = (

@@ -19,7 +19,18 @@ import numpy as np
 
 from recordforge.tools.wire_keys import KeyTable, words_at
 
-__all__ = ["BYTES", "FLOAT", "INT64", "NONE", "Batch", "Column", "KeyTable", "decode_batch"]
+__all__ = [
+    "as_python",
+    "Batch",
+    "BYTES",
+    "Column",
+    "decode_batch",
+    "FLOAT",
+    "INT64",
+    "KeyTable",
+    "kind_name",
+    "NONE",
+]
 
 NONE, BYTES, FLOAT, INT64 = 0, 1, 2, 3
 _KIND_NAMES = {NONE: "none", BYTES: "bytes", FLOAT: "float", INT64: "int64"}

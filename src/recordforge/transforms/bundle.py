@@ -34,7 +34,15 @@ from recordforge.schemas.tfds_metadata import tfds_metadata
 from recordforge.storage import delete_tree, is_local, literal, write_atomically
 from recordforge.tfrecord import Compression, ShardInfo
 
-__all__ = ["BundleSpec", "RunFacts", "WriteBundle"]
+__all__ = [
+    "BundleSpec",
+    "metadata_dict",
+    "package_versions",
+    "rule_of",
+    "RunCounts",
+    "RunFacts",
+    "WriteBundle",
+]
 
 _LOGGER = logging.getLogger(__name__)
 

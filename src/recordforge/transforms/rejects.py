@@ -17,7 +17,7 @@ import pyarrow as pa
 from recordforge.layout import REJECTED_DIR
 from recordforge.transforms.conform import BadRow
 
-__all__ = ["WriteRejected", "decode_value", "encode_value", "rejected_line", "REJECTED_DIR"]
+__all__ = ["decode_value", "encode_value", "REJECTED_DIR", "rejected_line", "source_record", "WriteRejected"]
 
 
 def encode_value(value: Any) -> Any:
