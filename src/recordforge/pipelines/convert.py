@@ -146,7 +146,7 @@ def build(
     bundle_plan, raw_plan, transform_written, temp_dirs, transform = plan, None, None, (), None
     if plan.schema.has_transforms or config.preprocessing_fn:
         # Imported only here: plain conversions never load TensorFlow or tensorflow-transform.
-        from recordforge.transforms.preprocess import AnalyzeAndTransform
+        from recordforge.transforms.preprocess import analyze_and_transform
 
         fit_split = _fit_split(config, splits)
         # The analyzers get a second read of the input rather than the main path's batches: the
@@ -154,17 +154,17 @@ def build(
         fit = (pipeline | "ReadForAnalysis" >> read())["batches"] | "ToExamplesForAnalysis" >> ToExamples(
             plan, strict=config.strict, splits=splits, namespace="recordforge.analysis"
         )
-        preprocess = AnalyzeAndTransform(
+        transformed = analyze_and_transform(
+            examples,
             plan,
             root,
             fit=fit.examples,
             preprocessing_fn=config.preprocessing_fn,
             fit_split=fit_split,
         )
-        transformed = examples | "Preprocess" >> preprocess
         # examples: the same keys, transformed Examples; written: transform_fn/ is in place
-        examples, transform_written = transformed["examples"], transformed["written"]
-        bundle_plan, raw_plan, temp_dirs = preprocess.output_plan, plan, (preprocess.temp_dir,)
+        examples, transform_written = transformed.examples, transformed.written
+        bundle_plan, raw_plan, temp_dirs = transformed.plan, plan, (transformed.temp_dir,)
         transform = {
             "declared": {f.name: f.transform.to_dict() for f in plan.features if f.transform},
             "preprocessing_fn": config.preprocessing_fn,

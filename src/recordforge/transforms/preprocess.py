@@ -1,4 +1,4 @@
-"""AnalyzeAndTransform: full-pass preprocessing of encoded batches with tensorflow-transform.
+"""analyze_and_transform: full-pass preprocessing of encoded batches with tensorflow-transform.
 
     ((split, file, first_row), raw Examples)
         --decode (tfx-bsl, vectorised)-->  pa.RecordBatch + two passthrough key columns
@@ -15,6 +15,7 @@ columns, so every output batch keeps its split and position (the deterministic s
 from __future__ import annotations
 
 import uuid
+from dataclasses import dataclass
 from typing import Any
 
 import apache_beam as beam
@@ -35,7 +36,7 @@ from recordforge.schemas.preprocessing import (
 )
 from recordforge.transforms.splits import in_split
 
-__all__ = ["AnalyzeAndTransform"]
+__all__ = ["Transformed", "analyze_and_transform"]
 
 _WHERE = "__recordforge_where"  # per row: b"split\0file"
 _ROW = "__recordforge_row"  # per row: its position, so an output batch knows its first row
@@ -158,17 +159,46 @@ def _write_raw_metadata(_: Any, raw_schema: bytes, path: str) -> str:
     return path
 
 
-class AnalyzeAndTransform(beam.PTransform):
+@dataclass(frozen=True)
+class Transformed:
+    """What the preprocessing adds to a pipeline: `examples`, the same keys with transformed
+    Examples; `written`, one element once `transform_fn/`, `transformed_metadata/` and the raw
+    `metadata/` are in place; `plan`, the transformed records' plan (known only once TFT has
+    traced the preprocessing_fn, which it does while the transform is applied); `temp_dir`, TFT's
+    working files, to delete once every shard is written."""
+
+    examples: beam.PCollection
+    written: beam.PCollection
+    plan: Plan
+    temp_dir: str
+
+
+def analyze_and_transform(
+    examples: beam.PCollection,
+    raw_plan: Plan,
+    output: str,
+    *,
+    fit: beam.PCollection | None = None,
+    preprocessing_fn: str | None = None,
+    fit_split: str | None = None,
+) -> Transformed:
     """Fits the preprocessing on one split (or everything) and applies it to every batch.
 
-    In: `((split, file, first_row), raw serialized Examples)`; `fit`, the same records from a
-    second read, feeds the analyzers when given (so that `In` streams through the transform
-    instead of waiting in memory for the analysis to end). Out: a dict with `examples`, the
-    same keys with transformed Examples, and `written`, one element once `transform_fn/`,
-    `transformed_metadata/` and the raw `metadata/` are under `output`. `output_plan` describes
-    the transformed records; it is known once the transform is applied (TFT traces the
-    preprocessing_fn then).
+    `examples`: `((split, file, first_row), raw serialized Examples)`; `fit`, the same records
+    from a second read, feeds the analyzers when given (so that `examples` stream through the
+    transform instead of waiting in memory for the analysis to end).
     """
+    transform = _AnalyzeAndTransform(
+        raw_plan, output, fit=fit, preprocessing_fn=preprocessing_fn, fit_split=fit_split
+    )
+    out = examples | "Preprocess" >> transform
+    if transform.output_plan is None:  # expand sets it, and the line above ran expand
+        raise RuntimeError("the preprocessing step was applied without tracing its function")
+    return Transformed(out["examples"], out["written"], transform.output_plan, transform.temp_dir)
+
+
+class _AnalyzeAndTransform(beam.PTransform):
+    """The composite step of `analyze_and_transform`; `output_plan` is set by `expand`."""
 
     def __init__(
         self,
