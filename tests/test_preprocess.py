@@ -407,3 +407,66 @@ def test_ragged_and_image_features_are_refused_with_transforms() -> None:
         plan = compile_schema(Schema((feature, Feature("x", DType.INT64))))
         with pytest.raises(RecordForgeError, match=f"{feature.name}: ragged lists and images"):
             raw_tf_spec(plan)
+
+
+def test_tft_input_equals_tfx_bsl_decoding_the_encoded_records() -> None:
+    """TFT reads conformed rows instead of decoding encoded Examples: its input batch must equal
+    what tfx-bsl's decoder makes of the records a plain conversion writes, for scalars and lists
+    with nulls, empty lists, fixed shapes, `encode: bytes` floats, and sliced or taken batches."""
+    import yaml
+    from tensorflow_transform.tf_metadata import schema_utils
+    from tfx_bsl.coders import example_coder
+
+    from recordforge.encoding import ExampleEncoder
+    from recordforge.schemas.loader import schema_from_dict
+    from recordforge.schemas.plan import compile_schema
+    from recordforge.schemas.preprocessing import raw_tf_spec
+    from recordforge.transforms.conform import conform_batch
+    from recordforge.transforms.preprocess import _absentable, _TftInputFn
+
+    plan = compile_schema(
+        schema_from_dict(
+            yaml.safe_load(
+                """
+features:
+  - {name: a, type: int64}
+  - {name: b, type: float32, nulls: required}
+  - {name: s, type: string}
+  - {name: l, type: int64, shape: [-1]}
+  - {name: fx, type: float32, shape: [2], nulls: required}
+  - {name: w, type: float64, encode: bytes}
+  - {name: t, type: bool}
+"""
+            )
+        )
+    )
+    rng = np.random.default_rng(3)
+    n = 300
+    table = pa.table(
+        {
+            "a": pa.array([None if i % 7 == 0 else int(i) for i in range(n)], pa.int64()),
+            "b": pa.array(rng.normal(size=n).astype(np.float32)),
+            "s": pa.array([None if i % 5 == 0 else f"v{i % 11}" for i in range(n)], pa.string()),
+            "l": pa.array(
+                [None if i % 4 == 0 else list(range(i % 3)) for i in range(n)], pa.list_(pa.int64())
+            ),
+            "fx": pa.array([[float(i), -float(i)] for i in range(n)], pa.list_(pa.float32())),
+            "w": pa.array([None if i % 6 == 0 else i / 3 for i in range(n)], pa.float64()),
+            "t": pa.array([None if i % 8 == 0 else bool(i % 2) for i in range(n)], pa.bool_()),
+        }
+    )
+    conformed = conform_batch(table.to_batches()[0], plan, file="f", first_row=0).batch
+    raw_schema = schema_utils.schema_from_feature_spec(raw_tf_spec(plan))
+    decoder = example_coder.ExamplesToRecordBatchDecoder(raw_schema.SerializeToString())
+    fn = _TftInputFn(decoder.ArrowSchema(), _absentable(plan))
+    encoder = ExampleEncoder(plan)
+    pieces = [conformed, conformed.slice(37, 101), conformed.take(pa.array([299, 3, 150, 0, 42]))]
+    for rows in pieces:
+        (got,) = list(fn.process((("", "f", 0), rows)))
+        want = decoder.DecodeBatch(encoder.encode(rows).to_pylist())
+        for field in want.schema:
+            g, w = got.column(field.name), want.column(field.name)
+            assert g.type == w.type, field.name
+            assert g.to_pylist() == w.to_pylist(), field.name
+            # The tensor adapter reads the buffers: lists must span exactly their values.
+            assert len(g.flatten()) == len(g.values), field.name

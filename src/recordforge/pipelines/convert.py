@@ -139,12 +139,16 @@ def build(
     # Rows per batch, summed where the bundle is written: a global combine here would add two
     # stages to the end of every run (on the local runner, a round trip to each worker apiece).
     rows_per_batch = batches | "RowsPerBatch" >> beam.Map(lambda b: b.batch.num_rows)
-    encoded = batches | "ToExamples" >> ToExamples(plan, strict=config.strict, splits=splits)
-    # examples: ((file, first_row), pa.LargeBinaryArray of serialized tf.train.Examples)
+    preprocessing = plan.schema.has_transforms or bool(config.preprocessing_fn)
+    # tensorflow-transform reads the conformed rows themselves, not their encoded Examples.
+    encoded = batches | "ToExamples" >> ToExamples(
+        plan, strict=config.strict, splits=splits, encode=not preprocessing
+    )
+    # examples: ((split, file, first_row), pa.LargeBinaryArray of serialized tf.train.Examples)
     # rejected: one JSON line per bad row, with its file, row, column, rule and original values
     examples = encoded.examples
     bundle_plan, raw_plan, transform_written, temp_dirs, transform = plan, None, None, (), None
-    if plan.schema.has_transforms or config.preprocessing_fn:
+    if preprocessing:
         # Imported only here: plain conversions never load TensorFlow or tensorflow-transform.
         from recordforge.transforms.preprocess import analyze_and_transform
 
@@ -152,7 +156,7 @@ def build(
         # The analyzers get a second read of the input rather than the main path's batches: the
         # transform pass then streams, instead of holding every batch until analysis ends.
         fit = (pipeline | "ReadForAnalysis" >> read())["batches"] | "ToExamplesForAnalysis" >> ToExamples(
-            plan, strict=config.strict, splits=splits, namespace="recordforge.analysis"
+            plan, strict=config.strict, splits=splits, namespace="recordforge.analysis", encode=False
         )
         transformed = analyze_and_transform(
             examples,

@@ -4,7 +4,8 @@ Encoded as Beam's default coder would (pickle: Arrow pickles its buffers), but s
 Arrow buffers. Beam estimates the size of the first ten elements of every output, then about
 one in N, by encoding them: with Beam's default coder that meant pickling almost every batch (a
 20 MB copy each, ~4% of a conversion) only to measure it. Registered for the type hints
-`SourceBatch` (sources.py) and `pa.Array` (examples.py), which those transforms declare.
+`SourceBatch` (sources.py), `pa.Array` and `pa.RecordBatch` (examples.py), which those transforms
+declare.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any
 import apache_beam as beam
 import pyarrow as pa
 
-__all__ = ["ArrowArrayCoder", "SourceBatchCoder", "declare_element_type"]
+__all__ = ["ArrowArrayCoder", "RecordBatchCoder", "SourceBatchCoder", "declare_element_type"]
 
 
 class _SizedPickleCoder(beam.coders.Coder):
@@ -36,6 +37,13 @@ class ArrowArrayCoder(_SizedPickleCoder):
     """A `pa.Array` (records of a batch, as ToExamples emits them)."""
 
     def estimate_size(self, value: pa.Array) -> int:
+        return value.nbytes
+
+
+class RecordBatchCoder(_SizedPickleCoder):
+    """A `pa.RecordBatch` (conformed rows, as ToExamples emits them for tensorflow-transform)."""
+
+    def estimate_size(self, value: pa.RecordBatch) -> int:
         return value.nbytes
 
 

@@ -1,4 +1,5 @@
-"""ToExamples: source record batches to batches of serialized tf.train.Examples."""
+"""ToExamples: source record batches to batches of serialized tf.train.Examples (or, for
+tensorflow-transform, of conformed rows)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from recordforge.encoding import ExampleEncoder
 from recordforge.pipelines import progress
 from recordforge.schemas.model import Schema
 from recordforge.schemas.plan import Plan, compile_schema
-from recordforge.transforms.coders import ArrowArrayCoder, declare_element_type
+from recordforge.transforms.coders import ArrowArrayCoder, RecordBatchCoder, declare_element_type
 from recordforge.transforms.conform import BadRow, conform_batch
 from recordforge.transforms.rejects import rejected_line, source_record
 from recordforge.transforms.sources import SourceBatch
@@ -23,6 +24,7 @@ from recordforge.transforms.splits import SplitSpec, assign_by_hash, assign_by_v
 
 # The records of a batch: sized from their buffers, not by pickling them (see coders.py).
 beam.coders.registry.register_coder(pa.Array, ArrowArrayCoder)
+beam.coders.registry.register_coder(pa.RecordBatch, RecordBatchCoder)
 
 __all__ = ["NAMESPACE", "REJECTED", "ToExamples"]
 
@@ -31,8 +33,11 @@ REJECTED = "rejected"
 
 
 class _ToExamplesFn(beam.DoFn):
-    def __init__(self, plan: Plan, strict: bool, splits: SplitSpec | None, namespace: str) -> None:
+    def __init__(
+        self, plan: Plan, strict: bool, splits: SplitSpec | None, namespace: str, encode: bool
+    ) -> None:
         self._plan = plan
+        self._encode = encode
         self._strict = strict
         self._splits = splits
         self._namespace = namespace
@@ -75,14 +80,14 @@ class _ToExamplesFn(beam.DoFn):
                 yield beam.pvalue.TaggedOutput(REJECTED, rejected_line(bad, record))
         if not result.batch.num_rows:
             return
-        encoded = self._encoder.encode(result.batch)
+        out = self._encoder.encode(result.batch) if self._encode else result.batch
         if self._splits is None:
-            self._rows_encoded.inc(len(encoded))
-            yield ("", element.file, element.first_row), encoded
+            self._rows_encoded.inc(len(out))
+            yield ("", element.file, element.first_row), out
             return
-        yield from self._split(element, result, encoded)
+        yield from self._split(element, result, out)
 
-    def _split(self, element: SourceBatch, result: Any, encoded: Any) -> Iterator[Any]:
+    def _split(self, element: SourceBatch, result: Any, out: pa.Array | pa.RecordBatch) -> Iterator[Any]:
         spec = self._splits
         assert spec is not None
         good = np.setdiff1d(np.arange(element.batch.num_rows), result.rejected_rows)
@@ -107,17 +112,16 @@ class _ToExamplesFn(beam.DoFn):
                 )
                 yield beam.pvalue.TaggedOutput(REJECTED, rejected_line(bad, record))
         else:
-            keys = (
-                encoded
-                if self._key_encoder is None
-                else self._key_encoder.encode(result.batch.select(self._key_columns))
-            )
+            if self._key_encoder is not None:
+                keys = self._key_encoder.encode(result.batch.select(self._key_columns))
+            else:  # the whole record's bytes, as they would be written
+                keys = out if self._encode else self._encoder.encode(result.batch)
             which = assign_by_hash(keys, spec)
         for k, name in enumerate(spec.names):
             rows = np.flatnonzero(which == k)
             if rows.size:
                 self._rows_encoded.inc(int(rows.size))
-                yield (name, element.file, element.first_row), encoded.take(pa.array(rows))
+                yield (name, element.file, element.first_row), out.take(pa.array(rows))
 
 
 class ToExamples(beam.PTransform):
@@ -126,7 +130,9 @@ class ToExamples(beam.PTransform):
     In: `SourceBatch`es. Out: a tuple of PCollections: `examples`, `((split, file, first_row),
     records)` (split "" without `splits`)
     where records is a large_binary array of serialized tf.train.Examples for the batch's good
-    rows in row order (the key lets a deterministic sink restore the input order); and `rejected`,
+    rows in row order (the key lets a deterministic sink restore the input order), or with
+    `encode=False` those rows as a conformed `pa.RecordBatch` (what the encoder would have
+    encoded: tensorflow-transform reads them without a decode); and `rejected`,
     one JSON line per bad row (see `rejected_line`). With `strict=True` the first bad row fails the
     pipeline with a DataError naming file, row, column, value and rule instead.
     Metrics: `recordforge/rows_read`, `rows_encoded`, `rows_rejected`, `rejected_<rule>`.
@@ -139,8 +145,10 @@ class ToExamples(beam.PTransform):
         strict: bool = True,
         splits: SplitSpec | None = None,
         namespace: str = NAMESPACE,
+        encode: bool = True,
     ) -> None:
         super().__init__()
+        self._encode = encode
         self._plan = plan
         self._strict = strict
         self._splits = splits
@@ -148,7 +156,8 @@ class ToExamples(beam.PTransform):
 
     def expand(self, batches: beam.PCollection[SourceBatch]) -> beam.pvalue.DoOutputsTuple:
         out = batches | "Encode" >> beam.ParDo(
-            _ToExamplesFn(self._plan, self._strict, self._splits, self._namespace)
+            _ToExamplesFn(self._plan, self._strict, self._splits, self._namespace, self._encode)
         ).with_outputs(REJECTED, main="examples")
-        declare_element_type(out.examples, typehints.Tuple[typehints.Any, pa.Array])
+        records = pa.Array if self._encode else pa.RecordBatch
+        declare_element_type(out.examples, typehints.Tuple[typehints.Any, records])
         return out

@@ -1,15 +1,18 @@
-"""analyze_and_transform: full-pass preprocessing of encoded batches with tensorflow-transform.
+"""analyze_and_transform: full-pass preprocessing of conformed batches with tensorflow-transform.
 
-    ((split, file, first_row), raw Examples)
-        --decode (tfx-bsl, vectorised)-->  pa.RecordBatch + two passthrough key columns
+    ((split, file, first_row), conformed pa.RecordBatch)   (ToExamples with encode=False)
+        --as TFT input (lists, zero-copy)-->  pa.RecordBatch + three passthrough columns
         --AnalyzeDataset (fitting split only)-->  transform_fn (a SavedModel)
         --TransformDataset(output_record_batches=True)-->  transformed pa.RecordBatch
         --ExampleEncoder-->  ((split, file, first_row), transformed Examples)
 
-Analyzers see exactly the raw records that a plain conversion would have written, decoded with
-the raw feature spec: serving, which parses raw Examples with the same spec and applies the same
-transform_fn, therefore sees what training saw. The key columns ride along as TFT passthrough
-columns, so every output batch keeps its split and position (the deterministic sink's order).
+Analyzers see exactly the raw records that a plain conversion would have written: the conformed
+rows the encoder would have encoded, in the Arrow layout tfx-bsl's decoder gives raw Examples
+parsed with the raw feature spec (every feature a list, an absent one null). Serving, which
+parses raw Examples with that spec and applies the same transform_fn, therefore sees what
+training saw; the rows are never encoded only to be decoded again. The key columns ride along
+as TFT passthrough columns, so every output batch keeps its split and position (the
+deterministic sink's order).
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from recordforge.arrays import binary_array, binary_parts
+from recordforge.arrays import binary_array, binary_parts, drop_hidden_values, list_offsets
 from recordforge.encoding import ExampleEncoder
 from recordforge.layout import RAW_METADATA
 from recordforge.schemas.model import NullPolicy
@@ -66,22 +69,35 @@ def _presence_sources(plan: Plan) -> dict[str, int]:
     return sources
 
 
-class _DecodeFn(beam.DoFn):
-    """Serialized raw Examples to the record batch TFT's tensor adapter reads, plus key columns."""
+def _as_lists(column: pa.Array, list_type: pa.DataType) -> pa.Array:
+    """A conformed column as the list column tfx-bsl's decoder would give: a scalar column
+    becomes lists of one value, a list column is cast. Either way a null row spans no values and
+    the lists span exactly their values buffer, as a decoded batch's do (TFT's tensor adapter
+    reads coordinates from the offsets and values from the buffer)."""
+    mask = None if not column.null_count else pc.is_null(column)
+    if not pa.types.is_large_list(column.type):
+        offsets = pa.array(np.arange(len(column) + 1, dtype=np.int64))
+        column = pa.LargeListArray.from_arrays(offsets, column, mask=mask)
+    column = drop_hidden_values(column)
+    offsets = list_offsets(column)
+    start, end = int(offsets[0]), int(offsets[-1])
+    if start or end != len(column.values):
+        values = column.values.slice(start, end - start)
+        column = pa.LargeListArray.from_arrays(pa.array(offsets - start), values, mask=mask)
+    return column if column.type == list_type else pc.cast(column, list_type)
 
-    def __init__(self, raw_schema: bytes, absentable: list[str]) -> None:
-        self._raw_schema = raw_schema
+
+class _TftInputFn(beam.DoFn):
+    """Conformed batches to the record batch TFT's tensor adapter reads, plus passthrough columns."""
+
+    def __init__(self, arrow_schema: pa.Schema, absentable: list[str]) -> None:
+        self._schema = arrow_schema  # the raw features' columns, as tfx-bsl decodes Examples
         self._absentable = absentable
 
-    def setup(self) -> None:
-        from tfx_bsl.coders import example_coder
-
-        self._decoder = example_coder.ExamplesToRecordBatchDecoder(self._raw_schema)
-
-    def process(self, element: tuple[tuple[str, str, int], pa.Array]) -> Any:
-        (split, file, first_row), records = element
-        batch = self._decoder.DecodeBatch(records.to_pylist())
-        n = batch.num_rows
+    def process(self, element: tuple[tuple[str, str, int], pa.RecordBatch]) -> Any:
+        (split, file, first_row), rows = element
+        n = rows.num_rows
+        columns = [_as_lists(rows.column(field.name), field.type) for field in self._schema]
         where = f"{split}\0{file}".encode()
         offsets = pa.array(np.arange(n + 1, dtype=np.int64))
         where_col = pa.LargeListArray.from_arrays(
@@ -90,13 +106,13 @@ class _DecodeFn(beam.DoFn):
         rows_col = pa.LargeListArray.from_arrays(offsets, pa.array(first_row + np.arange(n, dtype=np.int64)))
         present = np.zeros((n, len(self._absentable)), np.uint8)
         for i, name in enumerate(self._absentable):
-            present[:, i] = pc.is_valid(batch.column(name)).to_numpy(zero_copy_only=False)
+            present[:, i] = pc.is_valid(rows.column(name)).to_numpy(zero_copy_only=False)
         present_col = pa.LargeListArray.from_arrays(
             offsets, binary_array(present.reshape(-1), np.full(n, len(self._absentable)))
         )
         yield pa.RecordBatch.from_arrays(
-            [*batch.columns, where_col, rows_col, present_col],
-            schema=batch.schema.append(pa.field(_WHERE, where_col.type))
+            [*columns, where_col, rows_col, present_col],
+            schema=self._schema.append(pa.field(_WHERE, where_col.type))
             .append(pa.field(_ROW, rows_col.type))
             .append(pa.field(_PRESENT, present_col.type)),
         )
@@ -184,7 +200,7 @@ def analyze_and_transform(
 ) -> Transformed:
     """Fits the preprocessing on one split (or everything) and applies it to every batch.
 
-    `examples`: `((split, file, first_row), raw serialized Examples)`; `fit`, the same records
+    `examples`: `((split, file, first_row), conformed pa.RecordBatch)`; `fit`, the same rows
     from a second read, feeds the analyzers when given (so that `examples` stream through the
     transform instead of waiting in memory for the analysis to end).
     """
@@ -223,28 +239,28 @@ class _AnalyzeAndTransform(beam.PTransform):
     def expand(self, examples: beam.PCollection) -> dict[str, beam.PCollection]:
         import tensorflow_transform.beam as tft_beam
         from tensorflow_transform.tf_metadata import schema_utils
-        from tfx_bsl.coders import example_coder
-        from tfx_bsl.tfxio import tensor_adapter, tensor_representation_util
+        from tfx_bsl.public import tfxio
 
         raw_schema = schema_utils.schema_from_feature_spec(raw_tf_spec(self._raw_plan))
         raw_bytes = raw_schema.SerializeToString()
-        arrow_schema = example_coder.ExamplesToRecordBatchDecoder(raw_bytes).ArrowSchema()
-        arrow_schema = arrow_schema.append(pa.field(_WHERE, pa.large_list(pa.large_binary())))
+        # Raw Examples read with tfx-bsl's public reader of this schema: the Arrow layout and the
+        # tensor representations TFT expects of them (no file is opened; the pattern is unused).
+        raw_io = tfxio.TFExampleRecord(file_pattern="unused", schema=raw_schema)
+        raw_arrow = raw_io.ArrowSchema()
+        arrow_schema = raw_arrow.append(pa.field(_WHERE, pa.large_list(pa.large_binary())))
         arrow_schema = arrow_schema.append(pa.field(_ROW, pa.large_list(pa.int64())))
         arrow_schema = arrow_schema.append(pa.field(_PRESENT, pa.large_list(pa.large_binary())))
-        adapter = tensor_adapter.TensorAdapterConfig(
-            arrow_schema, tensor_representation_util.InferTensorRepresentationsFromSchema(raw_schema)
-        )
+        adapter = tfxio.TensorAdapterConfig(arrow_schema, raw_io.TensorRepresentations())
         user_fn = load_user_fn(self._fn_ref) if self._fn_ref else None
         preprocessing_fn = build_preprocessing_fn(self._raw_plan, user_fn)
 
         absentable = _absentable(self._raw_plan)
-        batches = examples | "Decode" >> beam.ParDo(_DecodeFn(raw_bytes, absentable))
+        batches = examples | "AsTftInput" >> beam.ParDo(_TftInputFn(raw_arrow, absentable))
         # Only the fitting split's records are decoded for the analyzers.
         fit = examples if self._fit is None else self._fit
         if self._fit_split is not None:
             fit = fit | f"Only[{self._fit_split}]" >> beam.Filter(in_split, self._fit_split)
-        fit = fit | "DecodeForAnalysis" >> beam.ParDo(_DecodeFn(raw_bytes, absentable))
+        fit = fit | "AsTftInputForAnalysis" >> beam.ParDo(_TftInputFn(raw_arrow, absentable))
         with tft_beam.Context(temp_dir=self.temp_dir, passthrough_keys=_PASSTHROUGH):
             transform_fn = (fit, adapter) | "Analyze" >> tft_beam.AnalyzeDataset(preprocessing_fn)
             transformed, metadata = ((batches, adapter), transform_fn) | "Transform" >> (
