@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import difflib
 from collections.abc import Iterator
+from typing import Any
 
 from apache_beam.options.pipeline_options import PipelineOptions, _BeamArgumentParser
 
@@ -25,7 +26,16 @@ class ConvertOptions(PipelineOptions):
 
 
 class _CheckingParser(_BeamArgumentParser):
-    """Beam's parser (it knows `add_value_provider_argument`), raising instead of exiting."""
+    """Beam's parser (it knows `add_value_provider_argument`), raising instead of exiting, and
+    keeping the names of the flags declared on it."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.flag_names: set[str] = set()
+
+    def add_argument(self, *args: Any, **kwargs: Any) -> Any:
+        self.flag_names.update(a for a in args if isinstance(a, str) and a.startswith("--"))
+        return super().add_argument(*args, **kwargs)
 
     def error(self, message: str) -> None:  # type: ignore[override]
         raise UsageError(message)
@@ -76,7 +86,7 @@ def check_flags(argv: list[str]) -> None:
     _, unknown = parser.parse_known_args(list(argv))
     if not unknown:
         return
-    known = sorted({s for action in parser._actions for s in action.option_strings if s.startswith("--")})
+    known = sorted(parser.flag_names)
     first = unknown[0]
     if first.startswith("-") and first != "-":
         name = first.split("=", 1)[0]
