@@ -76,8 +76,13 @@ def _as_lists(column: pa.Array, list_type: pa.DataType) -> pa.Array:
     reads coordinates from the offsets and values from the buffer)."""
     mask = None if not column.null_count else pc.is_null(column)
     if not pa.types.is_large_list(column.type):
-        offsets = pa.array(np.arange(len(column) + 1, dtype=np.int64))
-        column = pa.LargeListArray.from_arrays(offsets, column, mask=mask)
+        if mask is None:
+            offsets = np.arange(len(column) + 1, dtype=np.int64)
+        else:  # a null row holds no value
+            offsets = np.zeros(len(column) + 1, dtype=np.int64)
+            np.cumsum(pc.is_valid(column).to_numpy(zero_copy_only=False), out=offsets[1:])
+            column = pc.drop_null(column)
+        return pc.cast(pa.LargeListArray.from_arrays(pa.array(offsets), column, mask=mask), list_type)
     column = drop_hidden_values(column)
     offsets = list_offsets(column)
     start, end = int(offsets[0]), int(offsets[-1])
