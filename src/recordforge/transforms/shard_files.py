@@ -1,0 +1,194 @@
+"""Shard files: the one scheme by which every TFRecord writer names, publishes and cleans up.
+
+A writer (rolling.py, sinks.py) owns one temporary folder beside its shards,
+`{folder}/_tmp-<12 hex>/`, and writes nothing else until it publishes: every file it makes on the
+way (parts, joined parts, whole shards, spilled batches) is `<kind>-<32 hex><ext>` in that folder,
+a fresh name per attempt, so that a retried step never meets a file of the attempt it replaces.
+A file being written when its step fails is deleted there and then; files of attempts the runner
+discarded stay until the publish step, which moves the committed ones to their final names,
+`{prefix}-SSSSS-of-NNNNN{suffix}` (Beam's `FileSystems.rename`: rename(2) on local disks, copy
+and delete on object stores), checks that every final name exists and deletes the folder. The
+folder lies in the run's version folder, so a run that dies before publishing leaves nothing the
+publishing protocol does not delete with that folder (pipelines/publishing.py).
+
+Shards are described by the bytes as written (`HashingFile`): the `ShardInfo` a writer returns is
+what `tfrecord.describe_shard` reads back from the file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import uuid
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import pyarrow as pa
+from apache_beam.io.filesystem import CompressionTypes
+from apache_beam.io.filesystems import FileSystems
+
+from recordforge.arrays import binary_parts
+from recordforge.storage import delete_tree, exists
+from recordforge.streams import HashingFile, Segment, StreamWriter
+from recordforge.tfrecord import ShardInfo, frame_records
+
+__all__ = [
+    "PART",
+    "SHARD_TEMPLATE",
+    "ShardFiles",
+    "TempShard",
+    "abandon",
+    "close_stream",
+    "open_stream",
+    "shard_prefix",
+    "temp_path",
+    "write_shard",
+]
+
+_LOGGER = logging.getLogger(__name__)
+PART = ".part"  # a temporary shard or part of one (spilled batches are ".arrow")
+TEMP_DIR = "_tmp-"  # under the shards' folder, not hidden: a crashed run's leftovers are visible
+# `ShardFiles.final`'s pattern in Beam's shard_name_template spelling (beam_sink.py).
+SHARD_TEMPLATE = "-SSSSS-of-NNNNN"
+
+
+def shard_prefix(folder: str, name: str = "data") -> str:
+    """The common start of a writer's shard names: `{folder}/{name}`."""
+    return folder.rstrip("/") + "/" + name
+
+
+def temp_path(temp_dir: str, kind: str, ext: str = PART) -> str:
+    """A fresh temporary name in `temp_dir`: `<kind>-<32 hex><ext>`."""
+    return f"{temp_dir}/{kind}-{uuid.uuid4().hex}{ext}"
+
+
+def abandon(path: str, writer: StreamWriter | None = None) -> None:
+    """Deletes a temporary file whose writing failed (closing its handle first, when given);
+    one already gone is not an error."""
+    with contextlib.suppress(Exception):
+        if writer is not None:
+            writer.file.close()
+    with contextlib.suppress(Exception):
+        if exists(path):
+            FileSystems.delete([path])
+
+
+@dataclass(frozen=True)
+class TempShard:
+    """A finished temporary shard file, described by the bytes that were written to it."""
+
+    tmp: str
+    records: int
+    bytes: int
+    sha256: str
+
+
+def open_stream(path: str, compression: str, level: int) -> StreamWriter:
+    """A new temporary file at `path`, as a stream of `compression` that hashes what it writes."""
+    handle = FileSystems.create(path, compression_type=CompressionTypes.UNCOMPRESSED)
+    try:
+        return StreamWriter(HashingFile(handle), compression, level)  # writes the header
+    except BaseException:
+        with contextlib.suppress(Exception):
+            handle.close()
+        abandon(path)
+        raise
+
+
+def close_stream(path: str, writer: StreamWriter, records: int) -> tuple[TempShard, tuple[Segment, ...]]:
+    """Ends the stream at `path` and describes it; a failure to end it deletes the file."""
+    try:
+        segments = writer.close()
+    except BaseException:
+        abandon(path, writer)
+        raise
+    return TempShard(path, records, writer.file.bytes, writer.file.hexdigest()), segments
+
+
+def write_shard(
+    path: str, arrays: Iterable[pa.Array], compression: str, level: int
+) -> tuple[TempShard, tuple[Segment, ...]]:
+    """Writes the arrays of serialized records, in the order given, as one stream at `path`:
+    one write per array, so the same arrays give the same bytes. Returns its description and
+    segments; a failure deletes the file before it propagates."""
+    writer = open_stream(path, compression, level)
+    records = 0
+    try:
+        for array in arrays:
+            if not len(array):
+                continue
+            offsets, data = binary_parts(frame_records(array))
+            writer.write(memoryview(data[offsets[0] : offsets[-1]]), len(array))
+            records += len(array)
+    except BaseException:
+        abandon(path, writer)
+        raise
+    return close_stream(path, writer, records)
+
+
+@dataclass(frozen=True)
+class ShardFiles:
+    """Where one writer's shards go (`{prefix}-SSSSS-of-NNNNN{suffix}`) and its temporary folder.
+
+    Frozen and small: built once at pipeline construction and pickled into every step, so all
+    attempts of all steps of one writer share the folder."""
+
+    prefix: str
+    suffix: str
+    temp_dir: str
+
+    @classmethod
+    def beside(cls, prefix: str, suffix: str) -> ShardFiles:
+        """Shards named `prefix...suffix`, with a fresh temporary folder in their folder."""
+        folder = prefix.rsplit("/", 1)[0]
+        return cls(prefix, suffix, f"{folder}/{TEMP_DIR}{uuid.uuid4().hex[:12]}")
+
+    def final(self, shard: int, count: int) -> str:
+        return f"{self.prefix}-{shard:05d}-of-{count:05d}{self.suffix}"
+
+    def temp(self, kind: str, ext: str = PART) -> str:
+        return temp_path(self.temp_dir, kind, ext)
+
+    def write(self, kind: str, arrays: Iterable[pa.Array], compression: str, level: int) -> TempShard:
+        """A whole shard, its arrays in the order given, to a fresh temporary file."""
+        return write_shard(self.temp(kind), arrays, compression, level)[0]
+
+    def publish(self, shards: Sequence[TempShard]) -> list[ShardInfo]:
+        """Moves `shards` into place as shards 0..n-1, in the order given, and deletes the
+        temporary folder with whatever else is in it (files of discarded attempts, spills).
+
+        Idempotent: a shard already moved (a retried publish) is not moved again, and its
+        description is the one recorded when it was written. A final name missing afterwards
+        is an error: a shard list never disagrees with the files."""
+        n = len(shards)
+        finals = [self.final(i, n) for i in range(n)]
+        pending = [(s.tmp, f) for s, f in zip(shards, finals, strict=True) if exists(s.tmp)]
+        if pending:
+            FileSystems.rename([t for t, _ in pending], [f for _, f in pending])
+        missing = [f for f in finals if not exists(f)]
+        if missing:
+            raise RuntimeError(f"{len(missing)} shard(s) lost before publishing, first {missing[0]}")
+        self.cleanup()
+        _LOGGER.info("published %d shards as %s-*-of-%05d%s", n, self.prefix, n, self.suffix)
+        return [
+            ShardInfo(path=f, records=s.records, bytes=s.bytes, sha256=s.sha256)
+            for f, s in zip(finals, shards, strict=True)
+        ]
+
+    def publish_slots(
+        self, count: int, written: Iterable[tuple[int, TempShard]], compression: str, level: int
+    ) -> list[ShardInfo]:
+        """Publishes exactly `count` shards from `(shard, temp)` pairs; a shard no record went
+        to is written empty first (shard counts are part of the output's contract)."""
+        slots: dict[int, TempShard] = {}
+        for shard, temp in written:
+            if shard in slots or not 0 <= shard < count:
+                raise RuntimeError(f"shard {shard} of {count} written twice or out of range")
+            slots[shard] = temp
+        return self.publish(
+            [slots.get(i) or self.write(f"empty-{i:05d}", [], compression, level) for i in range(count)]
+        )
+
+    def cleanup(self) -> int:
+        """Deletes the temporary folder and everything in it; returns the files deleted."""
+        return delete_tree(self.temp_dir)

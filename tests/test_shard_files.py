@@ -1,0 +1,136 @@
+"""The one protocol of every TFRecord writer (transforms/shard_files.py), on real files: temporary
+names, publishing, descriptions as written, cleanup after failures, and nothing written outside
+the writer's folder."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from recordforge.tfrecord import describe_shard, iter_records
+from recordforge.transforms import shard_files
+from recordforge.transforms.shard_files import ShardFiles, TempShard
+
+SUFFIX = {"gzip": ".tfrecord.gz", "zlib": ".tfrecord.deflate", "none": ".tfrecord"}
+TEMP_DIR = re.compile(r"^_tmp-[0-9a-f]{12}$")
+
+
+def _records(n: int, seed: int) -> list[bytes]:
+    # Edge cases among them: an empty record, bytes that are not UTF-8, a zero byte.
+    out = [b"", b"\xff\xfe\x00", b"0"]
+    out += [hashlib.sha256(f"{seed}-{i}".encode()).digest() * (i % 7) for i in range(n - 3)]
+    return out[:n]
+
+
+def _array(records: list[bytes]) -> pa.Array:
+    return pa.array(records, pa.large_binary())
+
+
+def _snapshot(root: Path) -> dict[str, tuple[int, bytes]]:
+    """Every file below `root` with its mtime and bytes."""
+    out = {}
+    for d, _, files in os.walk(root):
+        for f in files:
+            p = Path(d, f)
+            out[str(p.relative_to(root))] = (p.stat().st_mtime_ns, p.read_bytes())
+    return out
+
+
+@pytest.fixture
+def target(tmp_path: Path) -> Path:
+    """The writer's folder, with neighbours that must never be touched: a sibling folder, a file
+    beside it and an older temporary folder of someone else's."""
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "data-00000-of-00001.tfrecord.gz").write_bytes(b"not ours")
+    (tmp_path / "notes.txt").write_text("mine")
+    folder = tmp_path / "v"
+    (folder / "_tmp-0123456789ab").mkdir(parents=True)
+    (folder / "_tmp-0123456789ab" / "x.part").write_bytes(b"a neighbour's")
+    return folder
+
+
+def test_names_follow_one_scheme(tmp_path: Path) -> None:
+    files = ShardFiles.beside(str(tmp_path / "data"), ".tfrecord.gz")
+    assert Path(files.temp_dir).parent == tmp_path and TEMP_DIR.match(Path(files.temp_dir).name)
+    assert ShardFiles.beside(files.prefix, files.suffix).temp_dir != files.temp_dir
+    a, b = files.temp("part"), files.temp("part")
+    assert a != b and Path(a).parent == Path(files.temp_dir)
+    assert re.fullmatch(r"part-[0-9a-f]{32}\.part", Path(a).name)
+    assert re.fullmatch(r"batch-[0-9a-f]{32}\.arrow", Path(files.temp("batch", ".arrow")).name)
+    assert files.final(3, 12) == f"{tmp_path}/data-00003-of-00012.tfrecord.gz"
+    assert shard_files.shard_prefix(str(tmp_path) + "/", "train") == f"{tmp_path}/train"
+    assert not list(tmp_path.iterdir())  # naming writes nothing
+
+
+@pytest.mark.parametrize("compression", ["gzip", "zlib", "none"])
+def test_published_shards_are_described_as_written_and_the_temp_folder_goes(
+    target: Path, compression: str
+) -> None:
+    before = _snapshot(target.parent)
+    files = ShardFiles.beside(str(target / "data"), SUFFIX[compression])
+    batches = [[_records(50, 1), _records(7, 2)], [], [_records(1, 3)]]
+    temps = [files.write("shard", [_array(b) for b in arrays], compression, 1) for arrays in batches]
+    assert all(Path(t.tmp).parent == Path(files.temp_dir) for t in temps)
+    shards = files.publish(temps)
+    again = files.publish(temps)  # a retried publish
+    assert shards == again
+    assert [Path(s.path).name for s in shards] == [
+        f"data-0000{i}-of-00003{SUFFIX[compression]}" for i in range(3)
+    ]
+    for s, arrays in zip(shards, batches, strict=True):
+        assert s == describe_shard(s.path, compression)
+        assert list(iter_records(s.path, compression, check_crc=True)) == [r for a in arrays for r in a]
+    after = _snapshot(target.parent)
+    added = sorted(set(after) - set(before))
+    assert added == sorted(f"v/{Path(s.path).name}" for s in shards)
+    assert {k: after[k] for k in before} == before  # the neighbours, byte for byte
+
+
+def test_a_shard_that_is_gone_is_never_published(tmp_path: Path) -> None:
+    files = ShardFiles.beside(str(tmp_path / "data"), ".tfrecord")
+    temps = [files.write("shard", [_array(_records(5, i))], "none", 1) for i in range(2)]
+    os.unlink(temps[1].tmp)
+    with pytest.raises(RuntimeError, match="1 shard"):
+        files.publish(temps)
+
+
+def test_slots_are_published_with_empty_shards_for_the_missing(tmp_path: Path) -> None:
+    files = ShardFiles.beside(str(tmp_path / "data"), ".tfrecord.gz")
+    written = [(2, files.write("shard-00002", [_array(_records(9, 0))], "gzip", 1))]
+    shards = files.publish_slots(4, written, "gzip", 1)
+    assert [s.records for s in shards] == [0, 0, 9, 0]
+    assert all(s == describe_shard(s.path, "gzip") for s in shards)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        f"data-0000{i}-of-00004.tfrecord.gz" for i in range(4)
+    ]
+    with pytest.raises(RuntimeError, match="written twice"):
+        files.publish_slots(4, written * 2, "gzip", 1)
+
+
+def _failing(after: int) -> Iterator[pa.Array]:
+    for i in range(after):
+        yield _array(_records(20, i))
+    raise OSError("injected: the source failed mid-shard")
+
+
+def test_a_failed_write_leaves_no_file(target: Path) -> None:
+    before = _snapshot(target.parent)
+    files = ShardFiles.beside(str(target / "data"), ".tfrecord.gz")
+    with pytest.raises(OSError, match="injected"):
+        files.write("shard", _failing(3), "gzip", 1)
+    assert _snapshot(target.parent) == before
+    assert files.cleanup() == 0
+
+
+def test_a_temp_shard_is_a_plain_description() -> None:
+    """What the publish step receives from every writer: small, picklable, comparable."""
+    import pickle
+
+    t = TempShard("/x/_tmp-0/part-0.part", 3, 10, "0" * 64)
+    assert pickle.loads(pickle.dumps(t)) == t
