@@ -9,13 +9,20 @@ import os
 import re
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import apache_beam as beam
 import pyarrow as pa
 import pytest
+from apache_beam.testing import test_pipeline
+from apache_beam.testing.util import BeamAssertException, assert_that
+from conftest import DEFAULT_RUNNER
 
-from recordforge.tfrecord import describe_shard, iter_records
-from recordforge.transforms import shard_files
+from recordforge.tfrecord import ShardInfo, describe_shard, iter_records
+from recordforge.transforms import rolling, shard_files, shuffle
+from recordforge.transforms.rolling import Limits, _Roller
 from recordforge.transforms.shard_files import ShardFiles, TempShard
+from recordforge.transforms.sinks import WriteTFRecords
 
 SUFFIX = {"gzip": ".tfrecord.gz", "zlib": ".tfrecord.deflate", "none": ".tfrecord"}
 TEMP_DIR = re.compile(r"^_tmp-[0-9a-f]{12}$")
@@ -126,6 +133,128 @@ def test_a_failed_write_leaves_no_file(target: Path) -> None:
         files.write("shard", _failing(3), "gzip", 1)
     assert _snapshot(target.parent) == before
     assert files.cleanup() == 0
+
+
+def test_a_failing_file_system_leaves_no_file(target: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The disk fails after some bytes: the half-written file is deleted."""
+    from recordforge.streams import HashingFile
+
+    real = HashingFile.write
+    room = [100]
+
+    def write(self: HashingFile, data: Any) -> None:
+        if self.bytes + len(data) > room[0]:
+            raise OSError("injected: no space left on device")
+        real(self, data)
+
+    monkeypatch.setattr(HashingFile, "write", write)
+    before = _snapshot(target.parent)
+    files = ShardFiles.beside(str(target / "data"), ".tfrecord")
+    with pytest.raises(OSError, match="no space"):
+        files.write("shard", [_array(_records(50, i)) for i in range(3)], "none", 1)
+    roller = _Roller(files.temp_dir, "none", 1, Limits(max_bytes=10**6, max_records=0))
+    with pytest.raises(OSError, match="no space"):
+        list(roller.add(("data", "f", 0), _array(_records(3000, 0))))
+    room[0] = 0  # not even a header
+    with pytest.raises(OSError, match="no space"):
+        rolling._join(
+            rolling._Join(0, ()),  # an empty shard: still a file to write
+            files.temp_dir,
+            "gzip",
+            1,
+            Limits(max_bytes=0, max_records=0, num_shards=2),
+        )
+    assert _snapshot(target.parent) == before
+
+
+def test_a_failed_spill_leaves_no_file(target: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def fail(*_: Any, **__: Any) -> Any:
+        raise OSError("injected: the spill failed")
+
+    monkeypatch.setattr(pa.ipc, "new_stream", fail)
+    before = _snapshot(target.parent)
+    files = ShardFiles.beside(str(target / "data"), ".tfrecord")
+    with pytest.raises(OSError, match="spill"):
+        shuffle._write_array(files.temp("batch", ".arrow"), _array(_records(5, 0)))
+    assert _snapshot(target.parent) == before
+
+
+# Every writer of WriteTFRecords, through a pipeline: what it leaves is the shards, nothing else.
+WRITERS = {
+    "by_size": {"shard_size": 3000},
+    "by_records": {"records_per_shard": 70},
+    "count": {"num_shards": 3},
+    "count_more_than_batches": {"num_shards": 9},
+    "deterministic": {"num_shards": 3, "deterministic": True},
+    "shuffle": {"num_shards": 3, "shuffle": True},
+    "beam_comparison": {"num_shards": 2, "sink": "beam"},
+}
+FILES = {"a.parquet": [0, 100, 200], "b.parquet": [0, 50]}  # first rows of each file's batches
+
+
+def _batches() -> list[tuple[tuple[str, str, int], pa.Array]]:
+    out = []
+    for f, (name, starts) in enumerate(FILES.items()):
+        for i, start in enumerate(starts):
+            out.append(
+                (("data", name, start), _array(_records(100 if i < len(starts) - 1 else 50, 10 * f + i)))
+            )
+    return out
+
+
+def _check(expected: list[bytes], compression: str, count: int | None) -> Any:
+    def check(shards: list[ShardInfo]) -> None:
+        shards = sorted(shards, key=lambda s: s.path)
+        n = len(shards)
+        if count is not None and n != count:
+            raise BeamAssertException(f"{n} shards, not {count}")
+        names = [os.path.basename(s.path) for s in shards]
+        if names != [f"data-{i:05d}-of-{n:05d}{SUFFIX[compression]}" for i in range(n)]:
+            raise BeamAssertException(f"names {names}")
+        got = []
+        for s in shards:
+            if s != describe_shard(s.path, compression):
+                raise BeamAssertException(f"{s} is not the file as written")
+            got += list(iter_records(s.path, compression, check_crc=True))
+        if sorted(got) != sorted(expected):
+            raise BeamAssertException("records lost or doubled")
+
+    return check
+
+
+@pytest.mark.parametrize("writer", list(WRITERS))
+def test_every_writer_leaves_its_shards_and_nothing_else(target: Path, writer: str) -> None:
+    flags = WRITERS[writer]
+    compression = "zlib" if writer == "count" else "gzip"
+    batches = _batches()
+    before = _snapshot(target.parent)
+    with test_pipeline.TestPipeline(runner=DEFAULT_RUNNER) as p:
+        pcoll = p | "Batches" >> beam.Create(batches)
+        file_rows = p | "FileRows" >> beam.Create([(name, starts[-1] + 50) for name, starts in FILES.items()])
+        shards = pcoll | WriteTFRecords(str(target), compression=compression, file_rows=file_rows, **flags)
+        count = flags.get("num_shards") or None
+        expected = [r for _, a in batches for r in a.to_pylist()]
+        assert_that(
+            shards | beam.combiners.ToList(), lambda got: _check(expected, compression, count)(got[0])
+        )
+    after = _snapshot(target.parent)
+    assert {k: after[k] for k in before} == before
+    added = sorted(set(after) - set(before))
+    assert added and all(re.fullmatch(r"v/data-\d{5}-of-\d{5}\.tfrecord\.(gz|deflate)", a) for a in added), (
+        added
+    )
+
+
+def test_the_shuffled_and_deterministic_writers_write_the_same_bytes_twice(tmp_path: Path) -> None:
+    def write(folder: Path, flags: dict) -> dict[str, bytes]:
+        with test_pipeline.TestPipeline(runner=DEFAULT_RUNNER) as p:
+            file_rows = p | "FileRows" >> beam.Create([(n, s[-1] + 50) for n, s in FILES.items()])
+            _ = p | beam.Create(_batches()) | WriteTFRecords(str(folder), file_rows=file_rows, **flags)
+        return {f.name: f.read_bytes() for f in sorted(folder.iterdir())}
+
+    for name in ("deterministic", "shuffle"):
+        one = write(tmp_path / f"{name}1", WRITERS[name])
+        assert one == write(tmp_path / f"{name}2", WRITERS[name]) and len(one) == 3
 
 
 def test_a_temp_shard_is_a_plain_description() -> None:

@@ -214,3 +214,22 @@ def test_deterministic_without_num_shards_makes_a_shard_per_shard_size_of_input(
     )
     assert len(meta["shards"]) == 4  # ceil(size / (size // 3))
     assert sum(s["records"] for s in meta["shards"]) == 20_000
+
+
+@pytest.mark.parametrize("count", [1, 3, 12])
+def test_num_shards_is_exact_and_the_shards_are_about_equal(tmp_path: Path, source: str, count: int) -> None:
+    """Without --deterministic the parts the workers wrote are joined into exactly that many
+    shards, cut between segments (a batch here), the input in order; nothing else stays."""
+    out = tmp_path / "out"
+    run(["--source", source, "--output", str(out), "--num_shards", str(count), "--batch_size", "1000"])
+    shards = _shards(out)
+    assert [s["file"].split("/", 1)[1] for s in shards] == [
+        f"data-{i:05d}-of-{count:05d}.tfrecord.gz" for i in range(count)
+    ]
+    records = [s["records"] for s in shards]
+    assert sum(records) == 20_000 and max(records) - min(records) <= 2 * 1000
+    ids = [
+        example_to_dict(r)["trip_id"][0] for s in shards for r in iter_records(str(out / s["file"]), "gzip")
+    ]
+    assert ids == pq.read_table(source).column("trip_id").to_pylist()
+    assert not list(out.rglob("_tmp-*"))

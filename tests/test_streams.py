@@ -206,3 +206,29 @@ def test_a_bundle_or_a_join_run_twice_writes_each_record_once(tmp_path: Path) ->
     written = sorted(r for s in shards for r in iter_records(s.path, "gzip", check_crc=True))
     assert written == sorted(r for k in range(6) for r in _records(100, k))
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(Path(s.path).name for s in shards)
+
+
+@pytest.mark.parametrize("count", [2, 3, 40])
+def test_a_fixed_count_is_that_many_shards_in_input_order_within_a_segment_of_each_other(
+    tmp_path: Path, count: int
+) -> None:
+    limits = Limits(max_bytes=0, max_records=0, num_shards=count)
+    shards, parts = _shards(tmp_path, [3, 1, 2, 5, 1], limits)
+    assert len(parts) == 5 and len(shards) == count
+    assert [Path(s.path).name for s in shards] == [
+        f"data-{i:05d}-of-{count:05d}.tfrecord.gz" for i in range(count)
+    ]
+    # Read in name order, the shards are the input in order; empty shards (more shards than
+    # segments) come last.
+    everything = [r for key in range(12) for r in _records(100, key)]  # as _bundles made them
+    assert [r for s in shards for r in iter_records(s.path, "gzip")] == everything
+    filled = [s for s in shards if s.records]
+    assert all(s.records for s in shards[: len(filled)])
+    segment = max(seg.bytes for p in parts for seg in p.segments)
+    sizes = [s.bytes for s in filled]
+    assert max(sizes) - min(sizes) <= 2 * segment
+
+
+def test_a_fixed_count_of_one_keeps_a_lone_part_untouched(tmp_path: Path) -> None:
+    shards, parts = _shards(tmp_path, [4], Limits(max_bytes=0, max_records=0, num_shards=1))
+    assert [(s.records, s.sha256) for s in shards] == [(p.records, p.sha256) for p in parts]

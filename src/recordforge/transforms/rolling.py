@@ -2,14 +2,15 @@
 parts, starting a new one at the target size or record count. A bundle's last part is usually
 short, and runners that make many small bundles (Dataflow) make many such parts: those are joined
 into shards of the target size, by copying their compressed segments (streams.py) or, when shards
-are counted in records, by rewriting them. A final step names every shard
-`data-SSSSS-of-NNNNN` and moves it into place."""
+are counted in records, by rewriting them. For a fixed number of shards every part is cut, by its
+segments, into that many joins of about equal bytes. A final step names every shard
+`data-SSSSS-of-NNNNN` and moves it into place. Temporary names, publishing and cleanup are those
+of every writer (shard_files.py)."""
 
 from __future__ import annotations
 
 import logging
 import re
-import uuid
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -17,18 +18,23 @@ from typing import Any
 import apache_beam as beam
 import numpy as np
 import pyarrow as pa
-from apache_beam.io.filesystem import CompressionTypes
-from apache_beam.io.filesystems import FileSystems
 from apache_beam.transforms.window import GlobalWindow
 from apache_beam.utils.timestamp import MIN_TIMESTAMP
 from apache_beam.utils.windowed_value import WindowedValue
 
 from recordforge.arrays import binary_parts
-from recordforge.storage import delete_tree
-from recordforge.streams import HashingFile, Segment, StreamWriter, splice
+from recordforge.streams import Segment, StreamWriter, splice
 from recordforge.tfrecord import ShardInfo, frame_records, read_records
+from recordforge.transforms.shard_files import (
+    ShardFiles,
+    abandon,
+    close_stream,
+    open_stream,
+    temp_path,
+    write_shard,
+)
 
-__all__ = ["DEFAULT_SHARD_SIZE", "WriteShardsBySize", "parse_size"]
+__all__ = ["DEFAULT_SHARD_SIZE", "Limits", "WriteShardsBySize", "parse_size"]
 
 _LOGGER = logging.getLogger(__name__)
 DEFAULT_SHARD_SIZE = 128 << 20  # TensorFlow's guidance: 100-200 MB per shard
@@ -64,10 +70,12 @@ _REWRITE_BATCH = 8192
 
 @dataclass(frozen=True)
 class Limits:
-    """When a shard is full: `max_bytes` compressed bytes or `max_records` records (0: no limit)."""
+    """When a shard is full: `max_bytes` compressed bytes or `max_records` records (0: no limit);
+    or, with `num_shards`, exactly that many shards of about equal bytes (the parts uncut)."""
 
     max_bytes: int
     max_records: int
+    num_shards: int = 0
 
     @property
     def slice_bytes(self) -> int:
@@ -75,6 +83,8 @@ class Limits:
 
     def full(self, records: int, size: int) -> bool:
         """A finished shard needs no joining."""
+        if self.num_shards:
+            return False
         if self.max_records and records >= self.max_records:
             return True
         if self.max_bytes and size >= FULL_FRACTION * self.max_bytes:
@@ -105,9 +115,8 @@ class _Roller:
         self._writer: StreamWriter | None = None
 
     def _open(self, key: Any) -> StreamWriter:
-        self._tmp = f"{self._tmp_dir}/{uuid.uuid4().hex}.part"
-        handle = FileSystems.create(self._tmp, compression_type=CompressionTypes.UNCOMPRESSED)
-        self._writer = StreamWriter(HashingFile(handle), self._compression, self._level)
+        self._tmp = temp_path(self._tmp_dir, "part")
+        self._writer = open_stream(self._tmp, self._compression, self._level)
         self._records = 0
         self._first_key = key
         return self._writer
@@ -117,14 +126,25 @@ class _Roller:
         bulk of what the planning step would otherwise receive, are not kept."""
         if self._writer is None:
             return None
-        file = self._writer.file
-        segments = self._writer.close()
-        self._writer = None
-        return _Part(
-            self._tmp, self._records, file.bytes, file.hexdigest(), self._first_key, () if full else segments
-        )
+        writer, self._writer = self._writer, None
+        temp, segments = close_stream(self._tmp, writer, self._records)
+        kept = () if full else segments
+        return _Part(temp.tmp, temp.records, temp.bytes, temp.sha256, self._first_key, kept)
+
+    def abandon(self) -> None:
+        """Deletes the part being written (its step failed)."""
+        if self._writer is not None:
+            writer, self._writer = self._writer, None
+            abandon(self._tmp, writer)
 
     def add(self, key: Any, records: pa.Array) -> Iterator[_Part]:
+        try:
+            yield from self._add(key, records)
+        except Exception:  # not GeneratorExit: a caller that stops reading leaves the part be
+            self.abandon()
+            raise
+
+    def _add(self, key: Any, records: pa.Array) -> Iterator[_Part]:
         limits = self._limits
         offsets, data = binary_parts(frame_records(records))
         start, n = 0, len(records)
@@ -171,14 +191,38 @@ class _Join:
         return sum(seg.records for _, segs in self.pieces for seg in segs)
 
 
-def _order(part: _Part) -> tuple[Any, str]:
-    return (part.first_key, part.tmp)
+def _order(part: _Part) -> tuple[bool, Any, str]:
+    """Input order; the empty shards of a fixed count (no first key) last. Joins cut from one
+    part share its first key and follow each other by the index in their names."""
+    return (part.first_key is None, () if part.first_key is None else part.first_key, part.tmp)
 
 
 def _short(parts: Iterable[_Part], limits: Limits) -> list[_Part]:
-    """The parts to join: those not full, when there are two or more (one may stay short)."""
+    """The parts to join: those not full, when there are two or more (one may stay short); for a
+    fixed count of shards, every part."""
     short = sorted((p for p in parts if not limits.full(p.records, p.bytes)), key=_order)
-    return short if len(short) > 1 else []
+    return short if len(short) > 1 or limits.num_shards else []
+
+
+def _plan_count(parts: list[_Part], count: int) -> Iterator[_Join]:
+    """Exactly `count` joins: the parts' segments in input order, segment i of the join whose
+    share of the bytes (k/count of them) it starts in, so joins differ by less than a segment.
+    Joins no segment went to (fewer segments than shards) come last, empty."""
+    segments = [(part, seg) for part in parts for seg in part.segments]
+    total = max(1, sum(seg.bytes for _, seg in segments))
+    cuts: dict[int, list[tuple[_Part, list[Segment]]]] = {}
+    at = 0
+    for part, seg in segments:
+        pieces = cuts.setdefault(min(count - 1, at * count // total), [])
+        if pieces and pieces[-1][0] is part:
+            pieces[-1][1].append(seg)
+        else:
+            pieces.append((part, [seg]))
+        at += seg.bytes
+    for index, (_, pieces) in enumerate(sorted(cuts.items())):
+        yield _Join(index, tuple((part, tuple(segs)) for part, segs in pieces))
+    for index in range(len(cuts), count):
+        yield _Join(index, ())
 
 
 def _plan(_: bytes, parts: list[_Part], limits: Limits) -> Iterator[_Join]:
@@ -187,6 +231,9 @@ def _plan(_: bytes, parts: list[_Part], limits: Limits) -> Iterator[_Join]:
     segment of the target. By records, all short parts are rewritten by one join, which cuts at
     exact record counts."""
     short = _short(parts, limits)
+    if limits.num_shards:
+        yield from _plan_count(short, limits.num_shards)
+        return
     if not short:
         return
     if limits.max_records:
@@ -209,16 +256,24 @@ def _plan(_: bytes, parts: list[_Part], limits: Limits) -> Iterator[_Join]:
 
 
 def _join(join: _Join, tmp_dir: str, compression: str, level: int, limits: Limits) -> list[_Part]:
-    """The shard(s) of one join, as new parts. A join of one whole part is that part, untouched.
-    Idempotent: a retried join writes its files again under new names; the publish step uses the
-    ones of the attempt that succeeded and deletes the temporary folder."""
+    """The shard(s) of one join, as new parts. A join of one whole part is that part, untouched;
+    an empty join (a fixed count of shards with fewer segments) is an empty shard. Idempotent: a
+    retried join writes its files again under new names; the publish step uses the ones of the
+    attempt that succeeded and deletes the temporary folder."""
+    tmp = temp_path(tmp_dir, f"joined-{join.index:05d}")
+    if not join.pieces:
+        empty, segments = write_shard(tmp, [], compression, level)
+        return [_Part(empty.tmp, 0, empty.bytes, empty.sha256, None, segments)]
     first_key = join.pieces[0][0].first_key
     if len(join.pieces) == 1 and join.pieces[0][1] == join.pieces[0][0].segments:
         return [join.pieces[0][0]]
     if not limits.max_records:
-        tmp = f"{tmp_dir}/joined-{join.index:05d}-{uuid.uuid4().hex[:8]}.part"
         pieces = ((part.tmp, seg) for part, segs in join.pieces for seg in segs)
-        records, size, sha, segments = splice(tmp, compression, pieces)
+        try:
+            records, size, sha, segments = splice(tmp, compression, pieces)
+        except BaseException:
+            abandon(tmp)
+            raise
         return [_Part(tmp, records, size, sha, first_key, segments)]
     roller = _Roller(tmp_dir, compression, level, limits)
     out: list[_Part] = []
@@ -244,26 +299,13 @@ def _publish(
     tmp_dir: str,
     limits: Limits,
 ) -> list[ShardInfo]:
-    """Names the shards in input order and moves them into place; leftovers of retried bundles
-    and joined parts go with the temporary folder. Idempotent: a shard already moved (a retried
-    publish) is not moved again, and its description is the one recorded when it was written."""
+    """Names the shards in input order and publishes them (shard_files.py): leftovers of retried
+    bundles and joined parts go with the temporary folder, and a retried publish is harmless."""
     short = {p.tmp for p in _short(parts, limits)}
     shards = [p for p in parts if p.tmp not in short] + [p for group in joined for p in group]
     shards.sort(key=_order)
-    n = len(shards)
-    finals = [f"{prefix}-{i:05d}-of-{n:05d}{suffix}" for i in range(n)]
-    pending = [(p.tmp, f) for p, f in zip(shards, finals, strict=True) if FileSystems.exists(p.tmp)]
-    if pending:
-        FileSystems.rename([t for t, _ in pending], [f for _, f in pending])
-    missing = [f for f in finals if not FileSystems.exists(f)]
-    if missing:
-        raise RuntimeError(f"{len(missing)} shard(s) lost before publishing, first {missing[0]}")
-    delete_tree(tmp_dir)
-    _LOGGER.info("published %d shards as %s-*-of-%05d%s (%d joined)", n, prefix, n, suffix, len(joined))
-    return [
-        ShardInfo(path=f, records=p.records, bytes=p.bytes, sha256=p.sha256)
-        for f, p in zip(finals, shards, strict=True)
-    ]
+    _LOGGER.debug("%s: %d parts, %d joins", prefix, len(parts), len(joined))
+    return ShardFiles(prefix, suffix, tmp_dir).publish(shards)
 
 
 class WriteShardsBySize(beam.PTransform):
@@ -271,22 +313,30 @@ class WriteShardsBySize(beam.PTransform):
 
     Every shard but one holds `max_records` records exactly, when that is set, and otherwise
     between 75% of `max_bytes` and a few percent above it, however the runner cut its bundles.
+    With `num_shards`, exactly that many shards, their compressed sizes within a segment of each
+    other (a batch, or 4 MiB of records).
     """
 
     def __init__(
-        self, prefix: str, suffix: str, *, compression: str, level: int, max_bytes: int, max_records: int
+        self,
+        files: ShardFiles,
+        *,
+        compression: str,
+        level: int,
+        max_bytes: int = 0,
+        max_records: int = 0,
+        num_shards: int = 0,
     ) -> None:
         super().__init__()
-        self._prefix = prefix
-        self._suffix = suffix
+        if num_shards and (max_bytes or max_records):
+            raise ValueError("a fixed num_shards does not combine with max_bytes or max_records")
+        self._files = files
         self._compression = compression
         self._level = level
-        self._limits = Limits(max_bytes, max_records)
-        # Under the output folder, not hidden: a crashed run's leftovers are visible and cleaned.
-        self._tmp_dir = f"{prefix.rsplit('/', 1)[0]}/_tmp-{uuid.uuid4().hex[:12]}"
+        self._limits = Limits(max_bytes, max_records, num_shards)
 
-    def expand(self, batches: beam.PCollection[tuple[Any, pa.Array]]) -> beam.PCollection:
-        tmp, limits = self._tmp_dir, self._limits
+    def expand(self, batches: beam.PCollection[tuple[Any, pa.Array]]) -> beam.PCollection[ShardInfo]:
+        tmp, limits = self._files.temp_dir, self._limits
         parts = batches | "WriteParts" >> beam.ParDo(
             _RollingWriteFn(tmp, self._compression, self._level, limits)
         )
@@ -309,8 +359,8 @@ class WriteShardsBySize(beam.PTransform):
                 _publish,
                 beam.pvalue.AsList(parts),
                 beam.pvalue.AsList(joined),
-                self._prefix,
-                self._suffix,
+                self._files.prefix,
+                self._files.suffix,
                 tmp,
                 limits,
             )

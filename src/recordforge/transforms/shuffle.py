@@ -18,14 +18,14 @@ The per-batch record counts reach the scatter step as a side input (one small tu
 so the batches wait for the last one to be counted. On Dataflow and Dask they wait on the
 runner's disk and each shard's pieces meet in a GroupByKey: memory is bounded by a shard. Beam's
 local runner would hold them, and then the grouped pieces, in memory (several times the
-serialized records); there, with `spill_dir`, batches and pieces wait in temporary Arrow files
-instead and only their names are grouped, so memory is bounded by a batch and a shard.
+serialized records); there, with `spill_dir` (the writer's temporary folder, shard_files.py),
+batches and pieces wait in temporary Arrow files instead and only their names are grouped, so
+memory is bounded by a batch and a shard.
 """
 
 from __future__ import annotations
 
 import hashlib
-import uuid
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -37,6 +37,7 @@ from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
 from recordforge.transforms.coders import declare_element_type
+from recordforge.transforms.shard_files import abandon, temp_path
 
 __all__ = ["DEFAULT_SEED", "Permutation", "ScatterRecords", "SpillBatches", "read_spilled", "sorted_records"]
 
@@ -44,6 +45,7 @@ DEFAULT_SEED = 42
 _ROUNDS = 6  # Luby-Rackoff: 4 rounds make a strong pseudo-random permutation; 2 more are cheap
 _KEY = "key"
 _RECORD = "record"
+_SPILLED = ".arrow"
 
 
 def _splitmix64(x: np.ndarray) -> np.ndarray:
@@ -150,16 +152,22 @@ class _ScatterFn(beam.DoFn):
                 if self._spill_dir is None:
                     yield shard, piece
                 else:
-                    yield shard, _write_array(f"{self._spill_dir}/s{shard:05d}-{uuid.uuid4().hex}", piece)
+                    path = temp_path(self._spill_dir, f"piece-{shard:05d}", _SPILLED)
+                    yield shard, _write_array(path, piece)
             start = end
 
 
 def _write_array(path: str, array: pa.Array) -> str:
-    """Writes an Arrow array as an IPC stream (a fresh name: a retried step writes its own)."""
+    """Writes an Arrow array as an IPC stream (a fresh name: a retried step writes its own);
+    a failure deletes the file before it propagates."""
     batch = pa.RecordBatch.from_arrays([array], names=["a"])
-    with FileSystems.create(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
-        with pa.ipc.new_stream(f, batch.schema) as writer:
-            writer.write_batch(batch)
+    try:
+        with FileSystems.create(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
+            with pa.ipc.new_stream(f, batch.schema) as writer:
+                writer.write_batch(batch)
+    except BaseException:
+        abandon(path)
+        raise
     return path
 
 
@@ -178,7 +186,8 @@ class _SpillFn(beam.DoFn):
     def process(self, keyed: tuple[Any, pa.Array]) -> Iterator[tuple[Any, tuple[str, int]]]:
         key, records = keyed
         if len(records):
-            yield key, (_write_array(f"{self._spill_dir}/b-{uuid.uuid4().hex}", records), len(records))
+            path = temp_path(self._spill_dir, "batch", _SPILLED)
+            yield key, (_write_array(path, records), len(records))
 
 
 def _count(keyed: tuple[Any, Any]) -> tuple[str, int, int]:
