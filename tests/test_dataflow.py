@@ -149,7 +149,7 @@ def test_dataflow_dry_run_with_tensorflow_transform(parquet_source: str, tmp_pat
     assert p.run().state == "DONE"
     names = {t.unique_name for t in p.runner.proto_pipeline.components.transforms.values()}
     for label in [
-        "Preprocess/Decode",
+        "Preprocess/AsTftInput",
         "Preprocess/Only[train]",
         "Preprocess/Analyze",
         "Preprocess/Transform",

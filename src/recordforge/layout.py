@@ -1,19 +1,19 @@
 """Where everything of a bundle lives: the one place that names the files and folders of an output.
 
-    {output}/
-      metadata.json          the commit point: the published version and its shards (paths
-                             relative to {output}); replaced atomically by each publish
-      _SUCCESS               written after the first commit; never removed by a rebuild
-      feature_spec.json ...  copies of the published version's small files, for convenience
-      v-<time>-<id>/         one version: everything one run wrote, never modified once published
-        data-SSSSS-of-NNNNN.tfrecord[.gz|.deflate]   (or {split}/{split}-SSSSS-of-NNNNN...)
-        _rejected/  transform_fn/  transformed_metadata/  metadata/
-        schema.pbtxt  schema.yaml  feature_spec.json  [raw_feature_spec.json]  metadata.json
-        croissant.json  [dataset_info.json  features.json  label_id.labels.txt]   (TFDS, Croissant)
-      _recordforge/
-        lock                 held by the one run writing this output
-        runs/<version>       a run's journal entry, written before its version folder: the
-                             record that RecordForge made that folder, so it may delete it
+{output}/
+  metadata.json          the commit point: the published version and its shards (paths
+                         relative to {output}); replaced atomically by each publish
+  _SUCCESS               written after the first commit; never removed by a rebuild
+  feature_spec.json ...  copies of the published version's small files, for convenience
+  v-<time>-<id>/         one version: everything one run wrote, never modified once published
+    data-SSSSS-of-NNNNN.tfrecord[.gz|.deflate]   (or {split}/{split}-SSSSS-of-NNNNN...)
+    _rejected/  transform_fn/  transformed_metadata/  metadata/
+    schema.pbtxt  schema.yaml  feature_spec.json  [raw_feature_spec.json]  metadata.json
+    croissant.json  [dataset_info.json  features.json  label_id.labels.txt]   (TFDS, Croissant)
+  _recordforge/
+    lock                 held by the one run writing this output
+    runs/<version>       a run's journal entry, written before its version folder: the
+                         record that RecordForge made that folder, so it may delete it
 """
 
 from __future__ import annotations
@@ -40,6 +40,8 @@ __all__ = [
     "TRANSFORM_FILES",
     "TRANSFORMED_SCHEMA",
     "STATE_DIR",
+    "SHARD_TEMPLATE",
+    "TEMP_DIR_PREFIX",
     "RAW_METADATA",
     "TRANSFORM_FN",
     "TRANSFORMED_METADATA",
@@ -68,6 +70,11 @@ TRANSFORMED_SCHEMA = f"{TRANSFORMED_METADATA}/schema.pbtxt"
 # Written by tensorflow-transform's own writers when the run had transforms.
 TRANSFORM_FILES = (f"{TRANSFORM_FN}/saved_model.pb", TRANSFORMED_SCHEMA, f"{RAW_METADATA}/schema.pbtxt")
 STATE_DIR = "_recordforge"
+# Working files of a run's writers and of tensorflow-transform, in its version folder, deleted
+# before it is published: `_tmp-<hex>/` (not hidden, so a crashed run's leftovers are visible).
+TEMP_DIR_PREFIX = "_tmp-"
+# How shards are numbered, in Beam's shard_name_template spelling: data-00003-of-00008.
+SHARD_TEMPLATE = "-SSSSS-of-NNNNN"
 # Catalog metadata (schemas/tfds_metadata.py, schemas/croissant.py). Their paths are relative to
 # the output, so readers are handed the output folder and read the top-level copies.
 CROISSANT = "croissant.json"

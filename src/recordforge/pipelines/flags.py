@@ -195,8 +195,10 @@ FLAGS: tuple[Flag, ...] = (
     Flag(
         "sink",
         "fast (default): RecordForge's writer, whole batches framed at once and deflated with "
-        "ISA-L; beam: beam.io.WriteToTFRecord, one element per record, kept only to compare "
-        "against in benchmarks.",
+        "ISA-L, its temporary files published into place together. beam: "
+        "beam.io.WriteToTFRecord, one element per record, with Beam's own temporary files; kept "
+        "only as a benchmark comparison, not a supported output path (it does not combine with "
+        "--deterministic, --shuffle, --splits, --shard_size or --records_per_shard).",
         True,
         "Sink",
         "^(fast|beam)$",

@@ -16,8 +16,8 @@ from typing import Any
 import apache_beam as beam
 import pyarrow as pa
 
+from recordforge.layout import SHARD_TEMPLATE
 from recordforge.tfrecord import Compression, ShardInfo, describe_shard
-from recordforge.transforms.shard_files import SHARD_TEMPLATE
 
 __all__ = ["write_with_beam"]
 

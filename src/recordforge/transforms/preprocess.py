@@ -28,7 +28,7 @@ import pyarrow.compute as pc
 
 from recordforge.arrays import binary_array, binary_parts, drop_hidden_values, list_offsets
 from recordforge.encoding import ExampleEncoder
-from recordforge.layout import RAW_METADATA
+from recordforge.layout import RAW_METADATA, TEMP_DIR_PREFIX
 from recordforge.schemas.model import NullPolicy
 from recordforge.schemas.plan import Plan, value_type
 from recordforge.schemas.preprocessing import (
@@ -239,7 +239,7 @@ class _AnalyzeAndTransform(beam.PTransform):
         self.output_plan: Plan | None = None
         # TFT's working files (the transform_fn TransformDataset loads lives here too): deleted
         # by the bundle step, once every shard is written.
-        self.temp_dir = f"{self._output}/_tmp-{uuid.uuid4().hex}"
+        self.temp_dir = f"{self._output}/{TEMP_DIR_PREFIX}{uuid.uuid4().hex}"
 
     def expand(self, examples: beam.PCollection) -> dict[str, beam.PCollection]:
         import tensorflow_transform.beam as tft_beam

@@ -14,7 +14,7 @@ from typing import Any
 import apache_beam as beam
 import pyarrow as pa
 
-from recordforge.layout import REJECTED_DIR
+from recordforge.layout import REJECTED_DIR, SHARD_TEMPLATE
 from recordforge.transforms.conform import BadRow
 
 __all__ = ["decode_value", "encode_value", "REJECTED_DIR", "rejected_line", "source_record", "WriteRejected"]
@@ -118,5 +118,5 @@ class WriteRejected(beam.PTransform):
 
     def expand(self, lines: beam.PCollection[str]) -> beam.PCollection[str]:
         return lines | "Write" >> beam.io.WriteToText(
-            self._prefix, file_name_suffix=".jsonl", shard_name_template="-SSSSS-of-NNNNN"
+            self._prefix, file_name_suffix=".jsonl", shard_name_template=SHARD_TEMPLATE
         )

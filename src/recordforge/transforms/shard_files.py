@@ -28,13 +28,13 @@ from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
 from recordforge.arrays import binary_parts
+from recordforge.layout import TEMP_DIR_PREFIX
 from recordforge.storage import delete_tree, exists
 from recordforge.streams import HashingFile, Segment, StreamWriter
 from recordforge.tfrecord import ShardInfo, frame_records
 
 __all__ = [
     "PART",
-    "SHARD_TEMPLATE",
     "ShardFiles",
     "TempShard",
     "abandon",
@@ -47,9 +47,6 @@ __all__ = [
 
 _LOGGER = logging.getLogger(__name__)
 PART = ".part"  # a temporary shard or part of one (spilled batches are ".arrow")
-TEMP_DIR = "_tmp-"  # under the shards' folder, not hidden: a crashed run's leftovers are visible
-# `ShardFiles.final`'s pattern in Beam's shard_name_template spelling (beam_sink.py).
-SHARD_TEMPLATE = "-SSSSS-of-NNNNN"
 
 
 def shard_prefix(folder: str, name: str = "data") -> str:
@@ -141,9 +138,10 @@ class ShardFiles:
     def beside(cls, prefix: str, suffix: str) -> ShardFiles:
         """Shards named `prefix...suffix`, with a fresh temporary folder in their folder."""
         folder = prefix.rsplit("/", 1)[0]
-        return cls(prefix, suffix, f"{folder}/{TEMP_DIR}{uuid.uuid4().hex[:12]}")
+        return cls(prefix, suffix, f"{folder}/{TEMP_DIR_PREFIX}{uuid.uuid4().hex[:12]}")
 
     def final(self, shard: int, count: int) -> str:
+        """`{prefix}-SSSSS-of-NNNNN{suffix}` (layout.SHARD_TEMPLATE)."""
         return f"{self.prefix}-{shard:05d}-of-{count:05d}{self.suffix}"
 
     def temp(self, kind: str, ext: str = PART) -> str:
