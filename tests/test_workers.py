@@ -4,6 +4,7 @@ fail the run as loudly, and leave no process behind."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -13,9 +14,10 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 
 from recordforge.pipelines.convert import run
-from recordforge.pipelines.workers import LocalRunner
+from recordforge.pipelines.local_runner import LocalRunner
 from recordforge.tfrecord import iter_records
 
 TWO_WORKERS = ["--direct_running_mode=multi_processing", "--direct_num_workers=2"]
@@ -105,7 +107,7 @@ def test_with_other_threads_running_workers_start_fresh(parquet_source: str, tmp
     busy.start()
     args = ["--source", parquet_source, "--batch_size", "128"]
     try:
-        with caplog.at_level("INFO", logger="recordforge.pipelines.workers"):
+        with caplog.at_level("INFO", logger="recordforge.pipelines.local_runner"):
             run([*args, "--output", str(tmp_path / "two"), *TWO_WORKERS])
     finally:
         stop.set()
@@ -129,3 +131,50 @@ def test_bundles_sample_their_state_promptly_and_the_swap_is_undone() -> None:
     with beam.Pipeline(runner=LocalRunner()) as p:
         assert_that(p | beam.Create([0]) | beam.Map(_sampling_period), equal_to([20]))
     assert statesampler.StateSampler is original
+
+
+def _seen_by_a_worker(_: object) -> tuple[int, bool]:
+    from recordforge.transforms.sharing import SHARED_WORK_ENV
+
+    return _sampling_period(_), bool(os.environ.get(SHARED_WORK_ENV))
+
+
+def _warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+
+
+@pytest.mark.parametrize(
+    ("broken", "expected"),
+    [
+        (None, (20, True)),  # every feature: one in-process worker has a claims folder too
+        ("version", (200, False)),  # another Beam: Beam's FnApiRunner as it is
+        ("sampler", (200, True)),  # assumption 5 broken: Beam's own sampler, the rest kept
+        ("repeat", (20, False)),  # bundles replayed before they run: no claims (assumption 6)
+    ],
+)
+def test_a_feature_whose_assumption_fails_is_left_to_beam_with_one_log_line(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, broken: str | None, expected: tuple
+) -> None:
+    import apache_beam as beam
+    from apache_beam.options.pipeline_options import PipelineOptions
+    from apache_beam.testing.util import assert_that, equal_to
+
+    from recordforge.pipelines import local_runner
+
+    flags = []
+    if broken == "version":
+        monkeypatch.setattr(local_runner, "BEAM_VERSION", "1.0")
+    elif broken == "sampler":
+        monkeypatch.setitem(local_runner._RUN_TIME_CHECKS, 5, lambda: "StateSampler.__init__ takes []")
+    elif broken == "repeat":
+        flags = ["--direct_runner_bundle_repeat=1"]
+    with caplog.at_level("INFO", logger="recordforge.pipelines.local_runner"):
+        with beam.Pipeline(runner=LocalRunner(), options=PipelineOptions(flags)) as p:
+            assert_that(p | beam.Create([0]) | beam.Map(_seen_by_a_worker), equal_to([expected]))
+    warnings = _warnings(caplog)
+    if broken is None:
+        assert warnings == []
+    else:
+        assert len(warnings) == 1, warnings
+        number = {"version": 1, "sampler": 5, "repeat": 6}[broken]
+        assert f"assumption {number}: " in warnings[0] and "local_runner" in warnings[0]

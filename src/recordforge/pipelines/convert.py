@@ -44,6 +44,7 @@ from recordforge.errors import RecordForgeError
 from recordforge.layout import new_version, version_root
 from recordforge.pipelines.config import ConvertConfig, parse_splits
 from recordforge.pipelines.inputs import Inputs, input_fingerprint, resolve_inputs
+from recordforge.pipelines.local_runner import LocalRunner
 from recordforge.pipelines.options import ConvertOptions
 from recordforge.pipelines.progress import Watch
 from recordforge.pipelines.publishing import (
@@ -54,7 +55,6 @@ from recordforge.pipelines.publishing import (
     check_state,
     read_state,
 )
-from recordforge.pipelines.workers import LocalRunner
 from recordforge.schemas import Plan
 from recordforge.storage import is_local, list_files
 from recordforge.transforms.bundle import BundleSpec, RunFacts, WriteBundle, rule_of
@@ -77,8 +77,8 @@ _LOGGER = logging.getLogger(__name__)
 
 # Beam's FnApiRunner (what DirectRunner ends up using for batch pipelines, without first trying,
 # and offline failing, to download the Prism runner binary), with multi_processing workers that
-# are forked rather than started from scratch (pipelines/workers.py).
-DEFAULT_RUNNER = "recordforge.pipelines.workers.LocalRunner"
+# are forked rather than started from scratch (pipelines/local_runner.py).
+DEFAULT_RUNNER = "recordforge.pipelines.local_runner.LocalRunner"
 
 
 def build(

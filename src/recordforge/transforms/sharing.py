@@ -13,7 +13,7 @@ made at run time (a stage of its own before the reads). It claims an item before
 when its own part is done (`finish_bundle`), it claims and reads the items no worker has started,
 from the end of the list, and then takes the unread tail of items still being read
 (`SharedItemsFn.steal`). Claims are files created with O_EXCL in a folder that the
-runner (`pipelines/workers.py`) makes for the run and names in the environment: atomic between
+runner (`pipelines/local_runner.py`) makes for the run and names in the environment: atomic between
 processes on one machine, whatever started them. Without that folder (in-process runs,
 Dataflow) every worker simply reads its own part.
 
@@ -31,14 +31,28 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 import apache_beam as beam
-from apache_beam.transforms.window import GlobalWindow
-from apache_beam.utils.timestamp import MIN_TIMESTAMP
-from apache_beam.utils.windowed_value import WindowedValue
+from apache_beam.transforms.window import GlobalWindows
 
-__all__ = ["SHARED_WORK_ENV", "Claims", "SharedItemsFn", "check_workers", "spread", "SPREAD", "SHARE", "ONE"]
+__all__ = [
+    "SHARED_WORK_ENV",
+    "Claims",
+    "SharedItemsFn",
+    "WorkSharingRunner",
+    "check_workers",
+    "spread",
+    "SPREAD",
+    "SHARE",
+    "ONE",
+]
 
-# The folder of this run's claims; set by LocalRunner for multi-process runs only.
+# The folder of this run's claims; set by the local runner for its runs.
 SHARED_WORK_ENV = "RECORDFORGE_SHARED_WORK"
+
+
+class WorkSharingRunner:
+    """A runner that names a fresh claims folder in `SHARED_WORK_ENV` for every run, inherited by
+    its workers, which run on the driver's machine with the driver's memory (in its process, or
+    forked from it)."""
 
 
 class Claims:
@@ -75,9 +89,9 @@ def _windowed(outputs: Iterable[Any]) -> Iterator[Any]:
     # finish_bundle's outputs carry their window explicitly; the pipeline is globally windowed.
     for out in outputs:
         if isinstance(out, beam.pvalue.TaggedOutput):
-            yield beam.pvalue.TaggedOutput(out.tag, WindowedValue(out.value, MIN_TIMESTAMP, [GlobalWindow()]))
+            yield beam.pvalue.TaggedOutput(out.tag, GlobalWindows.windowed_value(out.value))
         else:
-            yield WindowedValue(out, MIN_TIMESTAMP, [GlobalWindow()])
+            yield GlobalWindows.windowed_value(out)
 
 
 class SharedItemsFn(beam.DoFn):

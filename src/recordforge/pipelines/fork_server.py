@@ -1,0 +1,189 @@
+"""A fork server: a forked copy of this process that forks workers on request over a Unix socket.
+
+Knows nothing of Beam: the local runner (local_runner.py) hands it the function a worker runs and
+sends it each worker's environment. A worker's exit status comes back on the socket its request
+came in on, so that the requester can watch it as it would watch a child process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import shutil
+import signal
+import socket
+import struct
+import sys
+import tempfile
+import traceback
+from collections.abc import Callable
+
+from recordforge.pipelines.lease import quiet_heartbeats
+from recordforge.pipelines.progress import quiet_watches
+
+__all__ = ["ForkServer", "private_temp_dir", "request_worker"]
+
+# What a worker runs: given its environment, it returns normally (status 0) or raises (status 1).
+Work = Callable[[dict[str, str]], None]
+
+
+def private_temp_dir(prefix: str) -> str:
+    """A fresh temporary folder named after this process; first, the folders of this kind that a
+    process killed outright (kill -9 runs no cleanup) left behind are removed."""
+    base = tempfile.gettempdir()
+    for name in os.listdir(base):
+        pid = name[len(prefix) :].split("-", 1)[0]
+        if name.startswith(prefix) and pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(os.path.join(base, name), ignore_errors=True)
+    return tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
+def request_worker(socket_path: str, env: dict[str, str]) -> socket.socket:
+    """Asks the fork server at `socket_path` for a worker with environment `env`; the returned
+    socket yields the worker's exit status (one byte) when it ends."""
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    conn.connect(socket_path)
+    body = json.dumps(env).encode()
+    conn.sendall(struct.pack(">I", len(body)) + body)
+    return conn
+
+
+class ForkServer:
+    """A forked copy of this process, made on entry (before the caller starts threads that a
+    child could inherit mid-lock), that forks a worker running `work` for each request, in a
+    private temporary folder; stopped, with its workers waited for, on exit."""
+
+    def __init__(self, work: Work) -> None:
+        self._work = work
+
+    def __enter__(self) -> ForkServer:
+        self._dir = private_temp_dir("recordforge-workers-")
+        path = os.path.join(self._dir, "fork.sock")
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        listener.bind(path)
+        listener.listen(64)
+        parent = os.getpid()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        with quiet_heartbeats(), quiet_watches():
+            pid = os.fork()
+        if pid == 0:  # the fork server
+            code = 0
+            try:
+                _serve(listener, parent, self._work)
+            except BaseException:  # noqa: BLE001 - a child must never return into the parent
+                traceback.print_exc()
+                code = 1
+            finally:
+                os._exit(code)
+        listener.close()
+        self._pid = pid
+        self.path = path
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            os.kill(self._pid, signal.SIGTERM)
+            os.waitpid(self._pid, 0)
+        except (ProcessLookupError, ChildProcessError):
+            pass
+        shutil.rmtree(self._dir, ignore_errors=True)
+
+
+class _Stop(Exception):
+    pass
+
+
+def _stop(signum: int, frame: object) -> None:
+    raise _Stop
+
+
+def _serve(listener: socket.socket, parent: int, work: Work) -> None:
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    try:
+        _accept_loop(listener, parent, work)
+    except _Stop:
+        pass
+    # Wait for the workers (they end when their work does), so that none is left a zombie and
+    # their resource usage counts towards the parent's children.
+    try:
+        while True:
+            os.waitpid(-1, 0)
+    except ChildProcessError:
+        pass
+
+
+def _accept_loop(listener: socket.socket, parent: int, work: Work) -> None:
+    while os.getppid() == parent:  # gone with the parent, whatever way it ended
+        ready, _, _ = select.select([listener], [], [], 0.5)
+        _reap()
+        if not ready:
+            continue
+        conn, _ = listener.accept()
+        env = _receive_env(conn)
+        if env is None:
+            conn.close()
+            continue
+        if os.fork() == 0:
+            listener.close()
+            _run(conn, env, work)  # never returns
+        conn.close()
+
+
+def _reap() -> None:
+    try:
+        while os.waitpid(-1, os.WNOHANG)[0]:
+            pass
+    except ChildProcessError:
+        pass
+
+
+def _receive_env(conn: socket.socket) -> dict[str, str] | None:
+    head = _recv_exactly(conn, 4)
+    if head is None:
+        return None
+    body = _recv_exactly(conn, struct.unpack(">I", head)[0])
+    return None if body is None else json.loads(body)
+
+
+def _recv_exactly(conn: socket.socket, n: int) -> bytes | None:
+    chunks, got = [], 0
+    while got < n:
+        chunk = conn.recv(n - got)
+        if not chunk:
+            return None
+        chunks.append(chunk)
+        got += len(chunk)
+    return b"".join(chunks)
+
+
+def _run(conn: socket.socket, env: dict[str, str], work: Work) -> None:
+    """Runs `work` in this forked worker, reports its status, and leaves without interpreter
+    teardown (the parent's atexit hooks are not this process's)."""
+    status = 1
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the fork server's handler is not ours
+    try:
+        work(env)
+        status = 0
+    except BaseException:  # noqa: BLE001
+        traceback.print_exc()
+    finally:
+        try:
+            conn.sendall(bytes([status]))
+        except OSError:
+            pass
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(status)

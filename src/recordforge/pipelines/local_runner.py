@@ -1,0 +1,375 @@
+"""RecordForge's local runner: Beam's FnApiRunner with forked workers that share their input.
+
+This is the one module that relies on Beam's internals (the Dask runner, dask_runner.py, keeps
+its own list); each is listed below, and `tests/test_beam_assumptions.py` checks every one,
+naming it when a Beam upgrade breaks it.
+
+What LocalRunner adds to FnApiRunner (what DirectRunner uses for batch pipelines), three
+features that each rest on the assumptions named with them:
+
+- Work sharing, on every run: a fresh claims folder named in the environment (`SHARED_WORK_ENV`)
+  that the run's workers inherit, through which they share their input as they go
+  (transforms/sharing.py). A pipeline built for a `WorkSharingRunner` hands its reads' work items
+  to the workers without a Reshuffle, relying on these claims. Exactly once: every piece of work
+  is read only by the worker whose claim created its file, which holds only while no bundle is
+  ever run twice, so work sharing rests on FnApiRunner never retrying or replaying a bundle
+  (assumption 6); a run that could replay them gets no claims folder.
+- Forked workers, with `--direct_running_mode=multi_processing`: Beam starts each worker as a
+  fresh interpreter (`python -m apache_beam.runners.worker.sdk_worker_main`) that spends ~1.5 s
+  importing Beam and what its package pulls in before it can take work, and ~0.4 s tearing down
+  after; on a 2-core machine converting 1M rows that cancels what the second core gains. Here,
+  just before the job runs, the driver forks a fork server (fork_server.py: Beam, Arrow and
+  RecordForge already imported in it) and swaps the run's worker environment for one whose
+  handler has the fork server fork a worker that runs Beam's own worker main with the
+  environment Beam's subprocess handler would give it. A forked worker logs through the handlers
+  it inherited from the driver (no logging server). Forking is only safe while no other thread
+  could hold a lock the child inherits: the fork server is made only when the driver runs no
+  other Python thread and has not loaded TensorFlow (whose native thread pools do not survive a
+  fork); otherwise Beam's own worker command is used, with a log line saying why.
+- Prompt bundle ends: bundles sample their state every 20 ms instead of 200 ms, so that a long
+  bundle does not wait ~0.1 s at its end for the sampler's thread to wake up.
+
+Beam internals relied on, as found in apache-beam 2.77.0 (`BEAM_VERSION`):
+
+1. The version. On any other Beam minor version the run is Beam's FnApiRunner unchanged (no
+   claims folder, Beam's workers and sampler), with one log line: re-check each item below, run
+   tests/test_beam_assumptions.py, then change `BEAM_VERSION`.
+2. `FnApiRunner.run_pipeline(pipeline, options)` hands the pipeline proto to
+   `run_via_runner_api(proto, options)`, which makes the stages from the proto it is given; with
+   `direct_running_mode=multi_processing` the proto's default environment has urn
+   `python_urns.SUBPROCESS_SDK` and payload exactly `BEAM_WORKER_COMMAND`. (Forked workers; a
+   multi_processing run in which no environment matches runs Beam's command, with a log line.)
+3. `WorkerHandler.register_environment(urn, payload_type)` registers a handler class, which the
+   runner constructs as `cls(payload, state, provision_info, grpc_server)`;
+   `GrpcWorkerHandler.__init__(state, provision_info, grpc_server)` sets `control_address` and
+   `worker_id`; `provision_info.provision_info.pipeline_options` holds the options proto; the
+   runner calls `start_worker()` once and `stop_worker()` at the end. (Forked workers.)
+4. `sdk_worker_main.main(argv)` runs a worker from its environment: `CONTROL_API_SERVICE_DESCRIPTOR`
+   (a text-format ApiServiceDescriptor), `PIPELINE_OPTIONS` (JSON), `WORKER_ID`; without
+   `LOGGING_API_SERVICE_DESCRIPTOR` it logs through the process's own logging handlers (having
+   set the root logger's level to INFO); it returns once the runner closes the control channel;
+   it warns "No semi_persistent_directory found" (logger `apache_beam.runners.worker.
+   sdk_worker_main`) when there is no pickled main session, as in a forked worker, which needs
+   none: that line is filtered. (Forked workers.)
+5. The bundle processor makes its sampler as `statesampler.StateSampler(prefix,
+   counter_factory)`, looking the class up in the module for every bundle processor, and
+   `StateSampler.__init__(prefix, counter_factory, sampling_period_ms)`. (Prompt bundle ends.)
+6. FnApiRunner runs every bundle once: a failing bundle fails the run, and no bundle is retried.
+   `--direct_runner_bundle_repeat` replays each bundle (dry runs, outputs dropped) *before* it
+   runs it: a run with it gets no claims folder, as a replay's claims would hide items from the
+   real bundle. (Work sharing; exactly once.)
+7. With several workers, a stage's stored input is dealt out to them round robin (an Impulse's
+   one element to the first), and every worker runs a bundle for the stage, an empty one included,
+   whose `finish_bundle` runs: a worker given no items takes its share through the claims at the
+   end of its bundle. (Work sharing's speed: without it, one worker reads what a Create holds.)
+8. Beam's own subprocess workers inherit the driver's environment variables, so that workers
+   started as fresh processes see the claims folder too. (Work sharing's speed.)
+
+Every run starts with the checks that can be made then (`unmet_assumptions`: the version, the
+names and signatures of 2 to 5; the bundle repeat of 6; the worker command of 2): a feature
+whose assumption fails them is left to Beam for the run, with one log line naming the assumption.
+What cannot be checked then (how bundles are run and retried) holds for the version the tests
+checked, which is why a different version turns every feature off.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import logging
+import os
+import shutil
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import apache_beam as beam
+from apache_beam.options.pipeline_options import DirectOptions
+from apache_beam.runners.portability.fn_api_runner import FnApiRunner
+
+from recordforge.pipelines.fork_server import ForkServer, private_temp_dir, request_worker
+from recordforge.pipelines.lease import heartbeat_threads
+from recordforge.pipelines.progress import watch_threads
+from recordforge.transforms.sharing import SHARED_WORK_ENV, WorkSharingRunner
+
+__all__ = ["BEAM_VERSION", "BEAM_WORKER_COMMAND", "FORKED_WORKER_URN", "LocalRunner", "unmet_assumptions"]
+
+_LOGGER = logging.getLogger(__name__)
+
+# The Beam minor version whose internals were checked (see the module docstring).
+BEAM_VERSION = "2.77"
+# What FnApiRunner puts in the pipeline for multi_processing (assumption 2); matched exactly, so
+# that any other subprocess environment is left alone.
+BEAM_WORKER_COMMAND = f"{sys.executable} -m apache_beam.runners.worker.sdk_worker_main"
+# The environment LocalRunner swaps in: its payload is the fork server's socket path.
+FORKED_WORKER_URN = "recordforge:env:forked_python:v1"
+_SAMPLING_PERIOD_MS = 20
+
+# The features, and the assumptions (numbered as in the module docstring) each rests on.
+SHARING, FORKING, PROMPT_ENDS = "work sharing", "forked workers", "prompt bundle ends"
+_NEEDS = {SHARING: (1, 6, 7, 8), FORKING: (1, 2, 3, 4), PROMPT_ENDS: (1, 5)}
+
+
+class LocalRunner(WorkSharingRunner, FnApiRunner):
+    """Beam's FnApiRunner with work sharing on every run, forked workers in multi_processing mode
+    and prompt bundle ends (see the module): each where the Beam internals it rests on hold."""
+
+    def run_via_runner_api(self, pipeline_proto: Any, options: Any) -> Any:
+        envs = _beam_worker_envs(pipeline_proto)
+        features = _features(options, bool(envs))
+        with contextlib.ExitStack() as stack:
+            if PROMPT_ENDS in features:
+                stack.enter_context(_prompt_bundle_ends())
+            if SHARING in features:
+                stack.enter_context(_claims_folder())
+            if FORKING in features and envs:
+                unsafe = _fork_unsafe()
+                if unsafe:
+                    _LOGGER.info("multi_processing workers start as fresh processes: %s", unsafe)
+                else:
+                    _LOGGER.info("multi_processing workers are forked from the driver")
+                    _forked_handler()  # registered for FORKED_WORKER_URN
+                    server = stack.enter_context(ForkServer(_run_beam_worker))
+                    for env in envs:
+                        env.urn = FORKED_WORKER_URN
+                        env.payload = server.path.encode()
+            return super().run_via_runner_api(pipeline_proto, options)
+
+
+def unmet_assumptions() -> dict[int, str]:
+    """The assumptions that a check made when a run starts finds broken, with why."""
+    broken: dict[int, str] = {}
+    if not beam.__version__.startswith(BEAM_VERSION + "."):
+        broken[1] = f"Beam {beam.__version__} is installed, the checks were made on {BEAM_VERSION}"
+    for number, check in _RUN_TIME_CHECKS.items():
+        try:
+            why = check()
+        except Exception as exn:  # noqa: BLE001 - a missing module or name is a broken assumption
+            why = f"{type(exn).__name__}: {exn}"
+        if why:
+            broken[number] = why
+    return broken
+
+
+def _features(options: Any, beam_worker_envs: bool) -> set[str]:
+    """The features this run gets (`beam_worker_envs`: whether its proto holds environments that
+    run Beam's worker command); one log line for those left to Beam, and why."""
+    broken = unmet_assumptions()
+    features = {f for f, needs in _NEEDS.items() if not broken.keys() & set(needs)}
+    reasons = [f"assumption {n}: {why}" for n, why in sorted(broken.items())]
+    repeat = options.view_as(DirectOptions).direct_runner_bundle_repeat
+    if SHARING in features and repeat:
+        features.discard(SHARING)
+        reasons.append(f"assumption 6: --direct_runner_bundle_repeat={repeat} replays bundles")
+    multi_processing = options.view_as(DirectOptions).direct_running_mode == "multi_processing"
+    if multi_processing and FORKING in features and not beam_worker_envs:
+        features.discard(FORKING)
+        reasons.append(f"assumption 2: no worker environment runs {BEAM_WORKER_COMMAND!r}")
+    if reasons:
+        left = ", ".join(sorted(set(_NEEDS) - features))
+        _LOGGER.warning(
+            "local runner: %s left to Beam (%s); see the assumptions in %s",
+            left,
+            "; ".join(reasons),
+            __name__,
+        )
+    return features
+
+
+def _beam_worker_envs(pipeline_proto: Any) -> list[Any]:
+    """The environments that run Beam's worker command (assumption 2)."""
+    try:
+        from apache_beam.portability import python_urns
+    except ImportError:
+        return []
+
+    return [
+        env
+        for env in pipeline_proto.components.environments.values()
+        if env.urn == python_urns.SUBPROCESS_SDK and env.payload == BEAM_WORKER_COMMAND.encode()
+    ]
+
+
+def _check_worker_handlers() -> str:
+    from apache_beam.runners.portability.fn_api_runner.worker_handlers import GrpcWorkerHandler, WorkerHandler
+
+    if not callable(getattr(WorkerHandler, "register_environment", None)):
+        return "WorkerHandler.register_environment is gone"
+    params = list(inspect.signature(GrpcWorkerHandler.__init__).parameters)
+    if params != ["self", "state", "provision_info", "grpc_server"]:
+        return f"GrpcWorkerHandler.__init__ takes {params}"
+    return ""
+
+
+def _check_worker_main() -> str:
+    from apache_beam.runners.worker import sdk_worker_main
+
+    return "" if callable(getattr(sdk_worker_main, "main", None)) else "sdk_worker_main.main is gone"
+
+
+def _check_sampler() -> str:
+    from apache_beam.runners.worker import statesampler
+
+    params = list(inspect.signature(statesampler.StateSampler.__init__).parameters)
+    if params[:4] != ["self", "prefix", "counter_factory", "sampling_period_ms"]:
+        return f"StateSampler.__init__ takes {params}"
+    return ""
+
+
+def _check_runner() -> str:
+    # Looked up on Beam's class: LocalRunner's own override would always be found.
+    if not callable(vars(FnApiRunner).get("run_via_runner_api")):
+        return "FnApiRunner.run_via_runner_api is gone"
+    return ""
+
+
+_RUN_TIME_CHECKS: dict[int, Callable[[], str]] = {
+    2: _check_runner,
+    3: _check_worker_handlers,
+    4: _check_worker_main,
+    5: _check_sampler,
+}
+
+
+@contextlib.contextmanager
+def _prompt_bundle_ends() -> Iterator[None]:
+    # Beam's bundle processor looks the class up in the module each time it makes a sampler
+    # (assumption 5); forked workers inherit the swap.
+    from apache_beam.runners.worker import statesampler
+
+    original = statesampler.StateSampler
+
+    class _PromptStateSampler(original):  # type: ignore[misc, valid-type]
+        """Beam's state sampler, sampling every 20 ms at most rather than 200 ms. Ending a bundle
+        joins the sampler's thread, which first finishes its current sleep: ~0.1 s at the end of
+        every long bundle (the conversion stage is one per worker), 2-4% of a 1M-row run. Finer
+        sampling costs ~50 wake-ups a second of a thread that holds no GIL."""
+
+        def __init__(self, prefix: str, counter_factory: Any, sampling_period_ms: int = 200) -> None:
+            super().__init__(prefix, counter_factory, min(sampling_period_ms, _SAMPLING_PERIOD_MS))
+
+    statesampler.StateSampler = _PromptStateSampler
+    try:
+        yield
+    finally:
+        statesampler.StateSampler = original
+
+
+@contextlib.contextmanager
+def _claims_folder() -> Iterator[None]:
+    """A claims folder for the run's workers (transforms/sharing.py), named in the environment
+    that they inherit, removed with its claims when the run ends."""
+    folder = private_temp_dir("recordforge-claims-")
+    previous = os.environ.get(SHARED_WORK_ENV)
+    os.environ[SHARED_WORK_ENV] = folder
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop(SHARED_WORK_ENV, None)
+        else:
+            os.environ[SHARED_WORK_ENV] = previous
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _fork_unsafe() -> str | None:
+    """Why forking this process now could hang a worker, or None when it is safe."""
+    others = set(threading.enumerate()) - {threading.current_thread()} - heartbeat_threads() - watch_threads()
+    if others:
+        # Another thread may hold a lock (gRPC's, logging's) that the child would inherit held.
+        # An output lease's heartbeat and the progress line are the exceptions: the fork is made
+        # in quiet_heartbeats() and quiet_watches().
+        return "this process already runs other threads"
+    if "tensorflow" in sys.modules:
+        # TensorFlow starts native thread pools that a forked child cannot use (TFT pipelines).
+        return "TensorFlow is loaded in this process"
+    return None
+
+
+_handler_class: type | None = None
+
+
+def _forked_handler() -> type:
+    """Beam's handler for one worker of the forked environment (assumption 3), registered on
+    first use: what Beam's subprocess handler does (the worker's environment, its exit status
+    watched on a thread), with the fork server in place of a shell and a client interpreter, and
+    no logging server."""
+    global _handler_class
+    if _handler_class is not None:
+        return _handler_class
+    from apache_beam.portability.api import endpoints_pb2
+    from apache_beam.runners.portability.fn_api_runner.worker_handlers import GrpcWorkerHandler, WorkerHandler
+    from google.protobuf import json_format, text_format
+
+    class _ForkedWorkerHandler(GrpcWorkerHandler):  # type: ignore[misc, valid-type]
+        def __init__(self, socket_path: bytes, state: Any, provision_info: Any, grpc_server: Any) -> None:
+            super().__init__(state, provision_info, grpc_server)
+            self._socket_path = socket_path.decode()
+            self._watcher: threading.Thread | None = None
+
+        def start_worker(self) -> None:
+            env = dict(
+                os.environ,
+                CONTROL_API_SERVICE_DESCRIPTOR=text_format.MessageToString(
+                    endpoints_pb2.ApiServiceDescriptor(url=self.control_address)
+                ),
+                PIPELINE_OPTIONS=json_format.MessageToJson(
+                    self.provision_info.provision_info.pipeline_options
+                ),
+                WORKER_ID=self.worker_id,
+            )
+            conn = request_worker(self._socket_path, env)
+            self._watcher = threading.Thread(
+                target=_watch, args=(conn, self.worker_id), name=f"forked_{self.worker_id}"
+            )
+            self._watcher.start()
+
+        def stop_worker(self) -> None:
+            if self._watcher is not None:
+                self._watcher.join()
+
+    _handler_class = WorkerHandler.register_environment(FORKED_WORKER_URN, bytes)(_ForkedWorkerHandler)
+    return _handler_class
+
+
+def _watch(conn: Any, worker_id: str) -> None:
+    with conn:
+        status = conn.recv(1)  # blocks while the worker runs
+    if not status or status[0]:
+        # As Beam's subprocess handler: the runner learns of a lost worker from its control
+        # channel; this names the process side of it.
+        _LOGGER.error(
+            "forked Beam worker %s ended %s",
+            worker_id,
+            "without a status" if not status else f"with status {status[0]}",
+        )
+
+
+class _NoMainSession(logging.Filter):
+    """Drops Beam's warning that a worker found no pickled main session to load (assumption 4):
+    a forked worker has the driver's whole memory, so there is none to load, and the warning
+    would come on every run from every worker."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("No semi_persistent_directory found")
+
+
+def _run_beam_worker(env: dict[str, str]) -> None:
+    """In a forked worker: Beam's SDK harness with the runner's environment for this worker."""
+    # The worker logs through the driver's handlers, at what the driver shows (RecordForge's own
+    # INFO lines with --debug): Beam's harness lowers the root logger's level to its own default
+    # (INFO) while it starts.
+    root = logging.getLogger()
+    driver = root.getEffectiveLevel()
+    shown = min(driver, logging.getLogger("recordforge").getEffectiveLevel())
+    for handler in root.handlers:
+        handler.setLevel(max(handler.level, shown))
+    beam_logger = logging.getLogger("apache_beam")
+    beam_logger.setLevel(beam_logger.getEffectiveLevel() if beam_logger.level else driver)
+    logging.getLogger("apache_beam.runners.worker.sdk_worker_main").addFilter(_NoMainSession())
+    os.environ.clear()
+    os.environ.update(env)
+    from apache_beam.runners.worker import sdk_worker_main
+
+    sdk_worker_main.main([])

@@ -1,0 +1,278 @@
+"""Each Beam internal that RecordForge's local runner relies on still holds (pipelines/local_runner.py
+lists them, numbered as the tests here): after a Beam upgrade, the test that fails names the
+assumption that no longer holds, and the feature that rests on it."""
+
+from __future__ import annotations
+
+import inspect
+import json
+import os
+import re
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import apache_beam as beam
+import pytest
+from apache_beam.options.pipeline_options import PipelineOptions
+from apache_beam.runners.portability.fn_api_runner import FnApiRunner
+from apache_beam.testing.util import assert_that, equal_to
+
+from recordforge.pipelines import local_runner
+from recordforge.pipelines.local_runner import BEAM_VERSION, BEAM_WORKER_COMMAND, unmet_assumptions
+
+
+def _assumption(number: int) -> str:
+    """Assumption `number` as the local runner's module docstring states it."""
+    doc = local_runner.__doc__ or ""
+    found = re.search(rf"^{number}\. (.*?)(?=^\d+\. |^\S|\Z)", doc, re.M | re.S)
+    assert found, f"local_runner's docstring lists no assumption {number}"
+    return " ".join(found.group(1).split())
+
+
+def _check(number: int, holds: bool, detail: object = "") -> None:
+    assert holds, (
+        f"Beam {beam.__version__}: assumption {number} of recordforge/pipelines/local_runner.py no "
+        f"longer holds ({detail}): {_assumption(number)}"
+    )
+
+
+def test_every_assumption_is_listed_with_the_features_resting_on_it() -> None:
+    numbers = sorted({n for needs in local_runner._NEEDS.values() for n in needs})
+    assert numbers == list(range(1, 9))
+    for number in numbers:
+        assert _assumption(number)
+
+
+def test_1_the_beam_version_is_the_one_checked() -> None:
+    _check(1, beam.__version__.startswith(BEAM_VERSION + "."), f"BEAM_VERSION is {BEAM_VERSION}")
+
+
+def test_the_checks_made_when_a_run_starts_pass() -> None:
+    for number, why in unmet_assumptions().items():
+        _check(number, False, why)
+
+
+class _Captured(Exception):
+    pass
+
+
+class _ProtoCatcher(FnApiRunner):
+    """Beam's runner, stopped where the local runner takes over: at run_via_runner_api."""
+
+    proto: Any = None
+
+    def run_via_runner_api(self, pipeline_proto: Any, options: Any) -> Any:
+        type(self).proto = pipeline_proto
+        raise _Captured
+
+
+def test_2_the_runner_hands_over_the_proto_with_beams_worker_command() -> None:
+    from apache_beam.portability import python_urns
+
+    options = PipelineOptions(["--direct_running_mode=multi_processing", "--direct_num_workers=2"])
+    p = beam.Pipeline(runner=_ProtoCatcher(), options=options)
+    _ = p | beam.Create([1, 2]) | beam.Map(str)
+    try:
+        p.run()
+    except _Captured:
+        pass
+    proto = _ProtoCatcher.proto
+    _check(2, proto is not None, "FnApiRunner.run_pipeline did not call run_via_runner_api")
+    envs = [(e.urn, e.payload) for e in proto.components.environments.values()]
+    _check(2, (python_urns.SUBPROCESS_SDK, BEAM_WORKER_COMMAND.encode()) in envs, envs)
+
+
+# A fresh interpreter (the only kind in which the runner forks) runs a two-worker pipeline on the
+# local runner; its workers write which process handled each element and log a warning.
+_FORKED_RUN = textwrap.dedent(
+    """
+    import json, logging, os, sys
+    import apache_beam as beam
+    from apache_beam.options.pipeline_options import PipelineOptions
+    from recordforge.pipelines.local_runner import LocalRunner
+
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger("recordforge").setLevel(logging.INFO)
+    folder = sys.argv[1]
+
+    def mark(x):
+        if x == 0:
+            logging.getLogger("recordforge.probe").warning("a worker's warning")
+        with open(os.path.join(folder, str(x)), "w") as f:
+            f.write(str(os.getpid()))
+        return x
+
+    options = PipelineOptions(["--direct_running_mode=multi_processing", "--direct_num_workers=2"])
+    with beam.Pipeline(runner=LocalRunner(), options=options) as p:
+        _ = p | beam.Create(list(range(20))) | beam.Reshuffle() | beam.Map(mark)
+    print(json.dumps({"driver": os.getpid()}))
+    """
+)
+
+
+@pytest.fixture(scope="module")
+def forked_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    folder = tmp_path_factory.mktemp("forked")
+    proc = subprocess.run(
+        [sys.executable, "-c", _FORKED_RUN, str(folder)], capture_output=True, text=True, timeout=300
+    )
+    pids = {int(p.name): int(p.read_text()) for p in folder.iterdir()}
+    driver = json.loads(proc.stdout.splitlines()[-1])["driver"] if proc.returncode == 0 else None
+    return {"returncode": proc.returncode, "stderr": proc.stderr, "pids": pids, "driver": driver}
+
+
+def test_3_forked_workers_run_through_beams_worker_handlers(forked_run: dict[str, Any]) -> None:
+    from apache_beam.runners.portability.fn_api_runner.worker_handlers import GrpcWorkerHandler, WorkerHandler
+
+    _check(3, callable(getattr(WorkerHandler, "register_environment", None)), "no register_environment")
+    params = list(inspect.signature(GrpcWorkerHandler.__init__).parameters)
+    _check(3, params == ["self", "state", "provision_info", "grpc_server"], params)
+    stderr = forked_run["stderr"]
+    _check(3, forked_run["returncode"] == 0, stderr[-3000:])
+    _check(3, "workers are forked from the driver" in stderr, stderr[-3000:])
+    pids = forked_run["pids"]
+    _check(3, sorted(pids) == list(range(20)), f"elements handled: {sorted(pids)}")
+    _check(3, forked_run["driver"] not in pids.values(), "an element was handled in the driver")
+
+
+def test_4_a_forked_worker_runs_beams_worker_main_and_logs_through_the_drivers_handlers(
+    forked_run: dict[str, Any],
+) -> None:
+    from apache_beam.runners.worker import sdk_worker_main
+
+    source = inspect.getsource(sdk_worker_main)
+    for name in (
+        "CONTROL_API_SERVICE_DESCRIPTOR",
+        "PIPELINE_OPTIONS",
+        "WORKER_ID",
+        "LOGGING_API_SERVICE_DESCRIPTOR",
+    ):
+        _check(4, name in source, f"sdk_worker_main reads no {name}")
+    _check(4, "No semi_persistent_directory found" in source, "the no-main-session warning changed")
+    stderr = forked_run["stderr"]
+    _check(4, forked_run["returncode"] == 0, stderr[-3000:])
+    warning = "WARNING recordforge.probe: a worker's warning"
+    _check(4, stderr.count(warning) == 1, f"the worker's warning came {stderr.count(warning)} times")
+    for noise in ("semi_persistent", "sdk harness starting", "Worker: severity"):
+        _check(4, noise not in stderr, f"{noise!r} in the driver's log")
+
+
+def test_5_bundle_processors_make_their_sampler_by_looking_the_class_up(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from apache_beam.runners.worker import statesampler
+
+    params = list(inspect.signature(statesampler.StateSampler.__init__).parameters)
+    _check(5, params[:4] == ["self", "prefix", "counter_factory", "sampling_period_ms"], params)
+    made: list[tuple] = []
+
+    class Recording(statesampler.StateSampler):  # type: ignore[misc, valid-type]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            made.append((args, kwargs))
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(statesampler, "StateSampler", Recording)
+    with beam.Pipeline(runner=FnApiRunner()) as p:
+        assert_that(p | beam.Create([1]) | beam.Map(str), equal_to(["1"]))
+    _check(5, bool(made), "no bundle processor made its sampler through statesampler.StateSampler")
+    _check(5, all(len(args) == 2 and not kwargs for args, kwargs in made), made[:2])
+
+
+class _Attempts(beam.DoFn):
+    """Appends each element it is given to a file; fails on `fail`."""
+
+    def __init__(self, path: str, fail: int | None) -> None:
+        self._path = path
+        self._fail = fail
+
+    def process(self, x: int) -> Any:
+        with open(self._path, "a") as f:
+            f.write(f"{x}\n")
+        if x == self._fail:
+            raise ValueError(f"element {x} fails")
+        yield x
+
+
+def _attempts(path: Path) -> list[int]:
+    return sorted(int(line) for line in path.read_text().split()) if path.exists() else []
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_6_every_bundle_runs_once_and_a_failing_one_fails_the_run(tmp_path: Path, workers: int) -> None:
+    options = PipelineOptions([f"--direct_num_workers={workers}"])
+    ok = tmp_path / "ok"
+    with beam.Pipeline(runner=FnApiRunner(), options=options) as p:
+        _ = p | beam.Create(list(range(10))) | beam.ParDo(_Attempts(str(ok), None))
+    _check(6, _attempts(ok) == list(range(10)), f"elements processed: {_attempts(ok)}")
+    failing = tmp_path / "failing"
+    with pytest.raises(Exception, match="element 3 fails"):
+        with beam.Pipeline(runner=FnApiRunner(), options=options) as p:
+            _ = p | beam.Create([3]) | beam.ParDo(_Attempts(str(failing), 3))
+    _check(6, _attempts(failing) == [3], f"the failing element was processed {len(_attempts(failing))} times")
+
+
+def test_6_a_bundle_repeat_replays_bundles(tmp_path: Path) -> None:
+    """What the local runner refuses claims for: each bundle is run more than once."""
+    path = tmp_path / "repeat"
+    options = PipelineOptions(["--direct_runner_bundle_repeat=1"])
+    with beam.Pipeline(runner=FnApiRunner(), options=options) as p:
+        _ = p | beam.Create([1, 2]) | beam.ParDo(_Attempts(str(path), None))
+    _check(6, _attempts(path) == [1, 1, 2, 2], f"elements processed: {_attempts(path)}")
+
+
+class _CountBundle(beam.DoFn):
+    """Writes, at the end of each bundle, how many elements it held (a file per bundle)."""
+
+    def __init__(self, folder: str, stage: str) -> None:
+        self._folder = folder
+        self._stage = stage
+
+    def start_bundle(self) -> None:
+        self._n = 0
+
+    def process(self, x: Any, all_items: Any = None) -> Iterator[Any]:
+        self._n += 1
+        yield x
+
+    def finish_bundle(self) -> None:
+        name = f"{self._stage}-{os.getpid()}-{id(self)}-{os.urandom(4).hex()}"
+        Path(self._folder, name).write_text(str(self._n))
+
+
+def test_7_every_worker_runs_a_bundle_of_each_stage_its_input_dealt_round_robin(tmp_path: Path) -> None:
+    options = PipelineOptions(["--direct_num_workers=2"])
+    with beam.Pipeline(runner=FnApiRunner(), options=options) as p:
+        items = (
+            p
+            | beam.Create(list(range(10)), reshuffle=False)
+            | "A" >> beam.ParDo(_CountBundle(str(tmp_path), "a"))
+        )
+        _ = items | "B" >> beam.ParDo(_CountBundle(str(tmp_path), "b"), beam.pvalue.AsList(items))
+    counts = {stage: sorted(int(f.read_text()) for f in tmp_path.glob(f"{stage}-*")) for stage in ("a", "b")}
+    # A Create's one impulse goes to one worker; the other runs an empty bundle all the same.
+    _check(7, counts["a"] == [0, 10], f"bundles of the Create's stage: {counts['a']}")
+    # A stage that starts from stored input (after a side input) gets it dealt out.
+    _check(7, counts["b"] == [5, 5], f"bundles of the stage after it: {counts['b']}")
+
+
+def test_8_beams_own_worker_processes_inherit_the_drivers_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("RECORDFORGE_ASSUMPTION_8", "inherited")
+    options = PipelineOptions(["--direct_running_mode=multi_processing", "--direct_num_workers=2"])
+    folder = str(tmp_path)
+    with beam.Pipeline(runner=FnApiRunner(), options=options) as p:
+        # Lambdas: pickled whole, for workers that cannot import this test module.
+        _ = (
+            p
+            | beam.Create([0, 1], reshuffle=False)
+            | beam.Map(
+                lambda x: open(f"{folder}/{x}", "w").write(os.environ.get("RECORDFORGE_ASSUMPTION_8", ""))
+            )
+        )
+    seen = sorted(f.read_text() for f in tmp_path.iterdir())
+    _check(8, seen == ["inherited", "inherited"], f"workers saw {seen}")
