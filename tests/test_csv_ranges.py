@@ -26,10 +26,11 @@ from recordforge.tfrecord import iter_records
 from recordforge.transforms import csv_ranges
 from recordforge.transforms.csv_ranges import CsvRange, chunks, header_names, plan_ranges, scan_chunk, whole
 from recordforge.transforms.csv_source import ReadCsv, _ReadCsvFn
-from recordforge.transforms.sharing import ONE, SHARE, SPREAD
 from recordforge.transforms.sources import SourceBatch
 
 TYPES = {"id": pa.int64(), "name": pa.string(), "score": pa.float64()}
+# Beam's own local runner, which shares no work: ranges spread by a Reshuffle, as on Dataflow and Dask.
+STOCK_RUNNER = "apache_beam.runners.portability.fn_api_runner.FnApiRunner"
 
 # Quoted line breaks (\n and \r\n), doubled quotes, commas in quotes, \r\n line ends, empty lines,
 # a row with too many columns and one with too few, a cell that is not a number, an id that is
@@ -205,8 +206,12 @@ def _big_csv(rows: int) -> bytes:
 
 @pytest.mark.parametrize(
     "flags",
-    [["--direct_num_workers=2", "--direct_running_mode=multi_processing"], ["--direct_num_workers=2"]],
-    ids=["share", "spread"],
+    [
+        ["--direct_num_workers=2", "--direct_running_mode=multi_processing"],
+        ["--direct_num_workers=2"],
+        [f"--runner={STOCK_RUNNER}", "--direct_num_workers=2"],
+    ],
+    ids=["share", "share-in-process", "spread"],
 )
 def test_conversion_of_a_split_file_equals_the_whole_read(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, flags: list[str]
@@ -258,14 +263,15 @@ def test_conversion_of_a_split_file_equals_the_whole_read(
 
 
 @pytest.mark.parametrize(
-    ("workers", "options"),
+    ("runner", "options"),
     [
-        (SHARE, {"direct_num_workers": 2, "direct_running_mode": "multi_processing"}),
-        (SPREAD, {"direct_num_workers": 2}),
-        (ONE, {"direct_num_workers": 1}),
+        (DEFAULT_RUNNER, {"direct_num_workers": 2, "direct_running_mode": "multi_processing"}),
+        (STOCK_RUNNER, {"direct_num_workers": 2}),
+        (DEFAULT_RUNNER, {"direct_num_workers": 1}),
     ],
+    ids=["share", "spread", "one"],
 )
-def test_read_csv_reads_ranges_as_work_items(tmp_path: Path, workers: str, options: dict[str, Any]) -> None:
+def test_read_csv_reads_ranges_as_work_items(tmp_path: Path, runner: str, options: dict[str, Any]) -> None:
     """ReadCsv gives exactly the batches' rows of a whole read, and reads the file as several
     work items where there are several workers (one item with one worker: no extra pass)."""
     data = _big_csv(2000)
@@ -273,10 +279,8 @@ def test_read_csv_reads_ranges_as_work_items(tmp_path: Path, workers: str, optio
     src.write_bytes(data)
     fn = _ReadCsvFn(TYPES, 1 << 20, strict=False)
     expected = sorted((row, dict(v)["id"]) for row, v in _rows(fn, whole(str(src)))[0])
-    p = beam.Pipeline(runner=DEFAULT_RUNNER, options=PipelineOptions(flags=[], **options))
-    read = p | ReadCsv(
-        [str(src)], column_types=TYPES, strict=False, workers=workers, chunk_bytes=len(data) // 7
-    )
+    p = beam.Pipeline(runner=runner, options=PipelineOptions(flags=[], **options))
+    read = p | ReadCsv([str(src)], column_types=TYPES, strict=False, chunk_bytes=len(data) // 7)
     rows = read["batches"] | beam.FlatMap(
         lambda b: [(b.first_row + i + 1, str(v)) for i, v in enumerate(b.batch.column("id").to_pylist())]
     )
@@ -286,7 +290,8 @@ def test_read_csv_reads_ranges_as_work_items(tmp_path: Path, workers: str, optio
     counters = result.metrics().query(MetricsFilter().with_name("csv_work_items"))["counters"]
     items = sum(c.committed for c in counters)
     chunk_count = len(chunks(str(src), len(data), len(data) // 7))
-    assert items == 1 if workers == ONE else 1 < items <= chunk_count
+    one = options["direct_num_workers"] == 1
+    assert items == 1 if one else 1 < items <= chunk_count
 
 
 def test_small_files_and_compressed_files_are_not_split() -> None:

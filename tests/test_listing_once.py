@@ -17,14 +17,15 @@ import pytest
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.testing.util import assert_that, equal_to
 
-from recordforge.pipelines.convert import DEFAULT_RUNNER, run
+from recordforge.pipelines.convert import run
 from recordforge.sampledata import mnist_folder, taxi_table
 from recordforge.transforms import image_folder
 from recordforge.transforms.sharing import ONE, SPREAD
 
-# In-memory local workers: the SPREAD graph (chunks and row groups spread by a Reshuffle, as on
-# Dataflow or Dask), run in this process so that every listing is seen.
-SPREAD_FLAGS = ["--direct_num_workers=2"]
+# Beam's own local runner, which shares no work: the graph Dataflow and Dask run (chunks and row
+# groups spread by a Reshuffle), run in this process so that every listing is seen.
+STOCK_RUNNER = "apache_beam.runners.portability.fn_api_runner.FnApiRunner"
+SPREAD_FLAGS = [f"--runner={STOCK_RUNNER}", "--direct_num_workers=2"]
 _GLOB = re.compile(r"[*?\[]")
 
 
@@ -85,8 +86,9 @@ def test_a_part_of_a_listing_is_its_rows_in_compact_form(groups: list[int], star
 def test_a_gcs_image_folder_is_listed_once(
     gcs_bucket: str, tmp_path: Path, matches: list[str], no_shared_listing: None
 ) -> None:
-    """The launcher's listing is carried to the workers in the chunks (SPREAD): reading lists
-    nothing, and the batches hold every image of the listing, in order, with its label."""
+    """On a runner that spreads work, the launcher's listing is carried to the workers in the
+    chunks: reading lists nothing, and the batches hold every image of the listing, in order,
+    with its label."""
     mnist_folder(str(tmp_path / "digits"), per_class=6)  # 70 images
     root = f"{gcs_bucket}/digits"
     _upload(tmp_path / "digits", root)
@@ -98,8 +100,8 @@ def test_a_gcs_image_folder_is_listed_once(
         for start, rows in image_folder.chunk_ranges(folder.count, 16)
     ]
     labels = [(p, label, folder.labels.index(label), split) for p, label, split in folder.entries]
-    with beam.Pipeline(runner=DEFAULT_RUNNER) as p:
-        read = p | image_folder.ReadImageFolder(folder, batch_size=16, workers=SPREAD)
+    with beam.Pipeline(runner=STOCK_RUNNER) as p:
+        read = p | image_folder.ReadImageFolder(folder, batch_size=16)
         batches = read["batches"]
         # Batches cut at the chunks (16 images, well under the byte bound), keyed by first row.
         assert_that(batches | beam.Map(lambda b: _rows([b])[0]), equal_to(expected), label="Chunks")

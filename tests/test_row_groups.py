@@ -19,12 +19,12 @@ from conftest import published_root
 from recordforge.pipelines.convert import DEFAULT_RUNNER, run
 from recordforge.tfrecord import iter_records
 from recordforge.transforms.row_groups import MAX_PIECES, piece_rows, pieces, read_rows
-from recordforge.transforms.sharing import ONE, SPREAD
 from recordforge.transforms.sources import ReadParquet, expand_patterns
 
-# In-memory local workers: the SPREAD graph (row groups listed by workers, spread by a Reshuffle),
-# as Dataflow and Dask run it.
-SPREAD_FLAGS = ["--direct_num_workers=2"]
+# Beam's own local runner, which shares no work: the graph Dataflow and Dask run (row groups listed
+# by workers, spread by a Reshuffle), run in this process.
+STOCK_RUNNER = "apache_beam.runners.portability.fn_api_runner.FnApiRunner"
+SPREAD_FLAGS = [f"--runner={STOCK_RUNNER}", "--direct_num_workers=2"]
 
 
 def _write(path: Path, rows: int, row_group_size: int, first_id: int = 0) -> Path:
@@ -97,10 +97,11 @@ def _whole_groups(files: list[str], batch_size: int) -> list[tuple[str, int, tup
     return out
 
 
-def _read(pattern: str, workers: str, batch_size: int, expected: list[tuple[str, int, tuple]]) -> int:
-    """Checks that ReadParquet gives exactly the `expected` batches; returns its work items."""
-    p = beam.Pipeline(runner=DEFAULT_RUNNER)
-    read = p | ReadParquet([pattern], batch_size=batch_size, workers=workers)
+def _read(pattern: str, runner: str, batch_size: int, expected: list[tuple[str, int, tuple]]) -> int:
+    """Checks that ReadParquet gives exactly the `expected` batches on `runner`; returns the work
+    items its workers listed."""
+    p = beam.Pipeline(runner=runner)
+    read = p | ReadParquet([pattern], batch_size=batch_size)
     keyed = read["batches"] | beam.Map(
         lambda b: (b.file, b.first_row, tuple(b.batch.column("id").to_pylist()))
     )
@@ -112,8 +113,9 @@ def _read(pattern: str, workers: str, batch_size: int, expected: list[tuple[str,
 
 
 def test_a_huge_row_group_is_read_in_pieces_with_spread_workers(tmp_path: Path) -> None:
-    """One file of one 10,000-row group and one of two small groups: with SPREAD the big group is
-    8 work items (40 batches of 256, 5 a piece), and the batches are those of reading it whole."""
+    """One file of one 10,000-row group and one of two small groups: on a runner that spreads work
+    the big group is 8 work items (40 batches of 256, 5 a piece), and the batches are those of
+    reading it whole."""
     (tmp_path / "src").mkdir()
     big = str(_write(tmp_path / "src" / "big.parquet", 10_000, 10_000))
     small = str(_write(tmp_path / "src" / "small.parquet", 300, 200, first_id=10_000))
@@ -123,8 +125,8 @@ def test_a_huge_row_group_is_read_in_pieces_with_spread_workers(tmp_path: Path) 
     ]
     assert sorted(i for _, _, ids in expected for i in ids) == list(range(10_300))
     pattern = str(tmp_path / "src" / "*.parquet")
-    assert _read(pattern, SPREAD, 256, expected) == 8 + 2
-    assert _read(pattern, ONE, 256, expected) == 0  # listed at construction, not by workers
+    assert _read(pattern, STOCK_RUNNER, 256, expected) == 8 + 2
+    assert _read(pattern, DEFAULT_RUNNER, 256, expected) == 0  # listed at construction, not by workers
 
 
 def _rejected_rows(out: Path) -> list[tuple[str, int, Any]]:
@@ -143,7 +145,8 @@ def _records(out: Path) -> Counter:
 
 def test_spread_pieces_keep_row_numbers_records_and_deterministic_bytes(tmp_path: Path) -> None:
     """Rejected rows name the same file rows, the records are the same, and --deterministic
-    shards are byte-identical, whether the huge group is read whole (one worker) or in pieces."""
+    shards are byte-identical, whether the huge group is read whole (the local runner) or in
+    pieces (a runner that spreads work)."""
     path = _write(tmp_path / "big.parquet", 6000, 6000)
     (tmp_path / "s.yaml").write_text(
         "features:\n  - name: id\n    type: int64\n  - name: score\n    type: float64\n"

@@ -25,7 +25,7 @@ from recordforge.pipelines.config import ConvertConfig
 from recordforge.pipelines.convert import _pipeline_options, build, run, worker_mode
 from recordforge.tfrecord import detect_compression, iter_records
 from recordforge.transforms.csv_ranges import whole
-from recordforge.transforms.image_folder import _FolderBatchFn
+from recordforge.transforms.image_folder import ImageFolder, _carried, _LocalChunkFn
 from recordforge.transforms.sharing import ONE, SHARE, SHARED_WORK_ENV, SPREAD, Claims
 from recordforge.transforms.sources import SourceBatch, _ReadCsvFn, _ReadParquetFn
 
@@ -132,18 +132,20 @@ def test_csv_files_and_image_chunks_are_claimed_whole(
     got_a += list(_values(a.finish_bundle()))
     assert sorted(_ids(got_a)) == list(range(10)) and sorted(_ids(got_b)) == list(range(10, 30))
 
-    def chunk(first: int) -> tuple[int, pa.RecordBatch, list[int]]:
-        paths = [f"img{first + k}.png" for k in range(4)]
-        return first, pa.record_batch({"path": paths}), [100] * 4
-
-    chunks = [chunk(0), chunk(4), chunk(8), chunk(12)]
-    c, d = _workers(_FolderBatchFn("/root", 1 << 20), 2, monkeypatch, tmp_path)
+    # An object store's listing (sizes listed), its chunks carrying their part of it.
+    groups = [("gs://b/root/x", [f"img{k:02d}.png" for k in range(16)], "x", "")]
+    folder = ImageFolder("gs://b/root", groups, ["x"], [], [100] * 16, 0.0)
+    chunks = [_carried(folder, (first, 4)) for first in (0, 4, 8, 12)]
+    c, d = _workers(_LocalChunkFn(folder, 1 << 20), 2, monkeypatch, tmp_path)
     got_c = list(c.process(chunks[0], chunks)) + list(c.process(chunks[2], chunks))
     got_d = list(d.process(chunks[1], chunks)) + list(_values(d.finish_bundle()))
     got_c += list(_values(c.finish_bundle()))
     assert [b.first_row for b in got_c] == [0, 8] and [b.first_row for b in got_d] == [4, 12]
+    assert [p for b in got_d for p in b.batch.column("path").to_pylist()] == [
+        f"gs://b/root/x/img{k:02d}.png" for k in (*range(4, 8), *range(12, 16))
+    ]
     # A chunk that another worker claimed in its end of bundle is not read again by its owner.
-    e, f = _workers(_FolderBatchFn("/root", 1 << 20), 2, monkeypatch, tmp_path)
+    e, f = _workers(_LocalChunkFn(folder, 1 << 20), 2, monkeypatch, tmp_path)
     assert [b.first_row for b in e.process(chunks[0], chunks)] == [0]
     assert sorted(b.first_row for b in _values(e.finish_bundle())) == [4, 8, 12]
     assert list(f.process(chunks[1], chunks)) == [] and list(f.finish_bundle()) == []
@@ -227,19 +229,24 @@ def test_two_workers_share_csv_files(tmp_path: Path) -> None:
     assert sum(shard_rows) == 3520
 
 
+# Beam's own local runner: a runner that does not share work, as Dataflow and Dask do not.
+STOCK_RUNNER = "--runner=apache_beam.runners.portability.fn_api_runner.FnApiRunner"
+
+
 @pytest.mark.parametrize(
     ("flags", "mode"),
     [
         ([], ONE),
         (TWO_WORKERS, SHARE),
-        (["--direct_num_workers=2"], SPREAD),  # in_memory: in-process workers, no claims folder
+        (["--direct_num_workers=2"], SHARE),  # in_memory: in-process workers, with claims too
         (["--runner=DirectRunner"], SPREAD),
+        ([STOCK_RUNNER, "--direct_num_workers=2"], SPREAD),
     ],
 )
 def test_how_workers_get_the_input(parquet_source: str, flags: list[str], mode: str) -> None:
-    """One local worker reads row groups where they are listed; two local processes share them,
-    each knowing every row group from the start (listed at construction: no stage before the
-    reads, no Reshuffle); any other runner lists them on workers and reshuffles them."""
+    """RecordForge's local runner reads row groups listed at construction, known to each worker
+    from the start (no stage before the reads, no Reshuffle); any other runner lists them on
+    workers and reshuffles them. The readers are given no mode: the runner decides."""
     options = _pipeline_options(["--source", parquet_source, "--output", "/unused", *flags])
     assert worker_mode(options) == mode
     pipeline = beam.Pipeline(options=options)
@@ -257,4 +264,4 @@ def test_how_workers_get_the_input(parquet_source: str, flags: list[str], mode: 
     # Three files of 700 rows in groups of 300, in path order.
     files = sorted(glob.glob(parquet_source))
     groups = [(path, i, 300 * i) for path in files for i in range(3)]
-    assert [r._known for r in reads] == [groups if mode == SHARE else None]
+    assert [r._known for r in reads] == [None if mode == SPREAD else groups]

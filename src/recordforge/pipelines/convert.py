@@ -44,7 +44,6 @@ from recordforge.errors import RecordForgeError
 from recordforge.layout import new_version, version_root
 from recordforge.pipelines.config import ConvertConfig, parse_splits
 from recordforge.pipelines.inputs import Inputs, input_fingerprint, resolve_inputs
-from recordforge.pipelines.local_runner import LocalRunner
 from recordforge.pipelines.options import ConvertOptions
 from recordforge.pipelines.progress import Watch
 from recordforge.pipelines.publishing import (
@@ -62,7 +61,7 @@ from recordforge.transforms.coders import declare_element_type
 from recordforge.transforms.examples import REJECTED, ToExamples
 from recordforge.transforms.image_folder import ReadImageFolder
 from recordforge.transforms.rejects import WriteRejected
-from recordforge.transforms.sharing import ONE, SHARE, SPREAD
+from recordforge.transforms.sharing import SPREAD, work_plan
 from recordforge.transforms.sinks import WriteTFRecords
 from recordforge.transforms.sources import (
     UNREADABLE,
@@ -112,9 +111,8 @@ def build(
         csv_types.setdefault(splits.column, pa.string())
 
     def read() -> beam.PTransform:
-        workers = worker_mode(pipeline.options)
         if folder is not None:
-            return ReadImageFolder(folder, workers=workers)
+            return ReadImageFolder(folder)
         if fmt == "parquet":
             return ReadParquet(
                 config.sources,
@@ -122,7 +120,6 @@ def build(
                 batch_size=config.batch_size,
                 expanded=files,
                 skip_unreadable=config.skip_unreadable_files,
-                workers=workers,
             )
         return ReadCsv(
             config.sources,
@@ -130,7 +127,6 @@ def build(
             expanded=files,
             strict=config.strict,
             skip_unreadable=config.skip_unreadable_files,
-            workers=workers,
         )
 
     source = pipeline | "Read" >> read()
@@ -282,16 +278,10 @@ def deterministic_shards(files: list[Any], folder: Any, config: ConvertConfig, s
 
 
 def worker_mode(options: PipelineOptions) -> str:
-    """How the run's workers get the input (transforms/sharing.py): SHARE on RecordForge's local
-    runner with several worker processes (the one runner that gives them a claims folder), ONE
-    with its single worker (the default), SPREAD on any other runner."""
-    runner = options.view_as(StandardOptions).runner
-    direct = options.view_as(DirectOptions)
-    if not (runner == DEFAULT_RUNNER or isinstance(runner, LocalRunner)):
-        return SPREAD
-    if direct.direct_num_workers == 1:
-        return ONE
-    return SHARE if direct.direct_running_mode == "multi_processing" else SPREAD
+    """How the run's workers get the input (transforms/sharing.py, `work_plan`): SHARE on
+    RecordForge's local runner with several workers, ONE with its single worker (the default),
+    SPREAD on any other runner."""
+    return work_plan(options.view_as(StandardOptions).runner, options)
 
 
 def _fit_split(config: ConvertConfig, splits: SplitSpec | None) -> str | None:

@@ -31,7 +31,7 @@ import numpy as np
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
-from recordforge.transforms.sharing import SHARE, SPREAD, Claims, SharedItemsFn
+from recordforge.transforms.sharing import Claims, SharedItemsFn, known_items
 from recordforge.transforms.sources import FileInfo
 
 __all__ = [
@@ -268,23 +268,20 @@ def splittable(f: FileInfo, chunk_bytes: int) -> bool:
 
 class ScanChunks(beam.PTransform):
     """Plans the ranges of the files to split. In: a PBegin. Out: `CsvRange`s, a file's once all
-    its chunks are scanned (the chunks shared or spread over the workers as `workers` says)."""
+    its chunks are scanned (the chunks are work items: sharing.py)."""
 
-    def __init__(self, files: list[FileInfo], chunk_bytes: int, workers: str, columns: list[str]) -> None:
+    def __init__(self, files: list[FileInfo], chunk_bytes: int, columns: list[str]) -> None:
         super().__init__()
         self._columns = columns
         self._items = [c for f in files for c in chunks(f.path, f.size or 0, chunk_bytes)]
         self._sizes = {f.path: f.size or 0 for f in files}
-        self._workers = workers
 
     def expand(self, pbegin: beam.pvalue.PBegin) -> beam.PCollection:
         scan_fn = _ScanChunkFn()
-        if self._workers == SHARE:
-            scan_fn.share(self._items)
+        items, extra = known_items(pbegin, scan_fn, self._items, label="Chunks")
         return (
-            pbegin
-            | "Chunks" >> beam.Create(self._items, reshuffle=self._workers == SPREAD)
-            | "Scan" >> beam.ParDo(scan_fn)
+            items
+            | "Scan" >> beam.ParDo(scan_fn, *extra)
             | "ByFile" >> beam.Map(lambda scan: (scan.path, scan))
             | "GroupByFile" >> beam.GroupByKey()
             | "Plan" >> beam.FlatMap(_plan_file, self._sizes, self._columns)

@@ -34,7 +34,7 @@ from recordforge.transforms.csv_ranges import (
     splittable,
     whole,
 )
-from recordforge.transforms.sharing import ONE, SHARE, SPREAD, Claims, SharedItemsFn, check_workers, spread
+from recordforge.transforms.sharing import Claims, SharedItemsFn, known_items, made_items, several_workers
 from recordforge.transforms.sources import (
     REJECTED,
     UNREADABLE,
@@ -343,11 +343,10 @@ class ReadCsv(beam.PTransform):
     expanded at construction; a file of no bytes (no header) is an error then, or with
     `skip_unreadable` is listed in "unreadable", as is a file that cannot be read or whose header
     names a column to read twice. A large file is read as byte ranges that start at record
-    boundaries (csv_ranges.py), shared by the workers as files are, unless there is one worker
-    or its quoting breaks the rule that finds them; a smaller one is read by one worker. Rows
-    with the wrong number of columns are rejected (or fail the pipeline when `strict`), each
-    with its row number in the file. `workers`: how the run's workers get the files (sharing.py:
-    SPREAD, SHARE or ONE).
+    boundaries (csv_ranges.py), work items as files are, unless the run has one worker
+    (sharing.several_workers) or its quoting breaks the rule that finds them; a smaller one is
+    read by one worker. Rows with the wrong number of columns are rejected (or fail the pipeline
+    when `strict`), each with its row number in the file.
     """
 
     def __init__(
@@ -359,7 +358,6 @@ class ReadCsv(beam.PTransform):
         expanded: list[FileInfo] | None = None,
         strict: bool = True,
         skip_unreadable: bool = False,
-        workers: str = SPREAD,
         chunk_bytes: int | None = None,
     ) -> None:
         super().__init__()
@@ -367,7 +365,6 @@ class ReadCsv(beam.PTransform):
         self._files = expanded if expanded is not None else expand_patterns(patterns)
         self._strict = strict
         self._skip = skip_unreadable
-        self._workers = check_workers(workers)
         self._column_types = column_types
         self._block_size = block_size or BLOCK_SIZE
         empty = [f.path for f in self._files if f.size == 0]
@@ -386,21 +383,17 @@ class ReadCsv(beam.PTransform):
             strict=self._strict,
             skip_unreadable=self._skip,
         )
-        # With one worker, splitting would only add a pass over the bytes.
-        split = [f for f in self._files if self._workers != ONE and splittable(f, self._chunk_bytes)]
+        split: list[FileInfo] = []
+        if several_workers(pbegin.pipeline):  # with one, splitting would only add a pass over the bytes
+            split = [f for f in self._files if splittable(f, self._chunk_bytes)]
         whole_files = [whole(f.path) for f in self._files if f not in split]
         if not split:
-            if self._workers == SHARE:
-                read_fn.share(whole_files)
-            # Spread over workers by Create's reshuffle on other runners; shared locally.
-            items = pbegin | "Files" >> beam.Create(whole_files, reshuffle=self._workers == SPREAD)
-            extra: list[Any] = []
+            items, extra = known_items(pbegin, read_fn, whole_files, label="Files")
         else:
-            ranges = pbegin | "Split" >> ScanChunks(
-                split, self._chunk_bytes, self._workers, list(self._column_types)
-            )
+            ranges = pbegin | "Split" >> ScanChunks(split, self._chunk_bytes, list(self._column_types))
             files = pbegin | "Files" >> beam.Create(whole_files)
-            items, extra = spread((files, ranges) | "Ranges" >> beam.Flatten(), self._workers)
+            items, extra = made_items((files, ranges) | "Ranges" >> beam.Flatten())
+        # CsvRange: a whole file or a range of one
         read = items | "Read" >> beam.ParDo(read_fn, *extra).with_outputs(
             UNREADABLE, REJECTED, main="batches"
         )

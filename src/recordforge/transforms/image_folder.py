@@ -19,7 +19,7 @@ from recordforge.errors import SourceError
 from recordforge.images import IMAGE_EXTENSIONS, read_local_files
 from recordforge.schemas.model import DType, Feature, NullPolicy, Schema
 from recordforge.transforms.coders import declare_element_type
-from recordforge.transforms.sharing import SHARE, SPREAD, Claims, SharedItemsFn, check_workers, spread
+from recordforge.transforms.sharing import Claims, SharedItemsFn, known_items
 from recordforge.transforms.sources import UNREADABLE, SourceBatch
 
 __all__ = ["ImageFolder", "ReadImageFolder", "SPLIT_FOLDERS", "folder_schema", "list_image_folder"]
@@ -121,8 +121,8 @@ class ImageFolder:
 
 
 # Listings made in this process, by listing_id: a worker running in the driver's process, or
-# forked from it (pipelines/workers.py), takes the listing the pipeline was built on instead of
-# listing the folder again (0.3 s per 60k files). The last few are kept, for retried bundles.
+# forked from it (pipelines/local_runner.py), takes the listing the pipeline was built on instead
+# of listing the folder again (0.3 s per 60k files). The last few are kept.
 _LISTINGS: dict[str, ImageFolder] = {}
 _KEEP_LISTINGS = 4
 
@@ -291,6 +291,10 @@ def _cut_by_bytes(
 
 
 class _ListFolderFn(beam.DoFn):
+    """A listing's chunks as (first row, batch of paths, sizes), from the listing in this process
+    or made again and checked. ReadImageFolder no longer lists on a worker (`_LocalChunkFn` makes
+    the same check); tests/test_images.py still checks this DoFn."""
+
     def __init__(self, expected: int, listing_id: str, batch_size: int, labels: list[str]) -> None:
         self._expected = expected
         self._listing_id = listing_id
@@ -309,12 +313,18 @@ class _ListFolderFn(beam.DoFn):
 
 
 class _LocalChunkFn(SharedItemsFn):
-    """Reads the images of a local folder, a chunk of its listing at a time. A chunk is only
-    (first row, rows): the paths are made here from the listing the pipeline was built on, which a
-    worker in the driver's process or forked from it already holds. Sending the paths instead (a
-    listing stage, then ~10 MB of path batches through the runner for 200k images) kept a
-    two-worker run ~0.3 s from its first image. A worker without the listing lists the folder once
-    and checks that it is the same listing (count and digest)."""
+    """Reads the images of a chunk of a folder's listing. A chunk is (first row, rows): the paths
+    are made here from the listing the pipeline was built on, which a worker in the driver's
+    process or forked from it already holds; a worker without it lists the folder once and checks
+    that it is the same listing (count and digest). Sending the paths instead (a listing stage,
+    then ~10 MB of path batches through the runner for 200k images) kept a two-worker run ~0.3 s
+    from its first image. For workers that may run anywhere, a chunk carries its part of the
+    listing, (first row, rows, groups, sizes) as `ImageFolder.part` makes it, so that none lists
+    the folder again (an object store's listing can take minutes, and is made at construction).
+
+    A local folder's images are read here, into each batch's `read`; an object store's chunk is
+    cut by the listed sizes, and its images are read downstream in the same fused stage, by the
+    worker that claimed the chunk."""
 
     def __init__(self, folder: ImageFolder, batch_bytes: int) -> None:
         super().__init__()
@@ -322,16 +332,27 @@ class _LocalChunkFn(SharedItemsFn):
         self._listing_id = folder.listing_id
         self._count = folder.count
         self._digest = folder.digest
-        self._labels = folder.labels
+        self._labels = folder.labels  # as the pipeline was built with them (ids in metadata.json)
         self._batch_bytes = batch_bytes
 
-    def name(self, chunk: tuple[int, int]) -> str:
+    def name(self, chunk: tuple) -> str:
         return str(chunk[0])  # its first row: unique in the listing
 
-    def read(self, chunk: tuple[int, int], claims: Claims | None) -> Iterator[SourceBatch]:
-        first, rows = chunk
-        batch = chunk_at(self._listing(), first, rows, self._labels)
-        yield from _read_local_chunk(self._root, first, batch, self._batch_bytes)
+    def read(self, chunk: tuple, claims: Claims | None) -> Iterator[SourceBatch]:
+        first, rows, *carried = chunk
+        sizes: list[int] | None
+        if carried:
+            groups, sizes = carried
+            part = ImageFolder(self._root, groups, self._labels, [], sizes, 0.0)
+            batch = chunk_at(part, 0, part.count, self._labels)
+        else:
+            folder = self._listing()
+            batch = chunk_at(folder, first, rows, self._labels)
+            sizes = folder.sizes[first : first + rows] if folder.sizes is not None else None
+        if sizes is None:
+            yield from _read_local_chunk(self._root, first, batch, self._batch_bytes)
+        else:
+            yield from _cut_by_bytes(self._root, first, batch, sizes, self._batch_bytes)
 
     def _listing(self) -> ImageFolder:
         folder = _LISTINGS.get(self._listing_id)
@@ -348,46 +369,6 @@ class _LocalChunkFn(SharedItemsFn):
         return folder
 
 
-class _FolderBatchFn(SharedItemsFn):
-    # An object store's chunk carries its paths and sizes; its images are read downstream in the
-    # same fused stage, by the worker that claimed the chunk.
-    def __init__(self, root: str, batch_bytes: int) -> None:
-        super().__init__()
-        self._root = root
-        self._batch_bytes = batch_bytes
-
-    def name(self, chunk: tuple[int, pa.RecordBatch, list[int]]) -> str:
-        return str(chunk[0])  # its first row: unique in the listing
-
-    def read(
-        self, chunk: tuple[int, pa.RecordBatch, list[int]], claims: Claims | None
-    ) -> Iterator[SourceBatch]:
-        first, batch, sizes = chunk
-        yield from _cut_by_bytes(self._root, first, batch, sizes, self._batch_bytes)
-
-
-class _CarriedChunkFn(beam.DoFn):
-    """Reads a chunk that carries its part of the listing, (first row, groups, sizes) as
-    `ImageFolder.part` makes it: for workers that may run anywhere, so that none lists the
-    folder again (an object store's listing can take minutes, and is made at construction)."""
-
-    def __init__(self, root: str, labels: list[str], batch_bytes: int) -> None:
-        self._root = root
-        self._labels = labels  # as the pipeline was built with them (ids in metadata.json)
-        self._batch_bytes = batch_bytes
-
-    def process(
-        self, chunk: tuple[int, list[tuple[str, list[str], str, str]], list[int] | None]
-    ) -> Iterator[SourceBatch]:
-        first, groups, sizes = chunk
-        part = ImageFolder(self._root, groups, self._labels, [], sizes, 0.0)
-        batch = chunk_at(part, 0, part.count, self._labels)
-        if sizes is None:
-            yield from _read_local_chunk(self._root, first, batch, self._batch_bytes)
-        else:
-            yield from _cut_by_bytes(self._root, first, batch, sizes, self._batch_bytes)
-
-
 class ReadImageFolder(beam.PTransform):
     """Images under a folder as record batches of (path, label, label_id, split).
 
@@ -396,64 +377,35 @@ class ReadImageFolder(beam.PTransform):
     sorted label list; a top-level train/eval/validation/test folder gives the split. The image
     bytes are read on the workers: a local folder's here, into each batch's `read` (a file that
     cannot be read is left null there, and ToExamples rejects its row with the reason); an object
-    store's by ToExamples, on threads, through Beam's filesystems. `workers`: how the run's
-    workers get the chunks of names (sharing.py: SPREAD, SHARE or ONE).
+    store's by ToExamples, on threads, through Beam's filesystems. The work items are chunks of
+    `batch_size` names of the listing made at construction (sharing.py).
     """
 
-    def __init__(
-        self,
-        folder: ImageFolder,
-        *,
-        batch_size: int = 4096,
-        batch_bytes: int = 64 << 20,
-        workers: str = SPREAD,
-    ) -> None:
+    def __init__(self, folder: ImageFolder, *, batch_size: int = 4096, batch_bytes: int = 64 << 20) -> None:
         super().__init__()
         self._folder = folder
         self._batch_size = batch_size
         self._batch_bytes = batch_bytes
-        self._workers = check_workers(workers)
 
     def expand(self, pbegin: beam.pvalue.PBegin) -> dict[str, beam.PCollection]:
         folder = self._folder
-        read_fn: beam.DoFn
-        every: list = []
-        if self._workers == SPREAD:
-            # Workers may run anywhere (Dataflow, a Dask cluster): each chunk carries its part of
-            # the listing made at construction, in the listing's compact form (a folder's names,
-            # not full paths), and Create's reshuffle spreads them.
-            items = [
-                (start, *folder.part(start, rows))
-                for start, rows in chunk_ranges(folder.count, self._batch_size)
-            ]
-            chunks = pbegin | "Chunks" >> beam.Create(items, reshuffle=True)
-            read_fn = _CarriedChunkFn(folder.root, folder.labels, self._batch_bytes)
-        elif folder.sizes is None:
-            # A local folder, read by the local runner's workers, which run in the driver's
-            # process or are forked from it: chunks are (first row, rows), known now, and the
-            # workers make the paths from the listing they hold. Shared between them (sharing.py).
-            _remember(folder)
-            _ = folder._columns  # made here once: forked workers inherit them
-            items = list(chunk_ranges(folder.count, self._batch_size))
-            read_fn = _LocalChunkFn(folder, self._batch_bytes)
-            if self._workers == SHARE:
-                read_fn.share(items)
-            chunks = pbegin | "Chunks" >> beam.Create(items, reshuffle=False)
-        else:
-            # An object store's folder on the local runner: the chunks are made from the listing
-            # by a worker that holds it, and their paths and sizes travel in them.
-            _remember(folder)
-            listed = (
-                pbegin
-                | "Root" >> beam.Create([folder.root])
-                | "List"
-                >> beam.ParDo(_ListFolderFn(folder.count, folder.listing_id, self._batch_size, folder.labels))
-            )
-            read_fn = _FolderBatchFn(folder.root, self._batch_bytes)
-            chunks, every = spread(listed, self._workers)
+        # Workers in this process, or forked from it, take the listing from memory, its columns
+        # made here once.
+        _remember(folder)
+        _ = folder._columns
+        read_fn = _LocalChunkFn(folder, self._batch_bytes)
+        ranges = list(chunk_ranges(folder.count, self._batch_size))
+        chunks, extra = known_items(
+            pbegin, read_fn, ranges, label="Chunks", carry=functools.partial(_carried, folder)
+        )
+        # (first row, rows[, groups, sizes])
         # No file is unreadable here (an unreadable image is a rejected row): an empty output of
         # the reading stage itself, where a Create([]) would be a stage of its own.
-        read = chunks | "Read" >> beam.ParDo(read_fn, *every).with_outputs(UNREADABLE, main="batches")
+        read = chunks | "Read" >> beam.ParDo(read_fn, *extra).with_outputs(UNREADABLE, main="batches")
         batches = declare_element_type(read.batches, SourceBatch)
-        unreadable = read[UNREADABLE]
-        return {"batches": batches, UNREADABLE: unreadable}
+        return {"batches": batches, UNREADABLE: read[UNREADABLE]}
+
+
+def _carried(folder: ImageFolder, chunk: tuple[int, int]) -> tuple:
+    """A chunk with its part of the listing, for a worker that does not hold it."""
+    return (*chunk, *folder.part(*chunk))

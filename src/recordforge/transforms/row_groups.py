@@ -1,6 +1,7 @@
-"""Parquet row groups as units of work: listed from a file's footer, and on runners that spread
-work over workers (Dataflow, Dask) a group larger than a batch split into pieces of whole batches,
-so that a file of a few huge row groups is not read by a few workers while the rest wait.
+"""Parquet row groups as units of work: listed from a file's footer, and where idle workers cannot
+take over the tail of a group being read (runners that spread work over workers: Dataflow, Dask)
+a group larger than a batch split into pieces of whole batches, so that a file of a few huge row
+groups is not read by a few workers while the rest wait.
 
 A work item is (path, row group, first row[, rows]): the file's rows [first row, first row + rows)
 (to the group's end without `rows`), all in that row group, with first row counted from the
@@ -22,12 +23,12 @@ from recordforge.errors import SourceError
 
 __all__ = [
     "MAX_PIECES",
-    "list_row_groups",
     "not_parquet",
     "pieces",
     "read_rows",
     "resolve_columns",
     "row_groups",
+    "work_items",
 ]
 
 # Parquet decodes a column chunk from its start and pyarrow reads no row ranges (nor the page
@@ -106,19 +107,17 @@ def not_parquet(path: str, exn: Exception) -> SourceError:
     return SourceError(f"{path}: not a readable Parquet file: {exn}")
 
 
-def list_row_groups(files: list[Any], skip_unreadable: bool) -> list[tuple[str, int, Any]]:
-    """Every row group of the files (`FileInfo`s), read from their footers now. With
+def work_items(path: str, batch_size: int, *, shared: bool, skip_unreadable: bool) -> list[tuple[Any, ...]]:
+    """A Parquet file's work items, from its footer: its row groups whole where idle workers take
+    over the tails of groups being read (`shared`), else pieces of them (`pieces`). With
     `skip_unreadable`, a file whose footer cannot be read stands as (path, -1, error): its reader
     reports it."""
-    items: list[tuple[str, int, Any]] = []
-    for f in files:
-        try:
-            items.extend(row_groups(f.path))
-        except Exception as exn:
-            if not skip_unreadable:
-                raise not_parquet(f.path, exn) from exn
-            items.append((f.path, -1, f"not a readable Parquet file: {exn}"))
-    return items
+    try:
+        return list(row_groups(path) if shared else pieces(path, batch_size))
+    except Exception as exn:
+        if not skip_unreadable:
+            raise not_parquet(path, exn) from exn
+        return [(path, -1, f"not a readable Parquet file: {exn}")]
 
 
 def resolve_columns(columns: list[str], names: list[str], path: str) -> list[str]:

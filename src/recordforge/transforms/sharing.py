@@ -1,58 +1,166 @@
-"""Work sharing between the worker processes of one local multi-process run.
+"""How a read's work items reach the workers: the one place where a pipeline's shape depends on
+its runner (`work_plan`), and the work sharing of RecordForge's local runner.
+
+Every reader hands its work items to `known_items` (items listed at construction) or
+`made_items` (items made at run time) and reads them with a `SharedItemsFn`; none of them knows
+which runner it is on. On any runner the items are read by that DoFn, and on RecordForge's local
+runner (pipelines/local_runner.py) its workers also share them as they go:
 
 Beam's local runner hands each worker a fixed part of a stage's input (every other element, in
 the order they arrive) and has no dynamic rebalancing. When the parts are uneven (a file's last
 row group is smaller) or the workers run at different speeds (on a shared VM one core was seen
-running 20-50% slower than the other for a whole run), one worker idles at the end while the other
-still has whole work items queued: 0.3-0.6 s of a 3 s two-worker conversion.
-
-So a reading DoFn whose items are shared knows, besides its own part, every item: listed at
-construction and pickled with it (`SharedItemsFn.share`: the reads are then the run's first stage,
-where one worker is handed every item and the others none), or as a side input when the items are
-made at run time (a stage of its own before the reads). It claims an item before reading it;
-when its own part is done (`finish_bundle`), it claims and reads the items no worker has started,
-from the end of the list, and then takes the unread tail of items still being read
-(`SharedItemsFn.steal`). Claims are files created with O_EXCL in a folder that the
-runner (`pipelines/local_runner.py`) makes for the run and names in the environment: atomic between
-processes on one machine, whatever started them. Without that folder (in-process runs,
-Dataflow) every worker simply reads its own part.
+running 20-50% slower than the other for a whole run), one worker idles at the end while the
+other still has whole work items queued. So a reading DoFn whose items are shared knows, besides
+its own part, every item: listed at construction and pickled with it (`SharedItemsFn.share`: the
+reads are then the run's first stage, where one worker is handed every item and the others none),
+or as a side input when the items are made at run time (a stage of its own before the reads). It
+claims an item before reading it; when its own part is done (`finish_bundle`), it claims and
+reads the items no worker has started, from the end of the list, and then takes the unread tail
+of items still being read (`SharedItemsFn.steal`). Claims are files created with O_EXCL in a
+folder that the runner makes for the run and names in the environment (`SHARED_WORK_ENV`): atomic
+between processes on one machine, whatever started them. Without that folder (any other runner,
+or a Beam whose internals the local runner does not know) every worker simply reads its own part.
 
 Exactly once: every piece of work is read only by the process whose claim created its file. A
-worker that fails fails the whole local run (Beam's local runner does not retry bundles), so a
-claim is never orphaned by a retry.
+worker that fails fails the whole local run (Beam's local runner does not retry bundles, an
+assumption the local runner checks), so a claim is never orphaned by a retry.
 """
 
 from __future__ import annotations
 
 import hashlib
+import importlib
 import os
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import apache_beam as beam
+from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions
 from apache_beam.transforms.window import GlobalWindows
 
 __all__ = [
+    "ONE",
+    "SHARE",
     "SHARED_WORK_ENV",
+    "SPREAD",
     "Claims",
     "SharedItemsFn",
     "WorkSharingRunner",
-    "check_workers",
-    "spread",
-    "SPREAD",
-    "SHARE",
-    "ONE",
+    "known_items",
+    "made_items",
+    "several_workers",
+    "work_plan",
 ]
 
 # The folder of this run's claims; set by the local runner for its runs.
 SHARED_WORK_ENV = "RECORDFORGE_SHARED_WORK"
 
+# How the workers of a run get a read's work items (see `work_plan`):
+SPREAD = "spread"  # any runner but the local one: Reshuffles spread the items (Dataflow, Dask)
+SHARE = "share"  # the local runner, several workers: they share the items as they go
+ONE = "one"  # the local runner, one worker: as SHARE, without work that only helps several
+
 
 class WorkSharingRunner:
     """A runner that names a fresh claims folder in `SHARED_WORK_ENV` for every run, inherited by
     its workers, which run on the driver's machine with the driver's memory (in its process, or
-    forked from it)."""
+    forked from it): pipelines built for it share their work items (`work_plan`)."""
+
+
+def work_plan(runner: object, options: PipelineOptions) -> str:
+    """How the workers of a run on `runner` (an instance, a class, or a name as --runner takes
+    it) get a read's work items: SPREAD, SHARE or ONE. Every difference between the graphs that
+    different runners get follows from this one answer, in `known_items`, `made_items` and
+    `several_workers`:
+
+    - SPREAD: Reshuffles spread the items; an item that stands for several (a Parquet file for
+      its row groups) is expanded on the workers, in parallel, after its own Reshuffle; items
+      carry what they refer to, since workers may run anywhere; no claims, so items are cut fine
+      enough that no worker is left with a large one.
+    - SHARE: items are expanded at construction and known to every worker (pickled with the
+      reading DoFn, or as a side input when made at run time); they may refer to what the driver
+      holds in memory; no Reshuffle. Why not SPREAD's graph here too: on the local runner each
+      Reshuffle and each expanding step is a stage of its own before the reads (a round trip to
+      every worker, on runs that last seconds), and a listing carried in the items goes through
+      the runner to the workers, which already hold it. The claims balance the workers instead.
+    - ONE: SHARE with one worker, which also skips work that only helps several workers.
+    """
+    if isinstance(runner, str):
+        runner = _runner_class(runner)
+    if not (
+        isinstance(runner, WorkSharingRunner)
+        or (isinstance(runner, type) and issubclass(runner, WorkSharingRunner))
+    ):
+        return SPREAD
+    return ONE if options.view_as(DirectOptions).direct_num_workers == 1 else SHARE
+
+
+def _runner_class(name: str) -> type | None:
+    module, _, cls = name.rpartition(".")
+    if not module:
+        return None  # one of Beam's runners, by its short name
+    try:
+        return getattr(importlib.import_module(module), cls)
+    except (ImportError, AttributeError):
+        return None
+
+
+def _plan(pipeline: beam.Pipeline) -> str:
+    return work_plan(pipeline.runner, pipeline.options)
+
+
+def several_workers(pipeline: beam.Pipeline) -> bool:
+    """False where the run is known to have one worker: work that only helps several workers
+    (splitting a CSV file into ranges: an extra pass over its bytes) is then skipped."""
+    return _plan(pipeline) != ONE
+
+
+def known_items(
+    pbegin: beam.pvalue.PBegin,
+    read_fn: SharedItemsFn,
+    items: list[Any],
+    *,
+    label: str,
+    expand: tuple[str, Callable[[Any, bool], Iterable[Any]]] | None = None,
+    carry: Callable[[Any], Any] | None = None,
+) -> tuple[beam.PCollection, list[Any]]:
+    """Work items listed at construction, as `read_fn`'s main input (a Create labelled `label`)
+    and its extra arguments.
+
+    `expand`: a label and a function of an item and `shared` giving the work items the item
+    stands for (a Parquet file: its row groups); `shared` says whether idle workers take over the
+    tails of items being read (then items need not be cut finer than their natural unit). Called
+    at construction with SHARE and ONE, on the workers after a Reshuffle with SPREAD.
+    `carry`: an item as it must be for a worker that does not hold the driver's memory (with what
+    it refers to), applied with SPREAD.
+    """
+    if _plan(pbegin.pipeline) == SPREAD:
+        if carry is not None:
+            items = [carry(item) for item in items]
+        out = pbegin | label >> beam.Create(items, reshuffle=True)
+        if expand is not None:
+            out = out | expand[0] >> beam.FlatMap(_expand_unshared, expand[1]) | "Spread" >> beam.Reshuffle()
+        return out, []
+    if expand is not None:
+        label, fn = expand
+        items = [work for item in items for work in fn(item, True)]
+    read_fn.share(items)
+    return pbegin | label >> beam.Create(items, reshuffle=False), []
+
+
+def _expand_unshared(item: Any, expand: Callable[[Any, bool], Iterable[Any]]) -> Iterable[Any]:
+    return expand(item, False)
+
+
+def made_items(items: beam.PCollection) -> tuple[beam.PCollection, list[Any]]:
+    """Work items made at run time, as a reading ParDo's main input and its extra arguments: with
+    SPREAD, spread by a Reshuffle; otherwise every item as a side input too, for sharing. (A
+    side input is made before the stage that reads it, so that stage starts from the items as
+    stored, which the local runner deals out to its workers round robin: no Reshuffle needed.)"""
+    if _plan(items.pipeline) == SPREAD:
+        return items | "Spread" >> beam.Reshuffle(), []
+    return items, [beam.pvalue.AsList(items)]
 
 
 class Claims:
@@ -155,33 +263,3 @@ class SharedItemsFn(beam.DoFn):
 
     def steal(self, item: Any, claims: Claims) -> Iterator[Any]:
         return iter(())
-
-
-# How the workers of a run get a read's work items:
-SPREAD = "spread"  # any runner: a Reshuffle spreads the items over its workers (Dataflow)
-SHARE = "share"  # RecordForge's local runner, several processes: they share the items as they go
-ONE = "one"  # one local worker: each item is read where it is made, in the same stage
-WORKER_MODES = (SPREAD, SHARE, ONE)
-
-
-def check_workers(workers: str) -> str:
-    if workers not in WORKER_MODES:
-        raise ValueError(f"workers must be one of {WORKER_MODES}, not {workers!r}")
-    return workers
-
-
-def spread(items: beam.PCollection, workers: str) -> tuple[beam.PCollection, list[Any]]:
-    """Work items made at run time as a reading ParDo's main input, and that ParDo's extra
-    arguments: for SHARE, every item as a side input (see the module).
-
-    A side input is made before the stage that reads it, so that stage starts from the items as
-    stored, which the local runner splits between its workers round robin: no Reshuffle is
-    needed then. One worker has nothing to spread. Otherwise a Reshuffle keeps a runner from
-    fusing the reads into the one worker that made the items. (Items known at construction
-    need neither: `SharedItemsFn.share` and a Create that reshuffles for SPREAD only.)
-    """
-    if check_workers(workers) == SHARE:
-        return items, [beam.pvalue.AsList(items)]
-    if workers == ONE:
-        return items, []
-    return items | "Spread" >> beam.Reshuffle(), []

@@ -20,15 +20,8 @@ from apache_beam.metrics import Metrics
 
 from recordforge.errors import SourceError
 from recordforge.transforms.coders import SourceBatchCoder, declare_element_type
-from recordforge.transforms.row_groups import (
-    group_start,
-    list_row_groups,
-    not_parquet,
-    pieces,
-    read_rows,
-    resolve_columns,
-)
-from recordforge.transforms.sharing import SHARE, SPREAD, Claims, SharedItemsFn, check_workers, spread
+from recordforge.transforms.row_groups import group_start, read_rows, resolve_columns, work_items
+from recordforge.transforms.sharing import Claims, SharedItemsFn, known_items
 
 __all__ = ["ReadParquet", "SourceBatch", "expand_patterns", "UNREADABLE", "REJECTED"]
 
@@ -91,25 +84,20 @@ def _unreadable(path: str, error: str, **extra: object) -> beam.pvalue.TaggedOut
     return beam.pvalue.TaggedOutput(UNREADABLE, json.dumps({"file": path, "error": error, **extra}))
 
 
-class _ParquetRowGroupsFn(beam.DoFn):
-    """Splits each Parquet file into its row groups, and a group larger than a batch into pieces
-    (row_groups.py), so that a big file, or a big row group, spreads over workers."""
+class _RowGroupItems:
+    """A Parquet file's work items (row_groups.py), for `known_items`: a group larger than a batch
+    is split into pieces where workers do not share work, so that a big file, or a big row group,
+    spreads over them."""
 
-    def __init__(self, batch_size: int, skip_unreadable: bool = False) -> None:
+    def __init__(self, batch_size: int, skip_unreadable: bool) -> None:
         self._batch_size = batch_size
         self._skip = skip_unreadable
         self._items = Metrics.counter("recordforge", "parquet_work_items")  # examples.NAMESPACE
 
-    def process(self, path: str) -> Iterator[object]:
-        try:
-            items = pieces(path, self._batch_size)
-        except Exception as exn:
-            if self._skip:
-                yield _unreadable(path, f"not a readable Parquet file: {exn}")
-                return
-            raise not_parquet(path, exn) from exn
-        self._items.inc(len(items))
-        yield from items
+    def __call__(self, path: str, shared: bool) -> list[tuple[Any, ...]]:
+        items = work_items(path, self._batch_size, shared=shared, skip_unreadable=self._skip)
+        self._items.inc(len(items))  # counted on workers; at construction there is no metric
+        return items
 
 
 class _ReadParquetFn(SharedItemsFn):
@@ -192,9 +180,9 @@ class ReadParquet(beam.PTransform):
     In: a PBegin. Out: {"batches": `SourceBatch`es (a row group split into batches of at most
     `batch_size` rows), "unreadable": JSON lines}. Patterns are expanded at
     construction: one matching nothing raises SourceError. A file that cannot be read fails the
-    pipeline naming it, or with `skip_unreadable` is listed in "unreadable". `workers`: how the
-    run's workers get the row groups (sharing.py: SPREAD, SHARE or ONE); with SPREAD, a group
-    larger than a batch is split into pieces (row_groups.py), counted in the
+    pipeline naming it, or with `skip_unreadable` is listed in "unreadable". The work items are
+    the files' row groups (sharing.py says where the footers are read); where workers do not share
+    work, a group larger than a batch is split into pieces (row_groups.py), counted in the
     `recordforge/parquet_work_items` metric.
     """
 
@@ -206,7 +194,6 @@ class ReadParquet(beam.PTransform):
         batch_size: int = 16384,
         expanded: list[FileInfo] | None = None,
         skip_unreadable: bool = False,
-        workers: str = SPREAD,
     ) -> None:
         super().__init__()
         # `expanded`: the patterns' matches when the caller already listed them.
@@ -214,7 +201,6 @@ class ReadParquet(beam.PTransform):
         self._columns = columns
         self._batch_size = batch_size
         self._skip = skip_unreadable
-        self._workers = check_workers(workers)
 
     @property
     def files(self) -> list[FileInfo]:
@@ -222,34 +208,12 @@ class ReadParquet(beam.PTransform):
 
     def expand(self, pbegin: beam.pvalue.PBegin) -> dict[str, beam.PCollection]:
         read_fn = _ReadParquetFn(self._columns, self._batch_size, self._skip)
-        if self._workers == SPREAD:
-            # Footers are read by workers (thousands of remote files), spread over them by
-            # Create's reshuffle; then row groups are spread before reading.
-            groups = (
-                pbegin
-                | "Files" >> beam.Create([f.path for f in self._files])
-                | "RowGroups"
-                >> beam.ParDo(_ParquetRowGroupsFn(self._batch_size, self._skip)).with_outputs(
-                    UNREADABLE, main="groups"
-                )
-            )
-            spread_groups, _ = spread(groups.groups, SPREAD)
-            read = spread_groups | "Read" >> beam.ParDo(read_fn).with_outputs(UNREADABLE, main="batches")
-            unreadable = (groups[UNREADABLE], read[UNREADABLE]) | "Unreadable" >> beam.Flatten()
-        else:
-            # The local runner: row groups listed now, by the driver (what its one listing worker
-            # would do), so that reading is the run's first stage and, with several workers,
-            # shared from the start (sharing.py).
-            items = list_row_groups(self._files, self._skip)
-            if self._workers == SHARE:
-                read_fn.share(items)
-            read = (
-                pbegin
-                | "RowGroups" >> beam.Create(items, reshuffle=False)
-                | "Read" >> beam.ParDo(read_fn).with_outputs(UNREADABLE, main="batches")
-            )
-            unreadable = read[UNREADABLE]
-        return {"batches": declare_element_type(read.batches, SourceBatch), UNREADABLE: unreadable}
+        row_groups = ("RowGroups", _RowGroupItems(self._batch_size, self._skip))
+        paths = [f.path for f in self._files]
+        items, extra = known_items(pbegin, read_fn, paths, label="Files", expand=row_groups)
+        # (path, row group, first row[, rows]), or (path, -1, error) for a file without a footer
+        read = items | "Read" >> beam.ParDo(read_fn, *extra).with_outputs(UNREADABLE, main="batches")
+        return {"batches": declare_element_type(read.batches, SourceBatch), UNREADABLE: read[UNREADABLE]}
 
 
 _T = TypeVar("_T")
