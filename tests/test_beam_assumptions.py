@@ -42,7 +42,8 @@ def _check(number: int, holds: bool, detail: object = "") -> None:
 
 def test_every_assumption_is_listed_with_the_features_resting_on_it() -> None:
     numbers = sorted({n for needs in local_runner._NEEDS.values() for n in needs})
-    assert numbers == list(range(1, 9))
+    numbers = sorted({*numbers, *local_runner.DRY_RUN_NEEDS})
+    assert numbers == list(range(1, 11))
     for number in numbers:
         assert _assumption(number)
 
@@ -276,3 +277,49 @@ def test_8_beams_own_worker_processes_inherit_the_drivers_environment(
         )
     seen = sorted(f.read_text() for f in tmp_path.iterdir())
     _check(8, seen == ["inherited", "inherited"], f"workers saw {seen}")
+
+
+def test_9_beams_fuser_breaks_fusion_at_a_group_by_key() -> None:
+    p = beam.Pipeline()
+    _ = (
+        p
+        | "Make" >> beam.Create([("a", 1), ("b", 2)])
+        | "Before" >> beam.Map(lambda kv: kv)
+        | "Group" >> beam.GroupByKey()
+        | "After" >> beam.Map(lambda kv: kv)
+    )
+    try:
+        stages = local_runner.fused_stages(p.to_runner_api())
+    except Exception as exn:  # any failure is the assumption failing
+        _check(9, False, repr(exn))
+    where = {
+        step: i
+        for i, names in enumerate(stages)
+        for name in names
+        for step in ("Before", "After")
+        if name.startswith(step)
+    }
+    _check(9, {"Before", "After"} <= set(where), stages)
+    _check(9, where["Before"] != where["After"], stages)
+
+
+def test_10_a_dataflow_dry_run_keeps_its_job_and_pipeline() -> None:
+    options = PipelineOptions(
+        [
+            "--runner=DataflowRunner",
+            "--project=my-project",
+            "--region=us-central1",
+            "--temp_location=gs://bucket/tmp",
+            "--dry_run=True",
+        ]
+    )
+    p = beam.Pipeline(options=options)
+    _ = p | "Make" >> beam.Create([1, 2]) | "Double" >> beam.Map(lambda x: 2 * x)
+    result = p.run()
+    try:
+        proto, job_name = local_runner.dry_run_job(p, result)
+    except Exception as exn:  # any failure is the assumption failing
+        _check(10, False, repr(exn))
+    _check(10, job_name is not None, "the result has no job")
+    names = {t.unique_name for t in proto.components.transforms.values()}
+    _check(10, "Double" in names, sorted(names)[:5])

@@ -1,19 +1,12 @@
 """A Dataflow dry run: the job built offline and summarised, with nothing submitted, read from or
 written to the output.
 
-What it relies on in Beam (2.77), so that an upgrade shows here first:
-- `DataflowRunner.run_pipeline` with `TestOptions.dry_run` returns before it makes a Dataflow API
-  client: a `PipelineResult` in state DONE whose `job` is the `apiclient.Job` it would submit,
-  and the runner keeps the portable pipeline it would stage in `proto_pipeline`.
-- Dataflow fuses steps on the service and Beam does not expose that fusion; the stages shown are
-  those of Beam's own fuser (`fn_api_runner.translations.greedily_fuse`, the phases the
-  FnApiRunner uses up to fusion), which breaks fusion where Dataflow does: at every GroupByKey
-  and at every side input's materialisation.
+What it relies on in Beam's internals (the job a dry run keeps, the stages of Beam's own fuser) is
+in pipelines/local_runner.py, the one module that relies on them, as its assumptions 9 and 10.
 """
 
 from __future__ import annotations
 
-import copy
 import os
 from collections import Counter
 from collections.abc import Callable
@@ -25,6 +18,7 @@ from apache_beam.portability import common_urns
 from recordforge.errors import UsageError
 from recordforge.layout import version_root
 from recordforge.pipelines.config import ConvertConfig
+from recordforge.pipelines.local_runner import dry_run_job, fused_stages
 from recordforge.schemas import load_schema
 from recordforge.storage import delete_tree, is_local
 
@@ -66,9 +60,9 @@ def dry_run(
     finally:
         if is_local(output):
             _undo(output, version_root(output, config.version), made)
-    summary = job_summary(pipeline.runner.proto_pipeline)
-    job = getattr(result, "job", None)
-    summary.update(dry_run=True, output=config.output, job_name=job.proto.name if job else None)
+    proto, job_name = dry_run_job(pipeline, result)
+    summary = job_summary(proto)
+    summary.update(dry_run=True, output=config.output, job_name=job_name)
     return summary
 
 
@@ -112,36 +106,16 @@ def _label(unique_name: str) -> str:
 def job_summary(proto: Any) -> dict[str, Any]:
     """{"primitives": count, "kinds": {kind: count}, "stages": [[step labels] per fused stage]}
     for a portable pipeline proto."""
-    from apache_beam.runners.portability.fn_api_runner import translations
-
     components = proto.components
     leaves = [t for t in components.transforms.values() if not t.subtransforms]
     kinds = Counter(_kind(t.spec.urn) for t in leaves)
-    _, stages = translations.create_and_optimize_stages(
-        copy.deepcopy(proto),
-        phases=[
-            translations.annotate_downstream_side_inputs,
-            translations.fix_side_input_pcoll_coders,
-            translations.pack_combiners,
-            translations.lift_combiners,
-            translations.expand_sdf,
-            translations.expand_gbk,
-            translations.sink_flattens,
-            translations.greedily_fuse,
-            translations.read_to_impulse,
-            translations.impulse_to_input,
-            translations.sort_stages,
-        ],
-        known_runner_urns=frozenset(
-            [common_urns.primitives.FLATTEN.urn, common_urns.primitives.GROUP_BY_KEY.urn]
-        ),
-    )
+    stages = fused_stages(proto)
     steps = {t.unique_name for t in components.transforms.values()}
     named = []
     for stage in stages:
         # Fusion adds transforms of its own (buffers between stages) that the pipeline does not
         # name: only the pipeline's steps are listed.
-        labels = [label for t in stage.transforms if (label := _label(t.unique_name)) in steps]
+        labels = [label for name in stage if (label := _label(name)) in steps]
         if labels:
             named.append(list(dict.fromkeys(labels)))
     return {

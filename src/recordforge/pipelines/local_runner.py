@@ -65,6 +65,16 @@ Beam internals relied on, as found in apache-beam 2.77.0 (`BEAM_VERSION`):
 8. Beam's own subprocess workers inherit the driver's environment variables, so that workers
    started as fresh processes see the claims folder too. (Work sharing's speed.)
 
+Two more, used by Dataflow dry runs (pipelines/dryrun.py) rather than by LocalRunner:
+
+9. `fn_api_runner.translations.create_and_optimize_stages(proto, phases, known_runner_urns)`
+   with the phases the FnApiRunner applies up to fusion (`greedily_fuse` and those before it)
+   returns stages whose `transforms` name the pipeline's steps; it breaks fusion where Dataflow
+   does, at every GroupByKey and side input. (The stages a dry run shows: `fused_stages`.)
+10. `DataflowRunner.run_pipeline` with `TestOptions.dry_run` returns before it makes an API
+   client: a result whose `job` is the `apiclient.Job` it would submit, and the runner keeps the
+   portable pipeline it would stage in `proto_pipeline`. (`dry_run_job`.)
+
 Every run starts with the checks that can be made then (`unmet_assumptions`: the version, the
 names and signatures of 2 to 5; the bundle repeat of 6; the worker command of 2): a feature
 whose assumption fails them is left to Beam for the run, with one log line naming the assumption.
@@ -75,6 +85,7 @@ checked, which is why a different version turns every feature off.
 from __future__ import annotations
 
 import contextlib
+import copy
 import inspect
 import logging
 import os
@@ -93,7 +104,15 @@ from recordforge.pipelines.lease import heartbeat_threads
 from recordforge.pipelines.progress import watch_threads
 from recordforge.transforms.sharing import SHARED_WORK_ENV, WorkSharingRunner
 
-__all__ = ["BEAM_VERSION", "BEAM_WORKER_COMMAND", "FORKED_WORKER_URN", "LocalRunner", "unmet_assumptions"]
+__all__ = [
+    "BEAM_VERSION",
+    "BEAM_WORKER_COMMAND",
+    "FORKED_WORKER_URN",
+    "LocalRunner",
+    "dry_run_job",
+    "fused_stages",
+    "unmet_assumptions",
+]
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -109,6 +128,8 @@ _SAMPLING_PERIOD_MS = 20
 # The features, and the assumptions (numbered as in the module docstring) each rests on.
 SHARING, FORKING, PROMPT_ENDS = "work sharing", "forked workers", "prompt bundle ends"
 _NEEDS = {SHARING: (1, 6, 7, 8), FORKING: (1, 2, 3, 4), PROMPT_ENDS: (1, 5)}
+# What dry runs rest on (they are built, never run, so nothing falls back: the tests guard them).
+DRY_RUN_NEEDS = (9, 10)
 
 
 class LocalRunner(WorkSharingRunner, FnApiRunner):
@@ -373,3 +394,39 @@ def _run_beam_worker(env: dict[str, str]) -> None:
     from apache_beam.runners.worker import sdk_worker_main
 
     sdk_worker_main.main([])
+
+
+def fused_stages(pipeline_proto: Any) -> list[list[str]]:
+    """The unique names of the transforms in each stage that Beam's own fuser makes of a portable
+    pipeline (assumption 9): Dataflow fuses on its service and Beam does not expose that fusion,
+    but it breaks fusion at the same places."""
+    from apache_beam.portability import common_urns
+    from apache_beam.runners.portability.fn_api_runner import translations
+
+    _, stages = translations.create_and_optimize_stages(
+        copy.deepcopy(pipeline_proto),
+        phases=[
+            translations.annotate_downstream_side_inputs,
+            translations.fix_side_input_pcoll_coders,
+            translations.pack_combiners,
+            translations.lift_combiners,
+            translations.expand_sdf,
+            translations.expand_gbk,
+            translations.sink_flattens,
+            translations.greedily_fuse,
+            translations.read_to_impulse,
+            translations.impulse_to_input,
+            translations.sort_stages,
+        ],
+        known_runner_urns=frozenset(
+            [common_urns.primitives.FLATTEN.urn, common_urns.primitives.GROUP_BY_KEY.urn]
+        ),
+    )
+    return [[t.unique_name for t in stage.transforms] for stage in stages]
+
+
+def dry_run_job(pipeline: beam.Pipeline, result: Any) -> tuple[Any, str | None]:
+    """The portable pipeline a Dataflow dry run (`--dry_run=True`) would have staged, and the name
+    of the job it would have submitted (assumption 10)."""
+    job = getattr(result, "job", None)
+    return pipeline.runner.proto_pipeline, (job.proto.name if job is not None else None)
