@@ -91,7 +91,7 @@ def test_shuffled_shards_are_the_same_bytes_whoever_writes_them(
     # The local runner spills batches and pieces to files, deleted once the shards are written;
     # other runners group the pieces themselves: the same bytes.
     assert not list((tmp_path / "one").rglob("_tmp-*"))
-    monkeypatch.setattr(sinks, "in_memory_runner", lambda _: False)
+    monkeypatch.setattr(sinks, "holds_in_memory", lambda _: False)
     run([*common, "--output", str(tmp_path / "grouped")])
     assert _shard_bytes(tmp_path / "grouped") == expected
 

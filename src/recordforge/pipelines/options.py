@@ -8,7 +8,7 @@ import difflib
 from collections.abc import Iterator
 from typing import Any
 
-from apache_beam.options.pipeline_options import PipelineOptions, _BeamArgumentParser
+from apache_beam.options.pipeline_options import PipelineOptions
 
 from recordforge.errors import UsageError
 from recordforge.pipelines.flags import FORMATS, add_flags
@@ -25,8 +25,8 @@ class ConvertOptions(PipelineOptions):
         add_flags(parser)
 
 
-class _CheckingParser(_BeamArgumentParser):
-    """Beam's parser (it knows `add_value_provider_argument`), raising instead of exiting, and
+class _CheckingParser(argparse.ArgumentParser):
+    """A parser for every flag Beam's options classes declare, raising instead of exiting, and
     keeping the names of the flags declared on it."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -36,6 +36,14 @@ class _CheckingParser(_BeamArgumentParser):
     def add_argument(self, *args: Any, **kwargs: Any) -> Any:
         self.flag_names.update(a for a in args if isinstance(a, str) and a.startswith("--"))
         return super().add_argument(*args, **kwargs)
+
+    def add_value_provider_argument(self, *args: Any, **kwargs: Any) -> Any:
+        """What options classes call for a flag a template may fill at run time (Beam's
+        documented `PipelineOptions` protocol). Only its name and value are checked here, so it
+        is declared as a plain flag, optional as Beam makes it."""
+        if args and not args[0].startswith("-") and kwargs.get("nargs") is None:
+            kwargs["nargs"] = "?"
+        return self.add_argument(*args, **kwargs)
 
     def error(self, message: str) -> None:  # type: ignore[override]
         raise UsageError(message)
@@ -49,6 +57,8 @@ def _option_classes(cls: type[PipelineOptions] = PipelineOptions) -> Iterator[ty
 
 
 def _parser() -> _CheckingParser:
+    """Every flag Beam would parse: each options class declares its own through the
+    `_add_argparse_args` classmethod, the protocol Beam documents for defining options."""
     parser = _CheckingParser(prog="recordforge convert", add_help=False, allow_abbrev=False)
     # The same class can be defined twice (a module run as __main__ and imported); one per name.
     classes = {f"{c.__module__}.{c.__qualname__}": c for c in _option_classes()}

@@ -18,9 +18,7 @@ from typing import Any
 import apache_beam as beam
 import numpy as np
 import pyarrow as pa
-from apache_beam.transforms.window import GlobalWindow
-from apache_beam.utils.timestamp import MIN_TIMESTAMP
-from apache_beam.utils.windowed_value import WindowedValue
+from apache_beam.transforms.window import GlobalWindows
 
 from recordforge.arrays import binary_parts
 from recordforge.streams import Segment, StreamWriter, splice
@@ -173,10 +171,10 @@ class _RollingWriteFn(beam.DoFn):
     def process(self, element: tuple[Any, pa.Array]) -> Iterator[_Part]:
         yield from self._roller.add(*element)
 
-    def finish_bundle(self) -> Iterator[WindowedValue]:
+    def finish_bundle(self) -> Iterator[Any]:
         part = self._roller.close()
         if part is not None:
-            yield WindowedValue(part, MIN_TIMESTAMP, [GlobalWindow()])
+            yield GlobalWindows.windowed_value(part)
 
 
 @dataclass(frozen=True)

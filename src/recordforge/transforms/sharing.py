@@ -40,6 +40,7 @@ from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions
 from apache_beam.transforms.window import GlobalWindows
 
 __all__ = [
+    "holds_in_memory",
     "ONE",
     "SHARE",
     "SHARED_WORK_ENV",
@@ -94,6 +95,15 @@ def work_plan(runner: object, options: PipelineOptions) -> str:
     ):
         return SPREAD
     return ONE if options.view_as(DirectOptions).direct_num_workers == 1 else SHARE
+
+
+def holds_in_memory(pipeline: beam.Pipeline) -> bool:
+    """Whether the pipeline's runner holds a stage's pending input, and a GroupByKey's, in memory:
+    Beam's local runners (RecordForge's among them) do; Dataflow and Dask keep them on disk."""
+    from apache_beam.runners.direct.direct_runner import DirectRunner
+    from apache_beam.runners.portability.fn_api_runner import FnApiRunner
+
+    return isinstance(pipeline.runner, FnApiRunner | DirectRunner)
 
 
 def _runner_class(name: str) -> type | None:

@@ -13,6 +13,7 @@ from recordforge.tfrecord import Compression, ShardInfo
 from recordforge.transforms.beam_sink import write_with_beam
 from recordforge.transforms.rolling import DEFAULT_SHARD_SIZE, WriteShardsBySize
 from recordforge.transforms.shard_files import ShardFiles, TempShard, shard_prefix
+from recordforge.transforms.sharing import holds_in_memory
 from recordforge.transforms.shuffle import (
     DEFAULT_SEED,
     ScatterRecords,
@@ -21,7 +22,7 @@ from recordforge.transforms.shuffle import (
     sorted_records,
 )
 
-__all__ = ["DEFAULT_LEVEL", "SINKS", "WriteTFRecords", "in_memory_runner", "shard_prefix"]
+__all__ = ["DEFAULT_LEVEL", "SINKS", "WriteTFRecords", "shard_prefix"]
 
 # "beam" is beam.io.WriteToTFRecord, kept only as the benchmark's comparison (beam_sink.py).
 SINKS = ("fast", "beam")
@@ -92,15 +93,6 @@ def _publish_slots(
     level: int,
 ) -> list[ShardInfo]:
     return files.publish_slots(count, written, compression, level)
-
-
-def in_memory_runner(pipeline: beam.Pipeline) -> bool:
-    """Beam's local runners (RecordForge's among them) hold a stage's input, and a GroupByKey's,
-    in memory; Dataflow and Dask keep them on disk."""
-    from apache_beam.runners.direct.direct_runner import DirectRunner
-    from apache_beam.runners.portability.fn_api_runner import FnApiRunner
-
-    return isinstance(pipeline.runner, FnApiRunner | DirectRunner)
 
 
 class WriteTFRecords(beam.PTransform):
@@ -192,7 +184,7 @@ class WriteTFRecords(beam.PTransform):
             )
         # Beam's local runners hold a grouping's input in memory: there the batches (or pieces)
         # wait in files of the writer's temporary folder and the grouping holds their names.
-        spill = files.temp_dir if in_memory_runner(batches.pipeline) else None
+        spill = files.temp_dir if holds_in_memory(batches.pipeline) else None
         if self._shuffle:
             grouped = (
                 batches
