@@ -77,3 +77,31 @@ def test_a_conversion_inside_ones_own_pipeline_publishes_a_bundle(tmp_path: Path
     assert again.run(p2)["version"] != meta["version"]
     with pytest.raises(UsageError, match="if_changed"):
         recordforge.add_conversion(beam.Pipeline(), str(tmp_path / "t.parquet"), out, if_changed=True)
+
+
+def test_every_public_name_is_in_its_modules_all() -> None:
+    """A module's public functions and classes are listed in its `__all__` (read from the source:
+    importing every module would load TensorFlow)."""
+    import ast
+
+    root = Path(recordforge.__file__).parent
+    missing = []
+    for path in sorted(root.rglob("*.py")):
+        if path.name == "__main__.py":
+            continue
+        tree = ast.parse(path.read_text())
+        public = [
+            node.name
+            for node in tree.body
+            if isinstance(node, ast.FunctionDef | ast.ClassDef) and not node.name.startswith("_")
+        ]
+        listed: list[str] | None = None
+        for node in tree.body:
+            if isinstance(node, ast.Assign) and any(
+                isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets
+            ):
+                listed = [e.value for e in node.value.elts]  # type: ignore[attr-defined]
+        if public and listed is None:
+            missing.append(f"{path.relative_to(root)}: no __all__")
+        missing += [f"{path.relative_to(root)}: {name}" for name in public if listed and name not in listed]
+    assert not missing, missing

@@ -20,7 +20,8 @@ from conftest import published_root
 
 from recordforge.errors import RecordForgeError, UsageError
 from recordforge.pipelines.config import ConvertConfig
-from recordforge.pipelines.convert import build, dataflow_preflight, run
+from recordforge.pipelines.convert import build, run
+from recordforge.pipelines.dryrun import dataflow_preflight
 from recordforge.pipelines.flags import FLAGS
 from recordforge.pipelines.options import ConvertOptions
 from recordforge.pipelines.template import template_metadata

@@ -9,8 +9,10 @@ from recordforge.errors import RecordForgeError
 from recordforge.pipelines.flags import FLAGS, FORMATS, default
 from recordforge.pipelines.options import ConvertOptions
 from recordforge.sampling import format_from_path
+from recordforge.schemas.plan import Plan
 from recordforge.tfrecord import Compression
 from recordforge.transforms.rolling import DEFAULT_SHARD_SIZE, parse_size
+from recordforge.transforms.splits import SplitSpec
 
 __all__ = ["ConvertConfig", "format_from_path", "parse_splits"]
 
@@ -160,3 +162,30 @@ class ConvertConfig:
         values["sources"] = tuple(values["sources"] or ())
         values["output"] = values["output"] or ""
         return cls(**values, command=command)
+
+    def split_spec(self, plan: Plan) -> SplitSpec | None:
+        """--splits and its companions, checked against the schema; None without --splits."""
+        if not self.splits:
+            return None
+        pairs = parse_splits(self.splits, weighted=self.split_column is None)
+        if self.split_key and self.split_key not in {f.name for f in plan.features}:
+            raise RecordForgeError(f"--split_key {self.split_key!r} is not a feature of the schema")
+        return SplitSpec(
+            names=tuple(n for n, _ in pairs),
+            weights=tuple(w for _, w in pairs),
+            key_feature=self.split_key,
+            column=self.split_column,
+            salt=self.split_salt,
+        )
+
+    def fit_split(self, splits: SplitSpec | None) -> str | None:
+        """The split analyzers are fitted on: --analyze_split, else `train`; None: all rows."""
+        if splits is None:
+            return None
+        name = self.analyze_split or "train"
+        if name not in splits.names:
+            raise RecordForgeError(
+                f"analyzers are fitted on the {name!r} split, which --splits does not have "
+                f"({', '.join(splits.names)}); name one with --analyze_split"
+            )
+        return name

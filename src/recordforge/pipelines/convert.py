@@ -1,13 +1,15 @@
 """The convert pipeline: tables in, sharded TFRecords and a self-describing bundle out.
 
-The data's path, in order:
+The data's path, in order (`build` reads the same way, one step a line):
 
     files  --Read-->  SourceBatch (pa.RecordBatch + file + first row)   [+ unreadable files]
-           --ToExamples-->  ((file, first_row), pa.LargeBinaryArray of serialized tf.train.Examples)
+           --ToExamples-->  ((split, file, first_row), pa.LargeBinaryArray of serialized
+                            tf.train.Examples); split is "" without --splits
                             [+ rejected rows as JSON lines --WriteRejected--> _rejected/*.jsonl]
-           --Preprocess-->  the same, transformed by tensorflow-transform      [only when the schema
-                            declares a `transform:` or --preprocessing_fn is given; + transform_fn/]
-           --WriteTFRecords-->  ShardInfo per shard, measured on disk
+           --Preprocess-->  the same keys, Examples transformed by tensorflow-transform [only when
+                            the schema declares a `transform:` or --preprocessing_fn is given:
+                            ToExamples then hands on the conformed pa.RecordBatch; + transform_fn/]
+           --WriteTFRecords-->  ShardInfo per shard (path, records, bytes, sha256 as written)
            --WriteBundle-->  schema.pbtxt, schema.yaml, feature_spec.json, metadata.json, then the
                              commit: {output}/metadata.json replaced atomically, _SUCCESS
                              (after checking rows_read == rows_written + rows_rejected)
@@ -42,7 +44,8 @@ from apache_beam.options.pipeline_options import (
 from recordforge import layout
 from recordforge.errors import RecordForgeError
 from recordforge.layout import new_version, version_root
-from recordforge.pipelines.config import ConvertConfig, parse_splits
+from recordforge.pipelines.config import ConvertConfig
+from recordforge.pipelines.dryrun import dataflow_preflight
 from recordforge.pipelines.inputs import Inputs, input_fingerprint, resolve_inputs
 from recordforge.pipelines.options import ConvertOptions
 from recordforge.pipelines.progress import Watch
@@ -70,7 +73,7 @@ from recordforge.transforms.sources import (
 )
 from recordforge.transforms.splits import SplitSpec, in_split
 
-__all__ = ["build", "run", "DEFAULT_RUNNER"]
+__all__ = ["DEFAULT_RUNNER", "build", "run", "worker_mode"]
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -80,106 +83,152 @@ _LOGGER = logging.getLogger(__name__)
 DEFAULT_RUNNER = "recordforge.pipelines.local_runner.LocalRunner"
 
 
+@dataclasses.dataclass(frozen=True)
+class _Run:
+    """What the graph is built from, resolved and checked before any step is added."""
+
+    config: ConvertConfig
+    inputs: Inputs
+    version: str
+    root: str  # the version folder: everything the run writes goes below it (layout.py)
+    compression: str
+    splits: SplitSpec | None
+    shares: dict[str, float]  # each split's share of the input, where weights do not say it
+    fit_split: str | None  # the split analyzers are fitted on (None: all rows)
+
+    @property
+    def plan(self) -> Plan:
+        return self.inputs.plan
+
+    @property
+    def preprocessing(self) -> bool:
+        return self.plan.schema.has_transforms or bool(self.config.preprocessing_fn)
+
+
 def build(
     pipeline: beam.Pipeline, config: ConvertConfig, inputs: Inputs | None = None
 ) -> beam.PCollection[str]:
     """Adds the conversion to `pipeline`; returns a PCollection holding the output path once the
     bundle is published. Input patterns and the schema are resolved now, not at run time (or
     given: `inputs` as resolve_inputs(config) returned them, so that they are listed once)."""
-    inputs = inputs or resolve_inputs(config)
-    files, fmt, plan, folder = inputs.files, inputs.fmt, inputs.plan, inputs.folder
+    run = _resolve(pipeline.options, config, inputs or resolve_inputs(config))
+    source = pipeline | "Read" >> _read(run)
+    batches = source["batches"]
+    # SourceBatch: a pa.RecordBatch with its file and first row   [+ UNREADABLE files, REJECTED rows]
+    # Rows per batch, summed where the bundle is written: a global combine here would add two
+    # stages to the end of every run (on the local runner, a round trip to each worker apiece).
+    rows_per_batch = batches | "RowsPerBatch" >> beam.Map(lambda b: b.batch.num_rows)
+    # tensorflow-transform reads the conformed rows themselves, not their encoded Examples.
+    encoded = batches | "ToExamples" >> ToExamples(
+        run.plan, strict=config.strict, splits=run.splits, encode=not run.preprocessing
+    )
+    # examples: ((split, file, first_row), pa.LargeBinaryArray of serialized tf.train.Examples),
+    #   or with preprocessing the conformed rows as a pa.RecordBatch; split is "" without splits
+    # rejected: one JSON line per bad row, with its file, row, column, rule and original values
+    examples, transformed = encoded.examples, None
+    if run.preprocessing:
+        transformed = _preprocess(pipeline, run, examples)
+        examples = transformed.examples  # the same keys, transformed Examples
+    rejected = [encoded[REJECTED], *([source[REJECTED]] if REJECTED in source else [])]
+    rejected_lines = rejected | "AllRejected" >> beam.Flatten()
+    if config.strict:
+        # Strict runs fail at the first bad row, so there is never a rejected row to write.
+        rejected_files = rejected_lines | "NoRejectedFiles" >> beam.FlatMap(_nothing)
+    else:
+        rejected_files = rejected_lines | "WriteRejected" >> WriteRejected(run.root)
+    shards = _write_shards(run, examples, batches)
+    # ShardInfo: path, records, bytes, sha256 of each shard as written
+    return shards | "WriteBundle" >> WriteBundle(
+        _bundle_spec(run, transformed),
+        rows_per_batch=rows_per_batch,
+        rejected_rules=rejected_lines | "RejectedRules" >> beam.Map(rule_of),
+        unreadable=source[UNREADABLE],
+        rejected_files=rejected_files,
+        transform_written=transformed.written if transformed is not None else None,
+    )
+
+
+def _resolve(options: PipelineOptions, config: ConvertConfig, inputs: Inputs) -> _Run:
+    files, plan, folder = inputs.files, inputs.plan, inputs.folder
     check_not_inside(config.output, [f.path for f in files], "the input")
     if config.schema_path:
         check_not_inside(config.output, [config.schema_path], "--schema")
-    # Everything this run writes goes below its own version folder (layout.py).
     version = config.version or new_version()
-    root = version_root(config.output, version)
-    dataflow_preflight(pipeline.options, config, files)
-    compression = config.resolved_compression(any(f.is_image for f in plan.features))
-    splits = _split_spec(config, plan)
-    shares: dict[str, float] = {}  # of the input per split, where weights do not say it
+    dataflow_preflight(options, config, files)
+    splits = config.split_spec(plan)
+    shares: dict[str, float] = {}
     if splits is None and folder is not None and folder.splits:
         # An image folder's split folders (train/, test/...) are its splits: shards apart, as
         # with --splits, so that a training loop never reads the splits mixed.
         splits = SplitSpec(tuple(folder.splits), (1,) * len(folder.splits), column="split")
         for _, names, _, split in folder.groups:  # each split's share of the images, for sizing
             shares[split] = shares.get(split, 0.0) + len(names) / max(1, folder.count)
-    columns = list(plan.schema.source_columns)
-    csv_types = dict(plan.csv_column_types)
-    if splits is not None and splits.column is not None:
-        columns = list(dict.fromkeys([*columns, splits.column]))
-        csv_types.setdefault(splits.column, pa.string())
+    preprocessing = plan.schema.has_transforms or bool(config.preprocessing_fn)
+    return _Run(
+        config=config,
+        inputs=inputs,
+        version=version,
+        root=version_root(config.output, version),
+        compression=config.resolved_compression(any(f.is_image for f in plan.features)),
+        splits=splits,
+        shares=shares,
+        fit_split=config.fit_split(splits) if preprocessing else None,
+    )
 
-    def read() -> beam.PTransform:
-        if folder is not None:
-            return ReadImageFolder(folder)
-        if fmt == "parquet":
-            return ReadParquet(
-                config.sources,
-                columns=columns,
-                batch_size=config.batch_size,
-                expanded=files,
-                skip_unreadable=config.skip_unreadable_files,
-            )
-        return ReadCsv(
+
+def _read(run: _Run) -> beam.PTransform:
+    """The source step: an image folder, Parquet or CSV files, each read with the columns the
+    schema (and a split column) needs."""
+    config, inputs = run.config, run.inputs
+    if inputs.folder is not None:
+        return ReadImageFolder(inputs.folder)
+    columns = list(run.plan.schema.source_columns)
+    csv_types = dict(run.plan.csv_column_types)
+    if run.splits is not None and run.splits.column is not None:
+        columns = list(dict.fromkeys([*columns, run.splits.column]))
+        csv_types.setdefault(run.splits.column, pa.string())
+    if inputs.fmt == "parquet":
+        return ReadParquet(
             config.sources,
-            column_types=csv_types,
-            expanded=files,
-            strict=config.strict,
+            columns=columns,
+            batch_size=config.batch_size,
+            expanded=inputs.files,
             skip_unreadable=config.skip_unreadable_files,
         )
-
-    source = pipeline | "Read" >> read()
-    batches = source["batches"]
-    # SourceBatch: a pa.RecordBatch with its file and first row
-    # Rows per batch, summed where the bundle is written: a global combine here would add two
-    # stages to the end of every run (on the local runner, a round trip to each worker apiece).
-    rows_per_batch = batches | "RowsPerBatch" >> beam.Map(lambda b: b.batch.num_rows)
-    preprocessing = plan.schema.has_transforms or bool(config.preprocessing_fn)
-    # tensorflow-transform reads the conformed rows themselves, not their encoded Examples.
-    encoded = batches | "ToExamples" >> ToExamples(
-        plan, strict=config.strict, splits=splits, encode=not preprocessing
+    return ReadCsv(
+        config.sources,
+        column_types=csv_types,
+        expanded=inputs.files,
+        strict=config.strict,
+        skip_unreadable=config.skip_unreadable_files,
     )
-    # examples: ((split, file, first_row), pa.LargeBinaryArray of serialized tf.train.Examples)
-    # rejected: one JSON line per bad row, with its file, row, column, rule and original values
-    examples = encoded.examples
-    bundle_plan, raw_plan, transform_written, temp_dirs, transform = plan, None, None, (), None
-    if preprocessing:
-        # Imported only here: plain conversions never load TensorFlow or tensorflow-transform.
-        from recordforge.transforms.preprocess import analyze_and_transform
 
-        fit_split = _fit_split(config, splits)
-        # The analyzers get a second read of the input rather than the main path's batches: the
-        # transform pass then streams, instead of holding every batch until analysis ends.
-        fit = (pipeline | "ReadForAnalysis" >> read())["batches"] | "ToExamplesForAnalysis" >> ToExamples(
-            plan, strict=config.strict, splits=splits, namespace="recordforge.analysis", encode=False
-        )
-        transformed = analyze_and_transform(
-            examples,
-            plan,
-            root,
-            fit=fit.examples,
-            preprocessing_fn=config.preprocessing_fn,
-            fit_split=fit_split,
-        )
-        # examples: the same keys, transformed Examples; written: transform_fn/ is in place
-        examples, transform_written = transformed.examples, transformed.written
-        bundle_plan, raw_plan, temp_dirs = transformed.plan, plan, (transformed.temp_dir,)
-        transform = {
-            "declared": {f.name: f.transform.to_dict() for f in plan.features if f.transform},
-            "preprocessing_fn": config.preprocessing_fn,
-            "fit_on": fit_split or "all rows",
-        }
-    rejected = [encoded[REJECTED]]
-    if REJECTED in source:
-        rejected.append(source[REJECTED])
-    rejected_lines = rejected | "AllRejected" >> beam.Flatten()
-    if config.strict:
-        # Strict runs fail at the first bad row, so there is never a rejected row to write.
-        rejected_files = rejected_lines | "NoRejectedFiles" >> beam.FlatMap(_nothing)
-    else:
-        rejected_files = rejected_lines | "WriteRejected" >> WriteRejected(root)
 
+def _preprocess(pipeline: beam.Pipeline, run: _Run, rows: beam.PCollection) -> Any:
+    """tensorflow-transform over the conformed rows (transforms/preprocess.py)."""
+    # Imported only here: plain conversions never load TensorFlow or tensorflow-transform.
+    from recordforge.transforms.preprocess import analyze_and_transform
+
+    config = run.config
+    # The analyzers get a second read of the input rather than the main path's batches: the
+    # transform pass then streams, instead of holding every batch until analysis ends.
+    fit = (pipeline | "ReadForAnalysis" >> _read(run))["batches"] | "ToExamplesForAnalysis" >> ToExamples(
+        run.plan, strict=config.strict, splits=run.splits, namespace="recordforge.analysis", encode=False
+    )
+    return analyze_and_transform(
+        rows,
+        run.plan,
+        run.root,
+        fit=fit.examples,
+        preprocessing_fn=config.preprocessing_fn,
+        fit_split=run.fit_split,
+    )
+
+
+def _write_shards(run: _Run, examples: beam.PCollection, batches: beam.PCollection) -> beam.PCollection:
+    """One writer per split ({version}/{split}/{split}-SSSSS-of-NNNNN), or one for all records
+    ({version}/data-SSSSS-of-NNNNN); returns their ShardInfos."""
+    config, splits = run.config, run.splits
     file_rows = None
     if config.deterministic and not config.shuffle:
         # Where each file ends, in rows: the deterministic sink places every batch by it.
@@ -189,17 +238,17 @@ def build(
             | "FileRows" >> beam.CombinePerKey(max)
         )
 
-    def num_shards(name: str) -> int:
-        if config.num_shards or not config.fixed_shards:
-            return config.num_shards
-        share = 1.0 if splits is None else splits.weights[splits.names.index(name)] / sum(splits.weights)
-        return deterministic_shards(files, folder, config, shares.get(name, share))
-
-    def write(examples: beam.PCollection, into: str, name: str, label: str) -> beam.PCollection:
-        return examples | label >> WriteTFRecords(
+    def write(records: beam.PCollection, into: str, name: str, label: str) -> beam.PCollection:
+        num_shards = config.num_shards
+        if not num_shards and config.fixed_shards:
+            share = 1.0 if splits is None else splits.weights[splits.names.index(name)] / sum(splits.weights)
+            num_shards = _deterministic_shards(
+                run.inputs.files, run.inputs.folder, config, run.shares.get(name, share)
+            )
+        return records | label >> WriteTFRecords(
             into,
-            compression=compression,
-            num_shards=num_shards(name),
+            compression=run.compression,
+            num_shards=num_shards,
             file_rows=file_rows,
             sink=config.sink,
             compression_level=config.compression_level,
@@ -212,37 +261,38 @@ def build(
         )
 
     if splits is None:
-        shards = write(examples, root, "data", "WriteTFRecords")
-    else:
+        return write(examples, run.root, "data", "WriteTFRecords")
+    written = []
+    for name in splits.names:
+        chosen = examples | f"Select[{name}]" >> beam.Filter(in_split, name)
+        chosen = declare_element_type(chosen, examples.element_type)  # keeps the batches' coder
+        written.append(write(chosen, layout.join(run.root, name), name, f"WriteTFRecords[{name}]"))
+    return written | "AllSplits" >> beam.Flatten()
 
-        def select(name: str) -> beam.PCollection:
-            chosen = examples | f"Select[{name}]" >> beam.Filter(in_split, name)
-            return declare_element_type(chosen, examples.element_type)  # keeps the batches' coder
 
-        # One writer per split: {output}/{split}/{split}-SSSSS-of-NNNNN
-        shards = [
-            write(
-                select(name),
-                layout.join(root, name),
-                name,
-                f"WriteTFRecords[{name}]",
-            )
-            for name in splits.names
-        ] | "AllSplits" >> beam.Flatten()
-    # ShardInfo: path, records, bytes, sha256 of each shard as written
-    spec = BundleSpec(
+def _bundle_spec(run: _Run, transformed: Any) -> BundleSpec:
+    """What the bundle step records: the plans, the sources, and the run's facts."""
+    config, splits, folder, files = run.config, run.splits, run.inputs.folder, run.inputs.files
+    transform = None
+    if transformed is not None:
+        transform = {
+            "declared": {f.name: f.transform.to_dict() for f in run.plan.features if f.transform},
+            "preprocessing_fn": config.preprocessing_fn,
+            "fit_on": run.fit_split or "all rows",
+        }
+    return BundleSpec(
         output=config.output,
-        version=version,
+        version=run.version,
         previous_version=config.previous_version,
-        plan=bundle_plan,
-        raw_plan=raw_plan,
-        temp_dirs=temp_dirs,
-        source_format=fmt,
+        plan=transformed.plan if transformed is not None else run.plan,
+        raw_plan=run.plan if transformed is not None else None,
+        temp_dirs=(transformed.temp_dir,) if transformed is not None else (),
+        source_format=run.inputs.fmt,
         sources=tuple((f.path, f.size, f.modified) for f in files),
-        compression=compression,
+        compression=run.compression,
         command=config.command,
         facts=RunFacts(
-            input_fingerprint=input_fingerprint(files, plan, config),
+            input_fingerprint=input_fingerprint(files, run.plan, config),
             span=config.span or None,
             labels=tuple(folder.labels) if folder is not None else None,
             splits=tuple(folder.splits) if folder is not None else None,
@@ -257,17 +307,9 @@ def build(
         max_rejected=config.max_rejected,
         max_rejected_fraction=config.max_rejected_fraction,
     )
-    return shards | "WriteBundle" >> WriteBundle(
-        spec,
-        rows_per_batch=rows_per_batch,
-        rejected_rules=rejected_lines | "RejectedRules" >> beam.Map(rule_of),
-        unreadable=source[UNREADABLE],
-        rejected_files=rejected_files,
-        transform_written=transform_written,
-    )
 
 
-def deterministic_shards(files: list[Any], folder: Any, config: ConvertConfig, share: float) -> int:
+def _deterministic_shards(files: list[Any], folder: Any, config: ConvertConfig, share: float) -> int:
     """--deterministic without --num_shards: a shard per --shard_size of input (a split gets its
     share), or per 1,024 images of a folder whose listing gave no sizes. A function of the input
     and the flags alone, as the output's bytes must be."""
@@ -284,56 +326,8 @@ def worker_mode(options: PipelineOptions) -> str:
     return work_plan(options.view_as(StandardOptions).runner, options)
 
 
-def _fit_split(config: ConvertConfig, splits: SplitSpec | None) -> str | None:
-    """The split analyzers are fitted on: --analyze_split, else `train`; None means all rows."""
-    if splits is None:
-        return None
-    name = config.analyze_split or "train"
-    if name not in splits.names:
-        raise RecordForgeError(
-            f"analyzers are fitted on the {name!r} split, which --splits does not have "
-            f"({', '.join(splits.names)}); name one with --analyze_split"
-        )
-    return name
-
-
-def _split_spec(config: ConvertConfig, plan: Plan) -> SplitSpec | None:
-    if not config.splits:
-        return None
-    pairs = parse_splits(config.splits, weighted=config.split_column is None)
-    if config.split_key and config.split_key not in {f.name for f in plan.features}:
-        raise RecordForgeError(f"--split_key {config.split_key!r} is not a feature of the schema")
-    return SplitSpec(
-        names=tuple(n for n, _ in pairs),
-        weights=tuple(w for _, w in pairs),
-        key_feature=config.split_key,
-        column=config.split_column,
-        salt=config.split_salt,
-    )
-
-
 def _nothing(_: object) -> list[str]:
     return []
-
-
-def dataflow_preflight(options: PipelineOptions, config: ConvertConfig, files: list[Any]) -> None:
-    """What can be checked before a Dataflow job is submitted: workers can reach the paths, the
-    temp location is on GCS; and it says how much input the job will read."""
-    runner = options.view_as(StandardOptions).runner or ""
-    if "dataflow" not in str(runner).lower():
-        return
-    problems = []
-    gcp = options.view_as(GoogleCloudOptions)
-    if not (gcp.temp_location or "").startswith("gs://"):
-        problems.append(f"--temp_location must be a gs:// path, not {gcp.temp_location!r}")
-    remote = [p for p in (*config.sources, config.output) if "://" not in p]
-    if remote and not options.view_as(TestOptions).dry_run:
-        problems.append(f"Dataflow workers cannot read or write local paths: {', '.join(remote)}")
-    if problems:
-        raise RecordForgeError("cannot submit to Dataflow: " + "; ".join(problems))
-    total = sum(f.size or 0 for f in files)
-    plural = "" if len(files) == 1 else "s"
-    _LOGGER.warning("Dataflow job input: %d file%s, %.1f MB in all", len(files), plural, total / 1e6)
 
 
 def _with_span(config: ConvertConfig) -> ConvertConfig:

@@ -1,5 +1,6 @@
-"""A Dataflow dry run: the job built offline and summarised, with nothing submitted, read from or
-written to the output.
+"""Before a Dataflow job is submitted: the checks every Dataflow run gets (`dataflow_preflight`),
+and a dry run, the job built offline and summarised with nothing submitted, read from or written
+to the output (`dry_run`).
 
 What it relies on in Beam's internals (the job a dry run keeps, the stages of Beam's own fuser) is
 in pipelines/local_runner.py, the one module that relies on them, as its assumptions 9 and 10.
@@ -7,22 +8,31 @@ in pipelines/local_runner.py, the one module that relies on them, as its assumpt
 
 from __future__ import annotations
 
+import logging
 import os
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
 import apache_beam as beam
+from apache_beam.options.pipeline_options import (
+    GoogleCloudOptions,
+    PipelineOptions,
+    StandardOptions,
+    TestOptions,
+)
 from apache_beam.portability import common_urns
 
-from recordforge.errors import UsageError
+from recordforge.errors import RecordForgeError, UsageError
 from recordforge.layout import version_root
 from recordforge.pipelines.config import ConvertConfig
 from recordforge.pipelines.local_runner import dry_run_job, fused_stages
 from recordforge.schemas import load_schema
 from recordforge.storage import delete_tree, is_local
 
-__all__ = ["dry_run", "job_summary", "format_summary"]
+_LOGGER = logging.getLogger(__name__)
+
+__all__ = ["dataflow_preflight", "dry_run", "format_summary", "job_summary"]
 
 # Primitive transforms by URN, named as users know them; any other by its URN's name.
 _KINDS = {
@@ -137,3 +147,23 @@ def format_summary(summary: dict[str, Any]) -> list[str]:
     for i, labels in enumerate(summary["stages"], 1):
         lines.append(f"    {i}. {', '.join(labels)}")
     return lines
+
+
+def dataflow_preflight(options: PipelineOptions, config: ConvertConfig, files: list[Any]) -> None:
+    """What can be checked before a Dataflow job is submitted: workers can reach the paths, the
+    temp location is on GCS; and it says how much input the job will read."""
+    runner = options.view_as(StandardOptions).runner or ""
+    if "dataflow" not in str(runner).lower():
+        return
+    problems = []
+    gcp = options.view_as(GoogleCloudOptions)
+    if not (gcp.temp_location or "").startswith("gs://"):
+        problems.append(f"--temp_location must be a gs:// path, not {gcp.temp_location!r}")
+    remote = [p for p in (*config.sources, config.output) if "://" not in p]
+    if remote and not options.view_as(TestOptions).dry_run:
+        problems.append(f"Dataflow workers cannot read or write local paths: {', '.join(remote)}")
+    if problems:
+        raise RecordForgeError("cannot submit to Dataflow: " + "; ".join(problems))
+    total = sum(f.size or 0 for f in files)
+    plural = "" if len(files) == 1 else "s"
+    _LOGGER.warning("Dataflow job input: %d file%s, %.1f MB in all", len(files), plural, total / 1e6)

@@ -22,7 +22,17 @@ from recordforge.transforms.coders import declare_element_type
 from recordforge.transforms.sharing import Claims, SharedItemsFn, known_items
 from recordforge.transforms.sources import UNREADABLE, SourceBatch
 
-__all__ = ["ImageFolder", "ReadImageFolder", "SPLIT_FOLDERS", "folder_schema", "list_image_folder"]
+__all__ = [
+    "chunk_at",
+    "chunk_entries",
+    "chunk_ranges",
+    "folder_schema",
+    "ImageFolder",
+    "list_image_folder",
+    "ReadImageFolder",
+    "split_by_bytes",
+    "SPLIT_FOLDERS",
+]
 
 SPLIT_FOLDERS = ("train", "eval", "validation", "test")
 

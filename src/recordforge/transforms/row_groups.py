@@ -22,8 +22,10 @@ from apache_beam.io.filesystems import FileSystems
 from recordforge.errors import SourceError
 
 __all__ = [
+    "group_start",
     "MAX_PIECES",
     "not_parquet",
+    "piece_rows",
     "pieces",
     "read_rows",
     "resolve_columns",

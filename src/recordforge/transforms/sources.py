@@ -23,7 +23,15 @@ from recordforge.transforms.coders import SourceBatchCoder, declare_element_type
 from recordforge.transforms.row_groups import group_start, read_rows, resolve_columns, work_items
 from recordforge.transforms.sharing import Claims, SharedItemsFn, known_items
 
-__all__ = ["ReadParquet", "SourceBatch", "expand_patterns", "UNREADABLE", "REJECTED"]
+__all__ = [
+    "expand_patterns",
+    "FileInfo",
+    "read_ahead",
+    "ReadParquet",
+    "REJECTED",
+    "SourceBatch",
+    "UNREADABLE",
+]
 
 UNREADABLE = "unreadable"  # tagged output: JSON {"file", "error"} per file that could not be read
 REJECTED = "rejected"  # tagged output: JSON lines of rows the source itself could not parse
