@@ -283,10 +283,6 @@ def test_a_worker_without_the_listing_lists_again_and_checks_it(tmp_path: Path) 
     (tmp_path / "digits" / "train" / "0" / "00000.png").rename(tmp_path / "digits" / "train" / "0" / "0.png")
     with pytest.raises(SourceError, match="the folder changed during the run"):
         list(fn.process((0, 8)))
-    # An object store's listing is made on one worker, checked the same way.
-    fn = image_folder._ListFolderFn(folder.count - 1, "not-in-this-process", 8, folder.labels)
-    with pytest.raises(SourceError, match="the folder changed during the run"):
-        list(fn.process(folder.root))
 
 
 def test_folder_batches_are_bounded_in_file_bytes_on_the_worker(tmp_path: Path) -> None:

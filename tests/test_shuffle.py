@@ -79,7 +79,7 @@ def test_shuffled_shards_are_the_same_bytes_whoever_writes_them(
     assert one["shuffle_seed"] == DEFAULT_SEED
     expected = _shard_bytes(tmp_path / "one")
     assert list(expected) == [f"data-0000{i}-of-00003.tfrecord.gz" for i in range(3)]
-    # Two forked workers sharing the input; two in-process workers spreading it; other batches
+    # Two forked workers sharing the input; two in-process workers sharing it too; other batches
     # (the records' places count records, not batches); --deterministic alongside.
     for name, extra in {
         "forked": ["--direct_num_workers", "2", "--direct_running_mode", "multi_processing"],

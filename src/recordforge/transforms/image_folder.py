@@ -68,7 +68,7 @@ class ImageFolder:
         self.splits = splits
         self.sizes = sizes
         self.modified = modified
-        # Names this listing for workers that share the driver's memory (see _ListFolderFn).
+        # Names this listing for workers that share the driver's memory (see _LocalChunkFn).
         self.listing_id = uuid.uuid4().hex
         self._label_ids: dict[tuple[str, ...], np.ndarray] = {}
 
@@ -298,28 +298,6 @@ def _cut_by_bytes(
     together (read by ToExamples, on threads)."""
     for start, end in split_by_bytes(sizes, batch_bytes):
         yield SourceBatch(root, first + start, batch.slice(start, end - start))
-
-
-class _ListFolderFn(beam.DoFn):
-    """A listing's chunks as (first row, batch of paths, sizes), from the listing in this process
-    or made again and checked. ReadImageFolder no longer lists on a worker (`_LocalChunkFn` makes
-    the same check); tests/test_images.py still checks this DoFn."""
-
-    def __init__(self, expected: int, listing_id: str, batch_size: int, labels: list[str]) -> None:
-        self._expected = expected
-        self._listing_id = listing_id
-        self._batch_size = batch_size
-        self._labels = labels  # as the pipeline was built with them (ids in metadata.json)
-
-    def process(self, root: str) -> Iterator[tuple[int, pa.RecordBatch, list[int] | None]]:
-        folder = _LISTINGS.get(self._listing_id) or list_image_folder(root)
-        if folder.count != self._expected or not set(folder.labels) <= set(self._labels):
-            # Rows would be numbered against a different listing than the one checked at launch.
-            raise SourceError(
-                f"{root}: {folder.count} images now, {self._expected} when "
-                "the pipeline was built; the folder changed during the run"
-            )
-        yield from chunk_entries(folder, self._batch_size, self._labels)
 
 
 class _LocalChunkFn(SharedItemsFn):
