@@ -25,9 +25,10 @@ from recordforge.pipelines.config import ConvertConfig
 from recordforge.pipelines.convert import _pipeline_options, build, run, worker_mode
 from recordforge.tfrecord import detect_compression, iter_records
 from recordforge.transforms.csv_ranges import whole
+from recordforge.transforms.csv_source import _ReadCsvFn
 from recordforge.transforms.image_folder import ImageFolder, _carried, _LocalChunkFn
 from recordforge.transforms.sharing import ONE, SHARE, SHARED_WORK_ENV, SPREAD, Claims
-from recordforge.transforms.sources import SourceBatch, _ReadCsvFn, _ReadParquetFn
+from recordforge.transforms.sources import SourceBatch, _ReadParquetFn
 
 TWO_WORKERS = ["--direct_running_mode=multi_processing", "--direct_num_workers=2"]
 

@@ -135,7 +135,7 @@ def _column(arr: pa.Array, kind: ExampleKind) -> _Column:
         payload, value_lens = pieces.compact()
         return _Column(present, counts, payload, _segment_sums(value_lens, offsets))
     # bytes_list: each value is its own field, 0x0A len bytes.
-    voff, vdata = binary_parts(values)
+    voff, _ = binary_parts(values)
     lens = np.diff(voff)
     pieces = _Pieces(len(values))
     pieces.const(b"\x0a", np.ones(len(values), bool))

@@ -61,16 +61,13 @@ from recordforge.schemas import Plan
 from recordforge.storage import is_local, list_files
 from recordforge.transforms.bundle import BundleSpec, RunFacts, WriteBundle, rule_of
 from recordforge.transforms.coders import declare_element_type
+from recordforge.transforms.csv_source import ReadCsv
 from recordforge.transforms.examples import REJECTED, ToExamples
 from recordforge.transforms.image_folder import ReadImageFolder
 from recordforge.transforms.rejects import WriteRejected
 from recordforge.transforms.sharing import SPREAD, work_plan
 from recordforge.transforms.sinks import WriteTFRecords
-from recordforge.transforms.sources import (
-    UNREADABLE,
-    ReadCsv,
-    ReadParquet,
-)
+from recordforge.transforms.sources import UNREADABLE, ReadParquet
 from recordforge.transforms.splits import SplitSpec, in_split
 
 __all__ = ["DEFAULT_RUNNER", "build", "run", "worker_mode"]

@@ -224,16 +224,6 @@ class Column:
     starts: np.ndarray
     ends: np.ndarray
 
-    def bytes_values(self, limit: int | None = None) -> list[bytes]:
-        n = len(self.starts) if limit is None else min(limit, len(self.starts))
-        data = self.blob
-        return [
-            data[s:e].tobytes() for s, e in zip(self.starts[:n].tolist(), self.ends[:n].tolist(), strict=True)
-        ]
-
-    def counts_of(self, kind: int) -> np.ndarray:
-        return self.count[self.kind == kind]
-
 
 @dataclass
 class Batch:

@@ -271,13 +271,3 @@ def read_ahead(items: Iterator[_T], depth: int = 2) -> Iterator[_T]:
             except queue.Empty:
                 pass
         thread.join()
-
-
-def __getattr__(name: str) -> Any:
-    # ReadCsv (csv_source.py) builds on this module's types: looked up here on first use, so that
-    # callers may import it from either module, and either module first.
-    if name in ("ReadCsv", "_ReadCsvFn"):
-        from recordforge.transforms import csv_source
-
-        return getattr(csv_source, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
