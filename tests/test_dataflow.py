@@ -241,7 +241,7 @@ def test_portable_runner_output_is_byte_identical(parquet_source: str, tmp_path:
 def test_batches_and_records_get_coders_that_size_them_without_pickling(
     tmp_path: Path, parquet_source: str, type_check: bool
 ) -> None:
-    from recordforge.transforms.coders import ArrowArrayCoder, SourceBatchCoder
+    from recordforge.transforms.coders import ArrowCoder, SourceBatchCoder
 
     p = beam.Pipeline(options=PipelineOptions(pipeline_type_check=type_check))
     build(p, ConvertConfig(sources=(parquet_source,), output=str(tmp_path / "out")))
@@ -254,13 +254,13 @@ def test_batches_and_records_get_coders_that_size_them_without_pickling(
     # The main outputs of the Parquet read and of the encoder (tag "None").
     assert isinstance(coders[("Read/Read/ParDo(_ReadParquetFn)", "None")], SourceBatchCoder)
     key, records = coders[("ToExamples/Encode/ParDo(_ToExamplesFn)", "None")].coders()
-    assert isinstance(records, ArrowArrayCoder)
+    assert isinstance(records, ArrowCoder)
 
 
 def test_batch_coders_round_trip_and_size_from_buffers() -> None:
     import pyarrow as pa
 
-    from recordforge.transforms.coders import ArrowArrayCoder, SourceBatchCoder
+    from recordforge.transforms.coders import ArrowCoder, SourceBatchCoder
     from recordforge.transforms.sources import SourceBatch
 
     batch = pa.record_batch({"x": pa.array([1, None, 3]), "s": pa.array([b"", b"\x00\xff", None])})
@@ -270,8 +270,8 @@ def test_batch_coders_round_trip_and_size_from_buffers() -> None:
     assert back == element and back.batch.equals(batch)
     assert coder.estimate_size(element) >= batch.nbytes
     records = pa.array([b"\x0a\x00", b""], pa.large_binary())
-    assert ArrowArrayCoder().decode(ArrowArrayCoder().encode(records)).equals(records)
-    assert ArrowArrayCoder().estimate_size(records) == records.nbytes
+    assert ArrowCoder().decode(ArrowCoder().encode(records)).equals(records)
+    assert ArrowCoder().estimate_size(records) == records.nbytes
 
 
 # --- `recordforge convert --runner DataflowRunner --dry_run=True`, as users run it -------------
@@ -401,8 +401,10 @@ def test_dry_run_with_tensorflow_transform_deletes_what_building_wrote(
     ("flags", "problem"),
     [
         (["--dry_run=True"], "needs --runner DataflowRunner"),
-        ([*DATAFLOW[:-1], "--temp_location=gs://b/tmp", "--dry_run=True"], "Invalid GCS bucket"),
-        ([*DATAFLOW[:-1], "--dry_run=True"], "--temp_location None: Missing GCS path option"),
+        ([*DATAFLOW[:-1], "--temp_location=gs://b/tmp", "--dry_run=True"], "not a gs://bucket/path"),
+        ([*DATAFLOW[:-1], "--temp_location=gs://Bucket/tmp", "--dry_run=True"], "not a gs://bucket/path"),
+        ([*DATAFLOW[:-1], "--temp_location=gs://bucket", "--dry_run=True"], "not a gs://bucket/path"),
+        ([*DATAFLOW[:-1], "--dry_run=True"], "--temp_location is required for Dataflow"),
         ([*DATAFLOW[:1], "--project=p", *DATAFLOW[2:], "--dry_run=True"], "Invalid Project ID (p)"),
     ],
 )

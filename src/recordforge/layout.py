@@ -42,6 +42,8 @@ __all__ = [
     "STATE_DIR",
     "SHARD_TEMPLATE",
     "TEMP_DIR_PREFIX",
+    "shard_name",
+    "temp_dir",
     "RAW_METADATA",
     "TRANSFORM_FN",
     "TRANSFORMED_METADATA",
@@ -142,3 +144,13 @@ def top_entry(output: str, path: str) -> str:
 def relative(path: str, output: str) -> str:
     out = output.rstrip("/") + "/"
     return path[len(out) :] if path.startswith(out) else posixpath.basename(path)
+
+
+def shard_name(prefix: str, shard: int, count: int, suffix: str) -> str:
+    """`{prefix}-SSSSS-of-NNNNN{suffix}`, SHARD_TEMPLATE filled in: data-00003-of-00008.tfrecord.gz."""
+    return f"{prefix}-{shard:05d}-of-{count:05d}{suffix}"
+
+
+def temp_dir(folder: str) -> str:
+    """A fresh folder for working files in `folder` (a run's version folder, or a split's)."""
+    return join(folder, f"{TEMP_DIR_PREFIX}{uuid.uuid4().hex[:12]}")

@@ -26,6 +26,7 @@ import dataclasses
 import logging
 import math
 import os
+import re
 import shutil
 import sys
 from typing import Any
@@ -73,6 +74,8 @@ from recordforge.transforms.splits import SplitSpec, in_split
 __all__ = ["DEFAULT_RUNNER", "build", "run", "worker_mode"]
 
 _LOGGER = logging.getLogger(__name__)
+# A GCS object path as Dataflow takes it: gs://bucket/object, the bucket named as GCS allows.
+_GCS_PATH = re.compile(r"gs://[a-z0-9][-_a-z0-9.]{1,61}[a-z0-9]/.+", re.DOTALL)
 
 # Beam's FnApiRunner (what DirectRunner ends up using for batch pipelines, without first trying,
 # and offline failing, to download the Prism runner binary), with multi_processing workers that
@@ -91,15 +94,12 @@ class _Run:
     compression: str
     splits: SplitSpec | None
     shares: dict[str, float]  # each split's share of the input, where weights do not say it
+    preprocessing: bool  # the schema declares a `transform:`, or --preprocessing_fn is given
     fit_split: str | None  # the split analyzers are fitted on (None: all rows)
 
     @property
     def plan(self) -> Plan:
         return self.inputs.plan
-
-    @property
-    def preprocessing(self) -> bool:
-        return self.plan.schema.has_transforms or bool(self.config.preprocessing_fn)
 
 
 def build(
@@ -169,6 +169,7 @@ def _resolve(options: PipelineOptions, config: ConvertConfig, inputs: Inputs) ->
         compression=config.resolved_compression(any(f.is_image for f in plan.features)),
         splits=splits,
         shares=shares,
+        preprocessing=preprocessing,
         fit_split=config.fit_split(splits) if preprocessing else None,
     )
 
@@ -397,8 +398,8 @@ def _pipeline_options(argv: list[str]) -> PipelineOptions:
 
         standard.runner = resolve_runner(standard.runner) or standard.runner
     if not any(a.split("=")[0] in ("--pipeline_type_check", "--no_pipeline_type_check") for a in argv):
-        # Beam's construction-time type check costs ~0.2 s a run (a third of a small job) and
-        # checks nothing here: elements are Arrow batches and dataclasses its hints cannot see.
+        # Beam's construction-time type check is a noticeable part of a small job and checks
+        # nothing here: elements are Arrow batches and dataclasses its hints cannot see.
         options.view_as(TypeOptions).pipeline_type_check = False
     if options.view_as(DirectOptions).direct_running_mode == "multi_threading":
         raise RecordForgeError(
@@ -412,15 +413,17 @@ def _pipeline_options(argv: list[str]) -> PipelineOptions:
             "--dry_run=True builds a Dataflow job without submitting it: it needs --runner DataflowRunner"
         )
     if dataflow:
-        from apache_beam.options.pipeline_options_validator import PipelineOptionsValidator
-
         # Checked before Beam validates the options: without a valid gs:// temp location Beam
-        # tries to create a default bucket, which waits ~20 s on credentials first (and a dry
+        # tries to create a default bucket, which first waits on credential look-ups (and a dry
         # run would then need the network).
-        gcp = options.view_as(GoogleCloudOptions)
-        errors = PipelineOptionsValidator(options, None).validate_gcs_path(gcp, "temp_location")
-        if errors:
-            raise UsageError(f"--temp_location {gcp.temp_location!r}: {errors[0].strip()}")
+        temp = options.view_as(GoogleCloudOptions).temp_location
+        if not temp:
+            raise UsageError("--temp_location is required for Dataflow: a gs://bucket/path")
+        if not _GCS_PATH.fullmatch(temp):
+            raise UsageError(
+                f"--temp_location {temp!r}: not a gs://bucket/path (bucket names are lower-case "
+                "letters, digits, '-', '_' and '.')"
+            )
     return options
 
 

@@ -21,7 +21,7 @@ from recordforge.transforms.rolling import DEFAULT_SHARD_SIZE
 from recordforge.transforms.shuffle import DEFAULT_SEED
 from recordforge.transforms.sinks import DEFAULT_LEVEL, SINKS
 
-__all__ = ["add_flags", "default", "flag", "Flag", "FLAGS", "FORMATS", "parse_bool", "readme_table"]
+__all__ = ["add_flags", "default", "Flag", "FLAGS", "FORMATS", "parse_bool", "readme_table"]
 
 FORMATS = ("parquet", "csv", "images")
 _ANY = r"^\S+$"
@@ -372,11 +372,6 @@ FLAGS: tuple[Flag, ...] = (
 )
 
 _BY_DEST = {f.dest: f for f in FLAGS}
-
-
-def flag(dest: str) -> Flag:
-    """The flag that fills ConvertConfig's field `dest`."""
-    return _BY_DEST[dest]
 
 
 def default(dest: str) -> Any:

@@ -15,9 +15,9 @@ features that each rest on the assumptions named with them:
   ever run twice, so work sharing rests on FnApiRunner never retrying or replaying a bundle
   (assumption 6); a run that could replay them gets no claims folder.
 - Forked workers, with `--direct_running_mode=multi_processing`: Beam starts each worker as a
-  fresh interpreter (`python -m apache_beam.runners.worker.sdk_worker_main`) that spends ~1.5 s
-  importing Beam and what its package pulls in before it can take work, and ~0.4 s tearing down
-  after; on a 2-core machine converting 1M rows that cancels what the second core gains. Here,
+  fresh interpreter (`python -m apache_beam.runners.worker.sdk_worker_main`) that imports Beam
+  and all its package pulls in before it can take work, and tears it down after: on a small
+  machine and a run of seconds, that cancels what the second core gains. Here,
   just before the job runs, the driver forks a fork server (fork_server.py: Beam, Arrow and
   RecordForge already imported in it) and swaps the run's worker environment for one whose
   handler has the fork server fork a worker that runs Beam's own worker main with the
@@ -27,7 +27,7 @@ features that each rest on the assumptions named with them:
   other Python thread and has not loaded TensorFlow (whose native thread pools do not survive a
   fork); otherwise Beam's own worker command is used, with a log line saying why.
 - Prompt bundle ends: bundles sample their state every 20 ms instead of 200 ms, so that a long
-  bundle does not wait ~0.1 s at its end for the sampler's thread to wake up.
+  bundle does not wait at its end for the sampler's thread to wake up from a long sleep.
 
 Beam internals relied on, as found in apache-beam 2.77.0 (`BEAM_VERSION`):
 
@@ -263,9 +263,9 @@ def _prompt_bundle_ends() -> Iterator[None]:
 
     class _PromptStateSampler(original):  # type: ignore[misc, valid-type]
         """Beam's state sampler, sampling every 20 ms at most rather than 200 ms. Ending a bundle
-        joins the sampler's thread, which first finishes its current sleep: ~0.1 s at the end of
-        every long bundle (the conversion stage is one per worker), 2-4% of a 1M-row run. Finer
-        sampling costs ~50 wake-ups a second of a thread that holds no GIL."""
+        joins the sampler's thread, which first finishes its current sleep, at the end of every
+        long bundle (the conversion stage is one per worker). Finer sampling costs a few dozen
+        wake-ups a second of a thread that holds no GIL."""
 
         def __init__(self, prefix: str, counter_factory: Any, sampling_period_ms: int = 200) -> None:
             super().__init__(prefix, counter_factory, min(sampling_period_ms, _SAMPLING_PERIOD_MS))

@@ -16,7 +16,7 @@ from typing import Any
 import apache_beam as beam
 import pyarrow as pa
 
-__all__ = ["ArrowArrayCoder", "RecordBatchCoder", "SourceBatchCoder", "declare_element_type"]
+__all__ = ["ArrowCoder", "SourceBatchCoder", "declare_element_type"]
 
 
 class _SizedPickleCoder(beam.coders.Coder):
@@ -33,17 +33,11 @@ class _SizedPickleCoder(beam.coders.Coder):
         return Any
 
 
-class ArrowArrayCoder(_SizedPickleCoder):
-    """A `pa.Array` (records of a batch, as ToExamples emits them)."""
+class ArrowCoder(_SizedPickleCoder):
+    """A `pa.Array` (the records of a batch) or a `pa.RecordBatch` (conformed rows, for
+    tensorflow-transform), as ToExamples emits them."""
 
-    def estimate_size(self, value: pa.Array) -> int:
-        return value.nbytes
-
-
-class RecordBatchCoder(_SizedPickleCoder):
-    """A `pa.RecordBatch` (conformed rows, as ToExamples emits them for tensorflow-transform)."""
-
-    def estimate_size(self, value: pa.RecordBatch) -> int:
+    def estimate_size(self, value: pa.Array | pa.RecordBatch) -> int:
         return value.nbytes
 
 

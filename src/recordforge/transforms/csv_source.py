@@ -187,7 +187,7 @@ class _ReadCsvFn(SharedItemsFn):
             try:
                 # Parsed ahead on a thread (Arrow's parser releases the GIL): the next block is
                 # parsed while this one is conformed and encoded, on a core that is otherwise idle
-                # with one worker (~0.9 s of a 1M-row file's ~6 s).
+                # with one worker.
                 yield from read_ahead(self._read(item, first, cursor, empty_is_null=first_nulls))
             except pa.ArrowInvalid as exn:
                 # A cell did not convert, in a block pyarrow does not place in the file.

@@ -16,15 +16,15 @@ from recordforge.encoding import ExampleEncoder
 from recordforge.pipelines import progress
 from recordforge.schemas.model import Schema
 from recordforge.schemas.plan import Plan, compile_schema
-from recordforge.transforms.coders import ArrowArrayCoder, RecordBatchCoder, declare_element_type
+from recordforge.transforms.coders import ArrowCoder, declare_element_type
 from recordforge.transforms.conform import BadRow, conform_batch
 from recordforge.transforms.rejects import rejected_line, source_record
 from recordforge.transforms.sources import SourceBatch
 from recordforge.transforms.splits import SplitSpec, assign_by_hash, assign_by_value
 
 # The records of a batch: sized from their buffers, not by pickling them (see coders.py).
-beam.coders.registry.register_coder(pa.Array, ArrowArrayCoder)
-beam.coders.registry.register_coder(pa.RecordBatch, RecordBatchCoder)
+beam.coders.registry.register_coder(pa.Array, ArrowCoder)
+beam.coders.registry.register_coder(pa.RecordBatch, ArrowCoder)
 
 __all__ = ["NAMESPACE", "REJECTED", "ToExamples"]
 
@@ -80,7 +80,7 @@ class _ToExamplesFn(beam.DoFn):
                 yield beam.pvalue.TaggedOutput(REJECTED, rejected_line(bad, record))
         if not result.batch.num_rows:
             return
-        out = self._encoder.encode(result.batch) if self._encode else result.batch
+        out = self._encoder.encode(result.batch) if self._encode else _compact(result.batch)
         if self._splits is None:
             self._rows_encoded.inc(len(out))
             yield ("", element.file, element.first_row), out
@@ -124,6 +124,13 @@ class _ToExamplesFn(beam.DoFn):
                 yield (name, element.file, element.first_row), out.take(pa.array(rows))
 
 
+def _compact(batch: pa.RecordBatch) -> pa.RecordBatch:
+    """The batch in buffers of its own: conformed columns are often slices of the reader's much
+    larger arrays, and a slice is pickled (between stages, into a GroupByKey) with the whole of
+    its parent's buffers."""
+    return pa.RecordBatch.from_arrays([pa.concat_arrays([c]) for c in batch.columns], schema=batch.schema)
+
+
 class ToExamples(beam.PTransform):
     """Conforms and encodes source batches.
 
@@ -135,7 +142,8 @@ class ToExamples(beam.PTransform):
     encoded: tensorflow-transform reads them without a decode); and `rejected`,
     one JSON line per bad row (see `rejected_line`). With `strict=True` the first bad row fails the
     pipeline with a DataError naming file, row, column, value and rule instead.
-    Metrics: `recordforge/rows_read`, `rows_encoded`, `rows_rejected`, `rejected_<rule>`.
+    Metrics: `recordforge/rows_read`, `rows_encoded` (rows passed on, encoded or conformed),
+    `rows_rejected`, `rejected_<rule>`.
     """
 
     def __init__(

@@ -43,11 +43,11 @@ class ImageFolder:
     Held as groups, one per folder: (folder, its image names in order, label, split). Label and
     split are a folder's, and a path is its folder and a name, so nothing is kept per image but
     its name; per-image rows are made a chunk at a time, with Arrow kernels (`chunk_at`).
-    Making 200k (path, label, split) tuples in Python took the driver ~0.15 s, and the cyclic
-    garbage collector more as they piled up.
+    A Python tuple per image would cost the driver time per image, and the cyclic garbage
+    collector more as they piled up.
 
     Names only: a local folder's files are sized as the workers read them (a `stat` is ~2 us a
-    file, the larger part of listing a local folder; 200k files cost the driver 0.45 s).
+    file, the larger part of listing a local folder).
     `sizes` are kept where the listing gives them for free (object stores). `digest` stands for
     the names, `modified` is the latest change of a folder (a file added, removed or renamed).
     """
@@ -305,8 +305,8 @@ class _LocalChunkFn(SharedItemsFn):
     are made here from the listing the pipeline was built on, which a worker in the driver's
     process or forked from it already holds; a worker without it lists the folder once and checks
     that it is the same listing (count and digest). Sending the paths instead (a listing stage,
-    then ~10 MB of path batches through the runner for 200k images) kept a two-worker run ~0.3 s
-    from its first image. For workers that may run anywhere, a chunk carries its part of the
+    then every path through the runner) would delay the first image by a stage and by copying
+    every path. For workers that may run anywhere, a chunk carries its part of the
     listing, (first row, rows, groups, sizes) as `ImageFolder.part` makes it, so that none lists
     the folder again (an object store's listing can take minutes, and is made at construction).
 

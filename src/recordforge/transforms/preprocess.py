@@ -1,7 +1,7 @@
 """analyze_and_transform: full-pass preprocessing of conformed batches with tensorflow-transform.
 
     ((split, file, first_row), conformed pa.RecordBatch)   (ToExamples with encode=False)
-        --as TFT input (lists, zero-copy)-->  pa.RecordBatch + three passthrough columns
+        --as TFT input (every column a list)-->  pa.RecordBatch + three passthrough columns
         --AnalyzeDataset (fitting split only)-->  transform_fn (a SavedModel)
         --TransformDataset(output_record_batches=True)-->  transformed pa.RecordBatch
         --ExampleEncoder-->  ((split, file, first_row), transformed Examples)
@@ -17,7 +17,6 @@ deterministic sink's order).
 
 from __future__ import annotations
 
-import uuid
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,7 +27,7 @@ import pyarrow.compute as pc
 
 from recordforge.arrays import binary_array, binary_parts, drop_hidden_values, list_offsets
 from recordforge.encoding import ExampleEncoder
-from recordforge.layout import RAW_METADATA, TEMP_DIR_PREFIX
+from recordforge.layout import RAW_METADATA, temp_dir
 from recordforge.schemas.model import NullPolicy
 from recordforge.schemas.plan import Plan, value_type
 from recordforge.schemas.preprocessing import (
@@ -239,7 +238,7 @@ class _AnalyzeAndTransform(beam.PTransform):
         self.output_plan: Plan | None = None
         # TFT's working files (the transform_fn TransformDataset loads lives here too): deleted
         # by the bundle step, once every shard is written.
-        self.temp_dir = f"{self._output}/{TEMP_DIR_PREFIX}{uuid.uuid4().hex}"
+        self.temp_dir = temp_dir(self._output)
 
     def expand(self, examples: beam.PCollection) -> dict[str, beam.PCollection]:
         import tensorflow_transform.beam as tft_beam
@@ -261,7 +260,7 @@ class _AnalyzeAndTransform(beam.PTransform):
 
         absentable = _absentable(self._raw_plan)
         batches = examples | "AsTftInput" >> beam.ParDo(_TftInputFn(raw_arrow, absentable))
-        # Only the fitting split's records are decoded for the analyzers.
+        # Only the fitting split's rows feed the analyzers.
         fit = examples if self._fit is None else self._fit
         if self._fit_split is not None:
             fit = fit | f"Only[{self._fit_split}]" >> beam.Filter(in_split, self._fit_split)

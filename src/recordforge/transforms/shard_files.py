@@ -27,8 +27,8 @@ import pyarrow as pa
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
+from recordforge import layout
 from recordforge.arrays import binary_parts
-from recordforge.layout import TEMP_DIR_PREFIX
 from recordforge.storage import delete_tree, exists
 from recordforge.streams import HashingFile, Segment, StreamWriter
 from recordforge.tfrecord import ShardInfo, frame_records
@@ -138,11 +138,10 @@ class ShardFiles:
     def beside(cls, prefix: str, suffix: str) -> ShardFiles:
         """Shards named `prefix...suffix`, with a fresh temporary folder in their folder."""
         folder = prefix.rsplit("/", 1)[0]
-        return cls(prefix, suffix, f"{folder}/{TEMP_DIR_PREFIX}{uuid.uuid4().hex[:12]}")
+        return cls(prefix, suffix, layout.temp_dir(folder))
 
     def final(self, shard: int, count: int) -> str:
-        """`{prefix}-SSSSS-of-NNNNN{suffix}` (layout.SHARD_TEMPLATE)."""
-        return f"{self.prefix}-{shard:05d}-of-{count:05d}{self.suffix}"
+        return layout.shard_name(self.prefix, shard, count, self.suffix)
 
     def temp(self, kind: str, ext: str = PART) -> str:
         return temp_path(self.temp_dir, kind, ext)

@@ -8,8 +8,8 @@ runner (pipelines/local_runner.py) its workers also share them as they go:
 
 Beam's local runner hands each worker a fixed part of a stage's input (every other element, in
 the order they arrive) and has no dynamic rebalancing. When the parts are uneven (a file's last
-row group is smaller) or the workers run at different speeds (on a shared VM one core was seen
-running 20-50% slower than the other for a whole run), one worker idles at the end while the
+row group is smaller) or the workers run at different speeds (on a shared VM one core can run much
+slower than another for a whole run), one worker idles at the end while the
 other still has whole work items queued. So a reading DoFn whose items are shared knows, besides
 its own part, every item: listed at construction and pickled with it (`SharedItemsFn.share`: the
 reads are then the run's first stage, where one worker is handed every item and the others none),
