@@ -436,6 +436,10 @@ features:
   - {name: fx, type: float32, shape: [2], nulls: required}
   - {name: w, type: float64, encode: bytes}
   - {name: t, type: bool}
+  - {name: d, type: date}
+  - {name: ts, type: timestamp, unit: ms}
+  - {name: fn, type: int64, shape: [2]}
+  - {name: wl, type: float64, encode: bytes, shape: [2], nulls: required}
 """
             )
         )
@@ -453,6 +457,10 @@ features:
             "fx": pa.array([[float(i), -float(i)] for i in range(n)], pa.list_(pa.float32())),
             "w": pa.array([None if i % 6 == 0 else i / 3 for i in range(n)], pa.float64()),
             "t": pa.array([None if i % 8 == 0 else bool(i % 2) for i in range(n)], pa.bool_()),
+            "d": pa.array([None if i % 9 == 0 else i for i in range(n)], pa.int32()).cast(pa.date32()),
+            "ts": pa.array([None if i % 10 == 0 else 1000 * i for i in range(n)], pa.timestamp("ms")),
+            "fn": pa.array([None if i % 3 == 0 else [i, -i] for i in range(n)], pa.list_(pa.int64())),
+            "wl": pa.array([[i / 7, -i / 7] for i in range(n)], pa.list_(pa.float64())),
         }
     )
     conformed = conform_batch(table.to_batches()[0], plan, file="f", first_row=0).batch
@@ -461,6 +469,7 @@ features:
     fn = _TftInputFn(decoder.ArrowSchema(), _absentable(plan))
     encoder = ExampleEncoder(plan)
     pieces = [conformed, conformed.slice(37, 101), conformed.take(pa.array([299, 3, 150, 0, 42]))]
+    pieces.append(conformed.slice(0, 9).slice(3, 4))
     for rows in pieces:
         (got,) = list(fn.process((("", "f", 0), rows)))
         want = decoder.DecodeBatch(encoder.encode(rows).to_pylist())

@@ -100,7 +100,7 @@ def work_plan(runner: object, options: PipelineOptions) -> str:
 def holds_in_memory(pipeline: beam.Pipeline) -> bool:
     """Whether the pipeline's runner holds a stage's pending input, and a GroupByKey's, in memory:
     Beam's local runners (RecordForge's among them) do; Dataflow and Dask keep them on disk."""
-    from apache_beam.runners.direct.direct_runner import DirectRunner
+    from apache_beam.runners import DirectRunner
     from apache_beam.runners.portability.fn_api_runner import FnApiRunner
 
     return isinstance(pipeline.runner, FnApiRunner | DirectRunner)
