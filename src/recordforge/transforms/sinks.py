@@ -22,7 +22,7 @@ from recordforge.transforms.shuffle import (
     sorted_records,
 )
 
-__all__ = ["DEFAULT_LEVEL", "SINKS", "WriteTFRecords", "shard_prefix"]
+__all__ = ["DEFAULT_LEVEL", "SINKS", "WriteTFRecords"]
 
 # "beam" is beam.io.WriteToTFRecord, kept only as the benchmark's comparison (beam_sink.py).
 SINKS = ("fast", "beam")
