@@ -42,8 +42,8 @@ def _check(number: int, holds: bool, detail: object = "") -> None:
 
 def test_every_assumption_is_listed_with_the_features_resting_on_it() -> None:
     numbers = sorted({n for needs in local_runner._NEEDS.values() for n in needs})
-    numbers = sorted({*numbers, *local_runner.DRY_RUN_NEEDS})
-    assert numbers == list(range(1, 11))
+    numbers = sorted({*numbers, *local_runner.DRY_RUN_NEEDS, *local_runner.STARTUP_NEEDS})
+    assert numbers == list(range(1, 12))
     for number in numbers:
         assert _assumption(number)
 
@@ -323,3 +323,30 @@ def test_10_a_dataflow_dry_run_keeps_its_job_and_pipeline() -> None:
     _check(10, job_name is not None, "the result has no job")
     names = {t.unique_name for t in proto.components.transforms.values()}
     _check(10, "Double" in names, sorted(names)[:5])
+
+
+_LEAN_PROBE = """
+import json, sys
+from recordforge import startup
+startup.own_process()
+try:
+    with startup.heavy_imports():
+        import apache_beam as beam
+        from apache_beam.runners.dataflow.dataflow_runner import DataflowRunner
+        from recordforge.pipelines import convert, dask_runner, dryrun, local_runner
+    loaded = [m for m in startup.UNUSED_BY_CONVERSIONS if m in sys.modules]
+    with beam.Pipeline(runner=local_runner.LocalRunner()) as p:
+        _ = p | beam.Create([1, 2]) | beam.Map(lambda x: 2 * x)
+    print(json.dumps({"loaded": loaded}))
+except Exception as exn:
+    print(json.dumps({"error": repr(exn)}))
+"""
+
+
+def test_11_beam_imports_without_the_integrations_conversions_never_use() -> None:
+    proc = subprocess.run([sys.executable, "-c", _LEAN_PROBE], capture_output=True, text=True, timeout=120)
+    lines = proc.stdout.strip().splitlines()
+    _check(11, proc.returncode == 0 and bool(lines), proc.stderr[-1500:])
+    got = json.loads(lines[-1])
+    _check(11, "error" not in got, got.get("error"))
+    _check(11, got["loaded"] == [], f"imported anyway: {got['loaded']}")

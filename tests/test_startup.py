@@ -4,6 +4,7 @@ are measured in docs/performance.md, not asserted here."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -94,3 +95,57 @@ def test_a_transform_run_prints_no_tensorflow_noise(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stderr == "", proc.stderr[-3000:]
     assert proc.stdout.startswith("wrote 200 records in 1 shard")
+    # The command's process imports Beam without pandas and freezes its heap (startup.py); what
+    # it writes is what the library writes in this test's process, which does neither.
+    run([*argv, "--output", str(tmp_path / "lib")])
+    for name in ("data-00000-of-00001.tfrecord.gz", "schema.pbtxt", "feature_spec.json"):
+        cli_file, lib_file = (next((tmp_path / o).glob(f"v-*/{name}")) for o in ("out", "lib"))
+        assert cli_file.read_bytes() == lib_file.read_bytes(), name
+
+
+_IMPORT_PROBE = """
+import gc, json, sys
+from recordforge import startup
+if sys.argv[1] == "own":
+    startup.own_process()
+if sys.argv[2] != "checked":
+    startup.BEAM_VERSION = "0.0"
+with startup.heavy_imports():
+    import apache_beam as beam
+    from recordforge.pipelines import convert
+loaded = [m for m in startup.UNUSED_BY_CONVERSIONS if m in sys.modules]
+frozen = gc.get_freeze_count()
+import pandas, apache_beam.io.gcp.bigquery, apache_beam.io.gcp.pubsub
+print(json.dumps({"loaded": loaded, "frozen": frozen > 0, "gc": gc.isenabled(),
+                  "io": all(hasattr(beam.io, n) for n in ("ReadFromParquet", "WriteToTFRecord"))}))
+"""
+
+
+@pytest.mark.parametrize(
+    ("who", "beam", "lean"),
+    [("own", "checked", True), ("library", "checked", False), ("own", "other", False)],
+    ids=["the-command", "a-library-caller", "another-beam-version"],
+)
+def test_only_the_commands_own_process_imports_beam_lean_and_freezes(who: str, beam: str, lean: bool) -> None:
+    """The command's process imports Beam without the integrations a conversion never uses and
+    freezes what the import made; a library caller's process, or any other Beam version, gets
+    Beam whole and an untouched heap (except the freeze, which is the command's only). Either
+    way the left-out modules import normally afterwards."""
+    proc = subprocess.run(
+        [sys.executable, "-c", _IMPORT_PROBE, who, beam], capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    from recordforge.startup import UNUSED_BY_CONVERSIONS
+
+    assert got["loaded"] == ([] if lean else list(UNUSED_BY_CONVERSIONS))
+    assert got["frozen"] == (who == "own")
+    assert got["gc"] and got["io"]
+
+
+def test_the_installed_beam_version_is_read_without_importing_beam() -> None:
+    import apache_beam
+
+    from recordforge.startup import _installed_beam_version
+
+    assert _installed_beam_version() == apache_beam.__version__

@@ -1,7 +1,5 @@
 """`python -m recordforge`: the same CLI as the `recordforge` console script."""
 
-import sys
+from recordforge.cli import console
 
-from recordforge.cli import main
-
-sys.exit(main())
+console()

@@ -13,11 +13,11 @@ import traceback
 from collections.abc import Callable, Iterator
 from typing import Any, NoReturn
 
-from recordforge import __version__
+from recordforge import __version__, startup
 from recordforge import errors as _errors
 from recordforge.errors import Interrupted, RecordForgeError, SourceError, UsageError
 
-__all__ = ["main"]
+__all__ = ["console", "main"]
 
 _DEBUG_ENV = "RECORDFORGE_DEBUG"
 _INTERRUPTED = "interrupted: nothing published; the last published bundle is intact"
@@ -83,10 +83,11 @@ def _convert(argv: list[str]) -> int:
         add_flags(parser)
         parser.print_help()
         return 0
-    from recordforge.pipelines.options import check_flags
+    with startup.heavy_imports():
+        from recordforge.pipelines.options import check_flags
 
-    check_flags(argv)  # before the pipeline module is even imported: a typo fails fast
-    from recordforge.pipelines.convert import run
+        check_flags(argv)  # before the pipeline module is even imported: a typo fails fast
+        from recordforge.pipelines.convert import run
 
     meta = run(argv)
     if meta.get("dry_run"):
@@ -405,5 +406,13 @@ def main(argv: list[str] | None = None) -> int:
     return _run(command, commands[command], rest, debug)
 
 
+def console() -> NoReturn:
+    """The `recordforge` process: the console script and `python -m recordforge`."""
+    startup.own_process()
+    code = main()
+    startup.before_exit()
+    sys.exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    console()

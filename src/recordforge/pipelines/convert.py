@@ -42,7 +42,7 @@ from apache_beam.options.pipeline_options import (
     TypeOptions,
 )
 
-from recordforge import layout
+from recordforge import layout, startup
 from recordforge.errors import RecordForgeError
 from recordforge.layout import new_version, version_root
 from recordforge.pipelines.config import ConvertConfig
@@ -205,7 +205,8 @@ def _read(run: _Run) -> beam.PTransform:
 def _preprocess(pipeline: beam.Pipeline, run: _Run, rows: beam.PCollection) -> Any:
     """tensorflow-transform over the conformed rows (transforms/preprocess.py)."""
     # Imported only here: plain conversions never load TensorFlow or tensorflow-transform.
-    from recordforge.transforms.preprocess import analyze_and_transform
+    with startup.heavy_imports():
+        from recordforge.transforms.preprocess import analyze_and_transform
 
     config = run.config
     # The analyzers get a second read of the input rather than the main path's batches: the

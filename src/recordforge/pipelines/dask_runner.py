@@ -35,7 +35,7 @@ twice the cluster's worker threads when the run starts; ``--dask_partition_size`
 
 What this module assumes of Beam's internals (Beam 2.77.0; `BEAM_VERSION`). Construction fails
 on any other Beam minor version, naming this list: re-check each item, run
-``tests/test_dask_runner.py``, then change `BEAM_VERSION`.
+``tests/test_dask_runner.py``, then change `BEAM_VERSION` (in startup.py).
 
 1. ``apache_beam.runners.dask.dask_runner``: ``DaskRunner`` (``run_pipeline(pipeline, options)``),
    ``DaskOptions`` (dests ``address``, ``timeout``, ``scheduler_file``, ``name``,
@@ -90,13 +90,12 @@ from apache_beam.typehints import trivial_inference
 from apache_beam.utils.windowed_value import WindowedValue
 
 from recordforge.errors import RecordForgeError
+from recordforge.startup import BEAM_VERSION
 
 __all__ = ["BEAM_VERSION", "RUNNER", "DaskRunner", "resolve_runner"]
 
 _LOGGER = logging.getLogger(__name__)
 
-# The Beam minor version whose Dask runner this module corrects (see the module docstring).
-BEAM_VERSION = "2.77"
 # The dotted path `--runner` takes for this runner.
 RUNNER = "recordforge.pipelines.dask_runner.DaskRunner"
 # How long a failed run waits for its tasks still executing on workers.

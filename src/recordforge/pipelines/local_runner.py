@@ -33,7 +33,7 @@ Beam internals relied on, as found in apache-beam 2.77.0 (`BEAM_VERSION`):
 
 1. The version. On any other Beam minor version the run is Beam's FnApiRunner unchanged (no
    claims folder, Beam's workers and sampler), with one log line: re-check each item below, run
-   tests/test_beam_assumptions.py, then change `BEAM_VERSION`.
+   tests/test_beam_assumptions.py, then change `BEAM_VERSION` (in startup.py).
 2. `FnApiRunner.run_pipeline(pipeline, options)` hands the pipeline proto to
    `run_via_runner_api(proto, options)`, which makes the stages from the proto it is given; with
    `direct_running_mode=multi_processing` the proto's default environment has urn
@@ -75,6 +75,13 @@ Two more, used by Dataflow dry runs (pipelines/dryrun.py) rather than by LocalRu
    client: a result whose `job` is the `apiclient.Job` it would submit, and the runner keeps the
    portable pipeline it would stage in `proto_pipeline`. (`dry_run_job`.)
 
+One more, used by the `recordforge` process when it imports Beam (startup.py):
+
+11. Importing `apache_beam` succeeds without pandas, `apache_beam.io.gcp.bigquery` and
+   `apache_beam.io.gcp.pubsub` (`startup.UNUSED_BY_CONVERSIONS`): Beam imports each inside a
+   `try`/`except ImportError`, and nothing a conversion runs (locally, on Dask or built for
+   Dataflow) needs them from Beam's namespace. (A lighter import; off on any other version.)
+
 Every run starts with the checks that can be made then (`unmet_assumptions`: the version, the
 names and signatures of 2 to 5; the bundle repeat of 6; the worker command of 2): a feature
 whose assumption fails them is left to Beam for the run, with one log line naming the assumption.
@@ -102,6 +109,7 @@ from apache_beam.runners.portability.fn_api_runner import FnApiRunner
 from recordforge.pipelines.fork_server import ForkServer, private_temp_dir, request_worker
 from recordforge.pipelines.lease import heartbeat_threads
 from recordforge.pipelines.progress import watch_threads
+from recordforge.startup import BEAM_VERSION
 from recordforge.transforms.sharing import SHARED_WORK_ENV, WorkSharingRunner
 
 __all__ = [
@@ -116,8 +124,6 @@ __all__ = [
 
 _LOGGER = logging.getLogger(__name__)
 
-# The Beam minor version whose internals were checked (see the module docstring).
-BEAM_VERSION = "2.77"
 # What FnApiRunner puts in the pipeline for multi_processing (assumption 2); matched exactly, so
 # that any other subprocess environment is left alone.
 BEAM_WORKER_COMMAND = f"{sys.executable} -m apache_beam.runners.worker.sdk_worker_main"
@@ -130,6 +136,8 @@ SHARING, FORKING, PROMPT_ENDS = "work sharing", "forked workers", "prompt bundle
 _NEEDS = {SHARING: (1, 6, 7, 8), FORKING: (1, 2, 3, 4), PROMPT_ENDS: (1, 5)}
 # What dry runs rest on (they are built, never run, so nothing falls back: the tests guard them).
 DRY_RUN_NEEDS = (9, 10)
+# What the command's lean import of Beam rests on (startup.py; off on any other version).
+STARTUP_NEEDS = (11,)
 
 
 class LocalRunner(WorkSharingRunner, FnApiRunner):

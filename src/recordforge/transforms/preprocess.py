@@ -24,6 +24,10 @@ import apache_beam as beam
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import tensorflow_transform.beam as tft_beam
+from tensorflow_metadata.proto.v0 import schema_pb2
+from tensorflow_transform.tf_metadata import dataset_metadata, metadata_io, schema_utils
+from tfx_bsl.public import tfxio
 
 from recordforge.arrays import binary_array, binary_parts, drop_hidden_values, list_offsets
 from recordforge.encoding import ExampleEncoder
@@ -171,9 +175,6 @@ class _EncodeFn(beam.DoFn):
 
 
 def _write_raw_metadata(_: Any, raw_schema: bytes, path: str) -> str:
-    from tensorflow_metadata.proto.v0 import schema_pb2
-    from tensorflow_transform.tf_metadata import dataset_metadata, metadata_io
-
     schema = schema_pb2.Schema.FromString(raw_schema)
     metadata_io.write_metadata(dataset_metadata.DatasetMetadata(schema), path)
     return path
@@ -241,10 +242,6 @@ class _AnalyzeAndTransform(beam.PTransform):
         self.temp_dir = temp_dir(self._output)
 
     def expand(self, examples: beam.PCollection) -> dict[str, beam.PCollection]:
-        import tensorflow_transform.beam as tft_beam
-        from tensorflow_transform.tf_metadata import schema_utils
-        from tfx_bsl.public import tfxio
-
         raw_schema = schema_utils.schema_from_feature_spec(raw_tf_spec(self._raw_plan))
         raw_bytes = raw_schema.SerializeToString()
         # Raw Examples read with tfx-bsl's public reader of this schema: the Arrow layout and the
