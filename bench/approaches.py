@@ -188,8 +188,13 @@ def tft_census(source: str, output: str, rows: int) -> dict:
 
 
 def recordforge(source: str, output: str, rows: int, *extra: str) -> dict:
-    """The real CLI path: `recordforge convert` on the local default runner, one worker."""
-    from recordforge.pipelines.convert import run
+    """The real CLI path: `recordforge convert` on the local default runner, one worker, in a
+    process that, like the command's own, imports Beam lean and freezes its heap (startup.py)."""
+    from recordforge import startup
+
+    startup.own_process()
+    with startup.heavy_imports():
+        from recordforge.pipelines.convert import run
 
     start = time.perf_counter()
     meta = run(["--source", source, "--output", output, "--overwrite", *extra])
