@@ -113,11 +113,15 @@ if sys.argv[2] != "checked":
 with startup.heavy_imports():
     import apache_beam as beam
     from recordforge.pipelines import convert
+import pyarrow as pa
+pa.array([1, None]).to_numpy(zero_copy_only=False)  # pyarrow's first look for pandas is over
 loaded = [m for m in startup.UNUSED_BY_CONVERSIONS if m in sys.modules]
 frozen = gc.get_freeze_count()
-import pandas, apache_beam.io.gcp.bigquery, apache_beam.io.gcp.pubsub
+import apache_beam.io.gcp.bigquery, apache_beam.io.gcp.pubsub
+frame = pa.table({"a": [1, 2]}).to_pandas()  # a pandas feature used imports pandas
 print(json.dumps({"loaded": loaded, "frozen": frozen > 0, "gc": gc.isenabled(),
-                  "io": all(hasattr(beam.io, n) for n in ("ReadFromParquet", "WriteToTFRecord"))}))
+                  "io": all(hasattr(beam.io, n) for n in ("ReadFromParquet", "WriteToTFRecord")),
+                  "frame": frame.shape == (2, 1)}))
 """
 
 
@@ -127,10 +131,11 @@ print(json.dumps({"loaded": loaded, "frozen": frozen > 0, "gc": gc.isenabled(),
     ids=["the-command", "a-library-caller", "another-beam-version"],
 )
 def test_only_the_commands_own_process_imports_beam_lean_and_freezes(who: str, beam: str, lean: bool) -> None:
-    """The command's process imports Beam without the integrations a conversion never uses and
-    freezes what the import made; a library caller's process, or any other Beam version, gets
-    Beam whole and an untouched heap (except the freeze, which is the command's only). Either
-    way the left-out modules import normally afterwards."""
+    """The command's process imports Beam without the integrations a conversion never uses (and
+    pyarrow does not import pandas either) and freezes what the import made; a library caller's
+    process, or any other Beam version, gets Beam whole and an untouched heap (the freeze is the
+    command's only). Either way the left-out modules import normally afterwards, and pandas
+    comes in when a pandas feature is used."""
     proc = subprocess.run(
         [sys.executable, "-c", _IMPORT_PROBE, who, beam], capture_output=True, text=True, timeout=120
     )
@@ -140,7 +145,7 @@ def test_only_the_commands_own_process_imports_beam_lean_and_freezes(who: str, b
 
     assert got["loaded"] == ([] if lean else list(UNUSED_BY_CONVERSIONS))
     assert got["frozen"] == (who == "own")
-    assert got["gc"] and got["io"]
+    assert got["gc"] and got["io"] and got["frame"]
 
 
 def test_the_installed_beam_version_is_read_without_importing_beam() -> None:

@@ -9,6 +9,10 @@ library caller's imports and heap are left as they are.
   of them only if it can (assumption 11 in pipelines/local_runner.py), so while Beam is imported
   they are reported missing; afterwards they import normally, for whoever asks. On a Beam version
   other than the one checked (`BEAM_VERSION`), Beam is imported whole.
+  pyarrow, too, imports pandas at its first conversion of anything (`pa.array`), only to ask
+  whether an object is a pandas one; it asks once, so it is asked while pandas is hidden. A pandas
+  feature actually used (`to_pandas`, a pandas object converted) imports pandas then, as pyarrow
+  does when its first look found none.
 - Python's cyclic collector walks every tracked object on each full collection. Beam's import
   makes some 200,000 long-lived objects (TensorFlow's, three times as many), so collections during
   the import, the run and the interpreter's exit walk them again and again, freeing nothing. The
@@ -20,9 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import importlib.abc
 import importlib.machinery
-import importlib.util
 import os
 import re
 import sys
@@ -45,8 +47,9 @@ def own_process() -> None:
     _owned = True
 
 
-class _Unavailable(importlib.abc.MetaPathFinder):
-    """Reports the named modules as not installed."""
+class _Unavailable:
+    """A finder for sys.meta_path that reports the named modules as not installed (a plain class:
+    importlib.abc alone takes longer to import than the commands that run no pipeline can spare)."""
 
     def __init__(self, names: Sequence[str]) -> None:
         self._names = frozenset(names)
@@ -61,7 +64,7 @@ class _Unavailable(importlib.abc.MetaPathFinder):
 
 def _installed_beam_version() -> str | None:
     """Read from Beam's version.py without importing Beam (importlib.metadata takes ~50 ms)."""
-    spec = importlib.util.find_spec("apache_beam")
+    spec = importlib.machinery.PathFinder.find_spec("apache_beam")
     if spec is None or not spec.origin:
         return None
     try:
@@ -96,6 +99,8 @@ def heavy_imports() -> Iterator[None]:
         sys.meta_path.insert(0, unavailable)
     try:
         yield
+        if unavailable is not None and "pyarrow" in sys.modules:
+            sys.modules["pyarrow"].array([0])  # pyarrow's one look for pandas (see above)
     finally:
         if unavailable is not None:
             sys.meta_path.remove(unavailable)
