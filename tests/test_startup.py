@@ -95,7 +95,7 @@ def test_a_transform_run_prints_no_tensorflow_noise(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stderr == "", proc.stderr[-3000:]
     assert proc.stdout.startswith("wrote 200 records in 1 shard")
-    # The command's process imports Beam without pandas and freezes its heap (startup.py); what
+    # The command's process imports Beam lean and freezes its heap (startup.py); what
     # it writes is what the library writes in this test's process, which does neither.
     run([*argv, "--output", str(tmp_path / "lib")])
     for name in ("data-00000-of-00001.tfrecord.gz", "schema.pbtxt", "feature_spec.json"):
@@ -113,15 +113,15 @@ if sys.argv[2] != "checked":
 with startup.heavy_imports():
     import apache_beam as beam
     from recordforge.pipelines import convert
-import pyarrow as pa
-pa.array([1, None]).to_numpy(zero_copy_only=False)  # pyarrow's first look for pandas is over
 loaded = [m for m in startup.UNUSED_BY_CONVERSIONS if m in sys.modules]
 frozen = gc.get_freeze_count()
 import apache_beam.io.gcp.bigquery, apache_beam.io.gcp.pubsub
-frame = pa.table({"a": [1, 2]}).to_pandas()  # a pandas feature used imports pandas
-print(json.dumps({"loaded": loaded, "frozen": frozen > 0, "gc": gc.isenabled(),
-                  "io": all(hasattr(beam.io, n) for n in ("ReadFromParquet", "WriteToTFRecord")),
-                  "frame": frame.shape == (2, 1)}))
+import pyarrow as pa
+# pyarrow behaves as in any process (it gives pandas Timestamps for nanoseconds when it has pandas)
+ns = type(pa.scalar(1, pa.timestamp("ns")).as_py()).__name__
+print(json.dumps({"loaded": loaded, "frozen": frozen > 0, "gc": gc.isenabled(), "ns": ns,
+                  "finders": sum(type(f).__module__ == "recordforge.startup" for f in sys.meta_path),
+                  "io": all(hasattr(beam.io, n) for n in ("ReadFromParquet", "WriteToTFRecord"))}))
 """
 
 
@@ -131,11 +131,10 @@ print(json.dumps({"loaded": loaded, "frozen": frozen > 0, "gc": gc.isenabled(),
     ids=["the-command", "a-library-caller", "another-beam-version"],
 )
 def test_only_the_commands_own_process_imports_beam_lean_and_freezes(who: str, beam: str, lean: bool) -> None:
-    """The command's process imports Beam without the integrations a conversion never uses (and
-    pyarrow does not import pandas either) and freezes what the import made; a library caller's
-    process, or any other Beam version, gets Beam whole and an untouched heap (the freeze is the
-    command's only). Either way the left-out modules import normally afterwards, and pandas
-    comes in when a pandas feature is used."""
+    """The command's process imports Beam without the clients a conversion never uses and
+    freezes what the import made; a library caller's process, or any other Beam version, gets
+    Beam whole and an untouched heap (the freeze is the command's only). Either way the left-out
+    modules import normally afterwards, and pyarrow behaves as anywhere."""
     proc = subprocess.run(
         [sys.executable, "-c", _IMPORT_PROBE, who, beam], capture_output=True, text=True, timeout=120
     )
@@ -145,7 +144,73 @@ def test_only_the_commands_own_process_imports_beam_lean_and_freezes(who: str, b
 
     assert got["loaded"] == ([] if lean else list(UNUSED_BY_CONVERSIONS))
     assert got["frozen"] == (who == "own")
-    assert got["gc"] and got["io"] and got["frame"]
+    assert got["gc"] and got["io"] and got["finders"] == 0
+    assert got["ns"] == "Timestamp"
+
+
+_FAILING_IMPORT_PROBE = """
+import gc, sys
+from recordforge import startup
+startup.own_process()
+try:
+    with startup.heavy_imports():
+        import apache_beam
+        raise KeyboardInterrupt
+except KeyboardInterrupt:
+    pass
+assert gc.isenabled() and not any(type(f).__module__ == "recordforge.startup" for f in sys.meta_path)
+class Cycle:
+    def __init__(self, path):
+        self.me, self.path = self, path
+    def __del__(self):
+        open(self.path, "w").write("finalized")
+Cycle(sys.argv[1])
+startup.before_exit()
+"""
+
+
+def test_an_interrupted_import_restores_the_collector_and_exit_finalizes_garbage(tmp_path: Path) -> None:
+    """Ctrl-C during the import leaves the collector on and no finder behind; at exit, garbage in
+    reference cycles is still finalized before the heap is frozen."""
+    flag = tmp_path / "flag"
+    proc = subprocess.run(
+        [sys.executable, "-c", _FAILING_IMPORT_PROBE, str(flag)], capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert flag.read_text() == "finalized"
+
+
+def test_the_command_rejects_rows_with_nanosecond_timestamps_as_the_library_does(tmp_path: Path) -> None:
+    """A rejected row's record holds its source values as pyarrow gives them: the command's
+    process must give the same as any other (nanoseconds that are not whole microseconds)."""
+    import pyarrow as pa
+
+    stamps = pa.array([1_600_000_000_123_456_789 + i for i in range(6)], pa.timestamp("ns"))
+    pq.write_table(pa.table({"t": stamps, "x": [1, -1, 2, -2, 3, 4]}), tmp_path / "t.parquet")
+    (tmp_path / "s.yaml").write_text(
+        "features:\n  - {name: t, type: timestamp, unit: ns}\n  - {name: x, type: int64, min: 0}\n"
+    )
+    argv = [
+        "--source",
+        str(tmp_path / "t.parquet"),
+        "--schema",
+        str(tmp_path / "s.yaml"),
+        "--max_rejected",
+        "9",
+    ]
+    proc = subprocess.run(
+        [sys.executable, "-m", "recordforge", "convert", *argv, "--output", str(tmp_path / "cli")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    run([*argv, "--output", str(tmp_path / "lib")])
+    cli, lib = (sorted((tmp_path / o).glob("v-*/_rejected/*")) for o in ("cli", "lib"))
+    assert len(cli) == len(lib) > 0
+    for cli_file, lib_file in zip(cli, lib, strict=True):
+        assert cli_file.read_bytes() == lib_file.read_bytes()
+    assert b"123456790" in b"".join(f.read_bytes() for f in cli)  # the nanoseconds are kept
 
 
 def test_the_installed_beam_version_is_read_without_importing_beam() -> None:

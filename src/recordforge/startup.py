@@ -4,20 +4,21 @@ A conversion's process pays for two things it never uses; both are skipped only 
 owns the process (the console script and `python -m recordforge` call `own_process()`), so that a
 library caller's imports and heap are left as they are.
 
-- Importing Beam imports integrations a conversion has no use for: pandas (for Beam's DataFrame
-  batches) and the BigQuery and Pub/Sub clients, about a third of Beam's import. Beam imports each
-  of them only if it can (assumption 11 in pipelines/local_runner.py), so while Beam is imported
-  they are reported missing; afterwards they import normally, for whoever asks. On a Beam version
-  other than the one checked (`BEAM_VERSION`), Beam is imported whole.
-  pyarrow, too, imports pandas at its first conversion of anything (`pa.array`), only to ask
-  whether an object is a pandas one; it asks once, so it is asked while pandas is hidden. A pandas
-  feature actually used (`to_pandas`, a pandas object converted) imports pandas then, as pyarrow
-  does when its first look found none.
+- Importing Beam imports the BigQuery and Pub/Sub clients, which a conversion has no use for.
+  Beam imports them only if it can (assumption 11 in pipelines/local_runner.py), so while Beam is
+  imported they are reported missing. Afterwards they import normally, for whoever asks, but
+  `beam.io` stays without the BigQuery, Pub/Sub and cross-language transforms, none of which a
+  conversion uses. (pandas is not hidden: pyarrow would import it at its first conversion anyway,
+  and what pyarrow returns for some values, nanosecond timestamps among them, depends on whether
+  it found pandas; a conversion's bad-row records must not depend on which process made them.)
+  On a Beam version other than the one checked (`BEAM_VERSION`), Beam is imported whole.
 - Python's cyclic collector walks every tracked object on each full collection. Beam's import
-  makes some 200,000 long-lived objects (TensorFlow's, three times as many), so collections during
+  makes some 200,000 long-lived objects (TensorFlow's, about twice as many), so collections during
   the import, the run and the interpreter's exit walk them again and again, freeing nothing. The
-  import runs with the collector paused, then what it made is frozen (`gc.freeze`); the objects
-  left at exit are frozen too, as the exit frees them anyway.
+  imports run with the collector paused, then what they made is frozen (`gc.freeze`: never
+  walked again; the few objects that were already garbage then stay until the process ends).
+  At exit, one collection of what the run made runs the finalizers of its garbage, then
+  everything is frozen, so that the interpreter's own last collections walk nothing.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ __all__ = ["BEAM_VERSION", "UNUSED_BY_CONVERSIONS", "before_exit", "heavy_import
 # The Beam minor version whose internals RecordForge relies on (local_runner.py, dask_runner.py).
 BEAM_VERSION = "2.77"
 # Modules Beam imports only if it can, and that a conversion never uses.
-UNUSED_BY_CONVERSIONS = ("pandas", "apache_beam.io.gcp.bigquery", "apache_beam.io.gcp.pubsub")
+UNUSED_BY_CONVERSIONS = ("apache_beam.io.gcp.bigquery", "apache_beam.io.gcp.pubsub")
 
 _owned = False
 
@@ -99,11 +100,10 @@ def heavy_imports() -> Iterator[None]:
         sys.meta_path.insert(0, unavailable)
     try:
         yield
-        if unavailable is not None and "pyarrow" in sys.modules:
-            sys.modules["pyarrow"].array([0])  # pyarrow's one look for pandas (see above)
     finally:
-        if unavailable is not None:
-            sys.meta_path.remove(unavailable)
+        with contextlib.suppress(ValueError):  # already gone: nothing to undo
+            if unavailable is not None:
+                sys.meta_path.remove(unavailable)
         gc.freeze()
         if enabled:
             gc.enable()
@@ -112,4 +112,5 @@ def heavy_imports() -> Iterator[None]:
 def before_exit() -> None:
     """Called last, just before the process exits (see the module docstring)."""
     if _owned:
+        gc.collect()
         gc.freeze()

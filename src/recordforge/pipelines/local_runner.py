@@ -77,8 +77,8 @@ Two more, used by Dataflow dry runs (pipelines/dryrun.py) rather than by LocalRu
 
 One more, used by the `recordforge` process when it imports Beam (startup.py):
 
-11. Importing `apache_beam` succeeds without pandas, `apache_beam.io.gcp.bigquery` and
-   `apache_beam.io.gcp.pubsub` (`startup.UNUSED_BY_CONVERSIONS`): Beam imports each inside a
+11. Importing `apache_beam` succeeds without `apache_beam.io.gcp.bigquery` and
+   `apache_beam.io.gcp.pubsub` (`startup.UNUSED_BY_CONVERSIONS`): Beam imports them inside a
    `try`/`except ImportError`, and nothing a conversion runs (locally, on Dask or built for
    Dataflow) needs them from Beam's namespace. (A lighter import; off on any other version.)
 
