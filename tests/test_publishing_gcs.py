@@ -85,3 +85,28 @@ def test_publishing_on_gcs(gcs_bucket: str) -> None:
     root = recordforge.version_path(out)
     shards = sorted(p for p in list_files(root) if "/data-" in p)
     assert shards == sorted(f"{out}/{s['file']}" for s in third["shards"])
+
+
+def test_gcs_clients_fetch_no_bucket_metadata_in_the_background(
+    gcs_bucket: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """google-cloud-storage would start a thread per bucket to fetch its metadata for tracing
+    labels; importing RecordForge turns that off (in Dask workers too), so a conversion's GCS
+    operations start no such thread."""
+    import threading
+
+    started: list[str] = []
+    original = threading.Thread.start
+
+    def start(thread: threading.Thread) -> None:
+        started.append(thread.name)
+        original(thread)
+
+    monkeypatch.setattr(threading.Thread, "start", start)
+    path = f"{gcs_bucket}/metadata-probe/x.bin"
+    with FileSystems.create(path) as f:
+        f.write(b"x")
+    FileSystems.rename([path], [path + ".renamed"])
+    with FileSystems.open(path + ".renamed") as f:
+        assert f.read() == b"x"
+    assert not [name for name in started if "fetch" in name or "verify_existence" in name], started
