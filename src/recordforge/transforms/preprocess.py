@@ -58,6 +58,15 @@ def _absentable(plan: Plan) -> list[str]:
     return [f.name for f in plan.features if f.nulls is NullPolicy.ABSENT]
 
 
+def _passed_by(plan: Plan) -> list[str]:
+    """The raw features the records keep unchanged and no declared transform reads: their
+    output is TFT's identity, so the transform pass hands them past TensorFlow as passthrough
+    columns instead of through tensors and back (the transform_fn written keeps them)."""
+    read = {f.name for f in plan.features if f.transform is not None}
+    replaced = {f.transformed_name for f in plan.features if f.transform is not None}
+    return [f.name for f in plan.features if f.name not in read and f.name not in replaced]
+
+
 def _presence_sources(plan: Plan) -> dict[str, int]:
     """Output feature -> the byte of _PRESENT of the raw feature it comes from: a raw feature
     kept, or transformed in place or under `output:`. A preprocessing_fn's other outputs have
@@ -264,10 +273,20 @@ class _AnalyzeAndTransform(beam.PTransform):
         fit = fit | "AsTftInputForAnalysis" >> beam.ParDo(_TftInputFn(raw_arrow, absentable))
         with tft_beam.Context(temp_dir=self.temp_dir, passthrough_keys=_PASSTHROUGH):
             transform_fn = (fit, adapter) | "Analyze" >> tft_beam.AnalyzeDataset(preprocessing_fn)
-            transformed, metadata = ((batches, adapter), transform_fn) | "Transform" >> (
-                tft_beam.TransformDataset(output_record_batches=True)
-            )
             written = transform_fn | "WriteTransformFn" >> tft_beam.WriteTransformFn(self._output)
+        # The transform_fn is traced and written with every raw feature. Applying it here, the
+        # features it returns unchanged (a user's function may rename them: then none) are left
+        # out of its outputs and carried past it, so that only the transforms' inputs become
+        # tensors; TFT computes the outputs that depend on no other input alone.
+        passed = [] if user_fn is not None else _passed_by(self._raw_plan)
+        if passed:
+            fed = {k: v for k, v in raw_io.TensorRepresentations().items() if k not in passed}
+            adapter = tfxio.TensorAdapterConfig(arrow_schema, fed)
+        with tft_beam.Context(temp_dir=self.temp_dir, passthrough_keys=_PASSTHROUGH | set(passed)):
+            transformed, _ = ((batches, adapter), transform_fn) | "Transform" >> (
+                tft_beam.TransformDataset(exclude_outputs=passed or None, output_record_batches=True)
+            )
+        _, metadata = transform_fn  # the output schema with every output, passed ones included
         spec = schema_utils.schema_as_feature_spec(metadata.dataset_metadata.schema).feature_spec
         self.output_plan = output_plan(spec, self._raw_plan)
         written = written | "WriteRawMetadata" >> beam.Map(
