@@ -67,6 +67,21 @@ def _passed_by(plan: Plan) -> list[str]:
     return [f.name for f in plan.features if f.name not in read and f.name not in replaced]
 
 
+def _unread_by_analyzers(plan: Plan, raw_io: Any, user_fn: Any) -> frozenset[str]:
+    """The raw features no analyzer reads (none when a user's function may read any) and whose
+    tensor is a SparseTensor, so that an empty list stands for any value. A dense tensor's
+    placeholder would cost what the real values cost."""
+    if user_fn is not None:
+        return frozenset()
+    read = {f.name for f in plan.features if f.transform is not None}
+    sparse = {
+        name
+        for name, rep in raw_io.TensorRepresentations().items()
+        if rep.WhichOneof("kind") == "varlen_sparse_tensor"
+    }
+    return frozenset(sparse - read)
+
+
 def _presence_sources(plan: Plan) -> dict[str, int]:
     """Output feature -> the byte of _PRESENT of the raw feature it comes from: a raw feature
     kept, or transformed in place or under `output:`. A preprocessing_fn's other outputs have
@@ -104,17 +119,35 @@ def _as_lists(column: pa.Array, list_type: pa.DataType) -> pa.Array:
     return column if column.type == list_type else pc.cast(column, list_type)
 
 
-class _TftInputFn(beam.DoFn):
-    """Conformed batches to the record batch TFT's tensor adapter reads, plus passthrough columns."""
+def _no_values(n: int, list_type: pa.DataType) -> pa.Array:
+    """n empty lists: a feature's column where nothing reads its values."""
+    return pa.LargeListArray.from_arrays(
+        pa.array(np.zeros(n + 1, np.int64)), pa.array([], list_type.value_type)
+    ).cast(list_type)
 
-    def __init__(self, arrow_schema: pa.Schema, absentable: list[str]) -> None:
+
+class _TftInputFn(beam.DoFn):
+    """Conformed batches to the record batch TFT's tensor adapter reads, plus passthrough columns.
+
+    `unread`: features of the batch's schema whose values nothing will read (the analyzers' pass
+    of declared transforms: TFT still makes a tensor of every input), given as empty lists."""
+
+    def __init__(
+        self, arrow_schema: pa.Schema, absentable: list[str], unread: frozenset[str] = frozenset()
+    ) -> None:
         self._schema = arrow_schema  # the raw features' columns, as tfx-bsl decodes Examples
         self._absentable = absentable
+        self._unread = unread
 
     def process(self, element: tuple[tuple[str, str, int], pa.RecordBatch]) -> Any:
         (split, file, first_row), rows = element
         n = rows.num_rows
-        columns = [_as_lists(rows.column(field.name), field.type) for field in self._schema]
+        columns = [
+            _no_values(n, field.type)
+            if field.name in self._unread
+            else _as_lists(rows.column(field.name), field.type)
+            for field in self._schema
+        ]
         where = f"{split}\0{file}".encode()
         offsets = pa.array(np.arange(n + 1, dtype=np.int64))
         where_col = pa.LargeListArray.from_arrays(
@@ -270,7 +303,9 @@ class _AnalyzeAndTransform(beam.PTransform):
         fit = examples if self._fit is None else self._fit
         if self._fit_split is not None:
             fit = fit | f"Only[{self._fit_split}]" >> beam.Filter(in_split, self._fit_split)
-        fit = fit | "AsTftInputForAnalysis" >> beam.ParDo(_TftInputFn(raw_arrow, absentable))
+        fit = fit | "AsTftInputForAnalysis" >> beam.ParDo(
+            _TftInputFn(raw_arrow, absentable, _unread_by_analyzers(self._raw_plan, raw_io, user_fn))
+        )
         with tft_beam.Context(temp_dir=self.temp_dir, passthrough_keys=_PASSTHROUGH):
             transform_fn = (fit, adapter) | "Analyze" >> tft_beam.AnalyzeDataset(preprocessing_fn)
             written = transform_fn | "WriteTransformFn" >> tft_beam.WriteTransformFn(self._output)
