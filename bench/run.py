@@ -7,12 +7,14 @@ from wait4) at least three times; medians are printed, with the ratio to the tut
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import platform
 import statistics
 import subprocess
 import sys
+from pathlib import Path
 
 TWO_WORKERS = ["--direct_running_mode", "multi_processing", "--direct_num_workers", "2"]
 
@@ -27,6 +29,38 @@ def ensure_csv(parquet: str, csv: str) -> str:
     return csv
 
 
+def worktree(ref: str, workdir: Path) -> tuple[str, Path]:
+    """REF checked out once as a git worktree under `workdir`: (short sha, its folder)."""
+    root = Path(__file__).resolve().parent.parent
+    sha = subprocess.run(
+        ["git", "rev-parse", "--verify", f"{ref}^{{commit}}"],
+        cwd=root,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    tree = workdir / f"tree-{sha[:12]}"
+    if not (tree / "src" / "recordforge").is_dir():
+        subprocess.run(
+            ["git", "worktree", "add", "--force", "--detach", str(tree), sha],
+            cwd=root,
+            check=True,
+            capture_output=True,
+        )
+    return sha[:12], tree
+
+
+def _shard_digest(output: str) -> str:
+    """sha256 over the published shards of a conversion's output, in its manifest's order."""
+    with open(os.path.join(output, "metadata.json")) as f:
+        shards = json.load(f)["shards"]
+    digest = hashlib.sha256()
+    for shard in shards:
+        with open(os.path.join(output, shard["file"]), "rb") as f:
+            digest.update(f.read())
+    return digest.hexdigest()
+
+
 def _cpu_times() -> list[int] | None:
     """The machine's CPU time by state (user, nice, system, idle, iowait, irq, softirq, steal...)."""
     try:
@@ -36,13 +70,17 @@ def _cpu_times() -> list[int] | None:
         return None
 
 
-def _run_child(args: list[str]) -> dict:
+def _run_child(args: list[str], tree: Path | None = None) -> dict:
+    """One approach in a fresh process; with `tree`, that checkout's bench and RecordForge."""
     before = _cpu_times()
+    env = None if tree is None else {**os.environ, "PYTHONPATH": str(tree / "src")}
     proc = subprocess.Popen(
         [sys.executable, "-m", "bench.approaches", *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        cwd=tree,
+        env=env,
     )
     out_chunks = proc.stdout.read()
     err_chunks = proc.stderr.read()
@@ -138,10 +176,17 @@ def main() -> None:
         help="images the per-image tutorial reads per run (its cost is per image)",
     )
     parser.add_argument("--only", default=None, help="comma-separated approach keys to run")
+    parser.add_argument(
+        "--against",
+        default=None,
+        metavar="REF",
+        help="also run each recordforge conversion row with the code of commit REF (a git "
+        "worktree), right after this tree's in every round, and print REF's time / this tree's",
+    )
     parser.add_argument("--workdir", default="bench/out")
     args = parser.parse_args()
 
-    w = args.workdir
+    w = os.path.abspath(args.workdir)
     source = ensure_table(os.path.join(w, f"table-{args.rows}.parquet"), args.rows)
     csv = ensure_csv(source, os.path.join(w, f"table-{args.rows}.csv"))
     # Both formats convert with the same schema, so that their outputs are the same records.
@@ -255,13 +300,28 @@ def main() -> None:
     # all approaches alike instead of on whichever ran during it; ratios are also given per round.
     samples: dict[str, list[dict]] = {key: [] for key in runs}
     paired = [key for key in ("rf", "rf_2w") if key in runs]
+    # With --against: REF's run of the same conversion (own output folder), in the same round.
+    ref = worktree(args.against, Path(w)) if args.against else None
+    compared = [key for key, (_, cmd) in runs.items() if cmd[0] == "recordforge"] if ref else []
+    against: dict[str, list[dict]] = {key: [] for key in compared}
+    digests: dict[str, set[str]] = {key: set() for key in compared}
     for round_ in range(max(args.repeats, args.scaling_repeats)):
         for key, (_, cmd) in runs.items():
             if round_ >= args.repeats and key not in paired:
                 continue  # the extra rounds run only the 1- and 2-worker pair, back to back
             if "images" in key:
                 _warm_page_cache(cmd[1])
-            samples[key].append(_run_child(cmd))
+            if key not in against:
+                samples[key].append(_run_child(cmd))
+                continue
+            theirs = [cmd[0], cmd[1], f"{cmd[2]}@{ref[0]}", *cmd[3:]]
+            if round_ % 2:  # which tree goes first alternates
+                against[key].append(_run_child(theirs, ref[1]))
+                samples[key].append(_run_child(cmd))
+            else:
+                samples[key].append(_run_child(cmd))
+                against[key].append(_run_child(theirs, ref[1]))
+            digests[key] |= {_shard_digest(cmd[2]), _shard_digest(theirs[2])}
     results = {key: (label, _summary(samples[key])) for key, (label, _) in runs.items()}
     base = results["tutorial"][1]["rows_per_s"]
     print(
@@ -283,6 +343,17 @@ def main() -> None:
             print(f"{text}: {median:.{digits}f}x (per round: {', '.join(f'{r:.{digits}f}' for r in rounds)})")
 
     print()
+    if ref:
+        print(f"Against {ref[0]} (its time / this tree's; same rows, same round):")
+        for key, theirs in against.items():
+            rounds = [_rate(a) / _rate(b) for a, b in zip(samples[key], theirs, strict=True)]
+            same = "same" if digests[key] and len(set(digests[key])) == 1 else "DIFFERENT"
+            print(
+                f"  {key:14} {statistics.median(rounds):.2f}x ({_summary(theirs)['rows_per_s']:.0f} -> "
+                f"{results[key][1]['rows_per_s']:.0f} rows/s; per round: "
+                f"{', '.join(f'{r:.2f}' for r in rounds)}; {same} output bytes)"
+            )
+        print()
     ratio("rf_2w", "rf", "2 workers vs 1")
     for key, workers in (("rf_images", "1 worker"), ("rf_images_2w", "2 workers")):
         if key in results:  # the folder's real count (the generator rounds per class)

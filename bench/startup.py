@@ -22,28 +22,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from bench.run import ensure_table
+from bench.run import ensure_table, worktree
 
 _ROOT = Path(__file__).resolve().parent.parent
-
-
-def _tree(ref: str, workdir: Path) -> tuple[str, Path]:
-    sha = subprocess.run(
-        ["git", "rev-parse", "--verify", f"{ref}^{{commit}}"],
-        cwd=_ROOT,
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout.strip()
-    tree = workdir / f"tree-{sha[:12]}"
-    if not (tree / "src" / "recordforge").is_dir():
-        subprocess.run(
-            ["git", "worktree", "add", "--force", "--detach", str(tree), sha],
-            cwd=_ROOT,
-            check=True,
-            capture_output=True,
-        )
-    return sha[:12], tree
 
 
 def _timed(argv: list[str], src: Path) -> float:
@@ -77,7 +58,7 @@ def main() -> None:
     workdir = Path(args.workdir).resolve()
     workdir.mkdir(parents=True, exist_ok=True)
     table = ensure_table(str(workdir / f"table-{args.rows}.parquet"), args.rows)
-    sha, tree = _tree(args.against, workdir)
+    sha, tree = worktree(args.against, workdir)
     trees = {"this": _ROOT / "src", sha: tree / "src"}
     schema = ["--schema", os.path.abspath(args.schema)] if args.schema else []
     outputs = {name: workdir / f"startup-{name}" for name in trees}
