@@ -110,9 +110,7 @@ def read_split(out: Path, split: str | None = None) -> dict[str, list[Any]]:
 
     meta = json.loads((out / "metadata.json").read_text())
     spec_json = json.loads((out / "feature_spec.json").read_text())
-    files = [
-        str(out / s["file"]) for s in meta["shards"] if split is None or s.get("split") == split
-    ]
+    files = [str(out / s["file"]) for s in meta["shards"] if split is None or s.get("split") == split]
     ds = tf.data.TFRecordDataset(files, compression_type=meta["tf_compression_type"]).batch(100_000)
     cols: dict[str, list[Any]] = {}
     for batch in ds:
@@ -518,7 +516,9 @@ def test_features_passed_by_tensorflow_are_written_as_if_they_went_through_it(tm
             "a": pa.array([None if i % 7 == 0 else int(i) for i in range(n)], pa.int64()),
             "b": pa.array(rng.normal(size=n).astype(np.float32)),
             "s": pa.array([None if i % 5 == 0 else f"v{i % 11}" for i in range(n)], pa.string()),
-            "l": pa.array([None if i % 4 == 0 else list(range(i % 3)) for i in range(n)], pa.list_(pa.int64())),
+            "l": pa.array(
+                [None if i % 4 == 0 else list(range(i % 3)) for i in range(n)], pa.list_(pa.int64())
+            ),
             "fx": pa.array([[float(i), -float(i)] for i in range(n)], pa.list_(pa.float32())),
             "w": pa.array([None if i % 6 == 0 else i / 3 for i in range(n)], pa.float64()),
             "t": pa.array([None if i % 8 == 0 else bool(i % 2) for i in range(n)], pa.bool_()),
@@ -536,7 +536,11 @@ def test_features_passed_by_tensorflow_are_written_as_if_they_went_through_it(tm
     common = [f"--source={tmp_path / 't.parquet'}", f"--schema={tmp_path / 's.yaml'}", "--deterministic"]
     passed = run([*common, f"--output={tmp_path / 'passed'}"])
     through = run(
-        [*common, f"--output={tmp_path / 'through'}", f"--preprocessing_fn={tmp_path / 'fn.py'}:preprocessing_fn"]
+        [
+            *common,
+            f"--output={tmp_path / 'through'}",
+            f"--preprocessing_fn={tmp_path / 'fn.py'}:preprocessing_fn",
+        ]
     )
     assert passed["num_records"] == through["num_records"] == n
     assert json.loads((tmp_path / "passed" / "feature_spec.json").read_text()) == json.loads(
@@ -562,3 +566,86 @@ def test_features_passed_by_tensorflow_are_written_as_if_they_went_through_it(tm
 def _by_id_of(cols: dict[str, list[Any]], key: str) -> dict[str, dict[int, Any]]:
     ids = [int(v[0]) for v in cols[key]]
     return {name: dict(zip(ids, values, strict=True)) for name, values in cols.items()}
+
+
+UNWEIGHTED_FN = """
+import tensorflow_transform as tft
+
+
+def preprocessing_fn(inputs):
+    def vocab(name, **params):
+        return tft.compute_and_apply_vocabulary(
+            inputs[name], vocab_filename=f"ref_{name}", file_format="tfrecord_gzip", **params
+        )
+
+    return {
+        "id": inputs["id"],
+        "ref_fruit": vocab("fruit", top_k=6, frequency_threshold=120),
+        "ref_color": vocab("color", num_oov_buckets=2),
+        "ref_words": vocab("words", frequency_threshold=2),
+    }
+"""
+
+
+def test_vocabularies_equal_tensorflow_transforms_unweighted_ones(tmp_path: Path) -> None:
+    """The schema's vocabularies are counted per batch in the graph (TFT's weighted path, with a
+    weight of one per value): the same files and ids as TFT's plain vocabulary of the same
+    values, computed in the same run by a user's function: a top_k cut inside a tie, a
+    frequency threshold, out-of-vocabulary buckets, an empty-string token, absent rows and a
+    list feature with empty lists, over several batches."""
+    import tensorflow as tf
+
+    table = _table()
+    # Tokens seen once (under the threshold of 2) and twice (at it), besides frequent ones.
+    rare = {1: "once{}", 2: "twice{}", 3: "twice{}"}
+    words = [
+        None
+        if i % 17 == 0
+        else [f"w{(i * j) % 23}" for j in range(i % 5)]
+        + [rare.get(i % 50, "").format(i // 50)] * (i % 50 in rare)
+        for i in range(len(table))
+    ]
+    table = table.append_column("words", pa.array(words, pa.list_(pa.string())))
+    pq.write_table(table, tmp_path / "t.parquet", row_group_size=700)
+    (tmp_path / "fn.py").write_text(UNWEIGHTED_FN)
+    (tmp_path / "s.yaml").write_text(
+        textwrap.dedent(
+            """
+            features:
+              - {name: id, type: int64, nulls: required}
+              - name: fruit
+                type: string
+                nulls: required
+                transform: {vocabulary: {top_k: 6, frequency_threshold: 120}, output: fruit_id}
+              - {name: color, type: string, transform: {vocabulary: {num_oov_buckets: 2}, output: color_id}}
+              - name: words
+                type: string
+                shape: [-1]
+                transform: {vocabulary: {frequency_threshold: 2}, output: words_id}
+            """
+        )
+    )
+    out = tmp_path / "out"
+    run(
+        [
+            f"--source={tmp_path / 't.parquet'}",
+            f"--schema={tmp_path / 's.yaml'}",
+            f"--output={out}",
+            f"--preprocessing_fn={tmp_path / 'fn.py'}:preprocessing_fn",
+        ]
+    )
+    assets = published_root(out) / "transform_fn" / "assets"
+
+    def tokens(name: str) -> list[bytes]:
+        (path,) = assets.glob(f"{name}.tfrecord.gz")
+        return list(tf.data.TFRecordDataset(str(path), compression_type="GZIP").as_numpy_iterator())
+
+    records = _by_id(read_split(out))
+    for feature in ("fruit", "color", "words"):
+        mine = tokens(f"{feature}_id")
+        assert mine and mine == tokens(f"ref_{feature}"), feature
+        for i, ids in records[f"{feature}_id"].items():
+            assert ids.tolist() == records[f"ref_{feature}"][i].tolist(), (feature, i)
+    assert tokens("fruit_id") == [
+        t.encode() for t in _expected_vocabulary(table.column("fruit").to_pylist(), top_k=6, threshold=120)
+    ]

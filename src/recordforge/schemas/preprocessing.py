@@ -115,6 +115,12 @@ def apply_transform(transform: Transform, x: Any, entry: dict[str, Any], output:
             # TFT's default text file silently drops empty strings and tokens holding a newline;
             # this format keeps every token as it is.
             file_format="tfrecord_gzip",
+            # A weight of one per value: TFT then counts each batch's tokens inside the graph
+            # and hands Beam each distinct token once with its count, instead of one element
+            # per value (it does so only for weighted vocabularies). Integer weights sum to the
+            # counts themselves, so the vocabulary is the unweighted one, ties and thresholds
+            # alike (tests/test_preprocess.py compares the two).
+            weights=tf.ones_like(x.values if isinstance(x, tf.SparseTensor) else x, dtype=tf.int64),
             name=_scope(output),
         )
     if a is Analyzer.HASH_STRINGS:
