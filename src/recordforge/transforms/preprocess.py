@@ -25,6 +25,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import tensorflow_transform.beam as tft_beam
+from apache_beam import typehints
 from tensorflow_metadata.proto.v0 import schema_pb2
 from tensorflow_transform.tf_metadata import dataset_metadata, metadata_io, schema_utils
 from tfx_bsl.public import tfxio
@@ -40,6 +41,7 @@ from recordforge.schemas.preprocessing import (
     output_plan,
     raw_tf_spec,
 )
+from recordforge.transforms.coders import declare_element_type
 from recordforge.transforms.splits import in_split
 
 __all__ = ["Transformed", "analyze_and_transform"]
@@ -298,7 +300,10 @@ class _AnalyzeAndTransform(beam.PTransform):
         preprocessing_fn = build_preprocessing_fn(self._raw_plan, user_fn)
 
         absentable = _absentable(self._raw_plan)
-        batches = examples | "AsTftInput" >> beam.ParDo(_TftInputFn(raw_arrow, absentable))
+        # Declared, so that Beam sizes the batches from their buffers instead of pickling them.
+        batches = declare_element_type(
+            examples | "AsTftInput" >> beam.ParDo(_TftInputFn(raw_arrow, absentable)), pa.RecordBatch
+        )
         # Only the fitting split's rows feed the analyzers.
         fit = examples if self._fit is None else self._fit
         if self._fit_split is not None:
@@ -306,6 +311,7 @@ class _AnalyzeAndTransform(beam.PTransform):
         fit = fit | "AsTftInputForAnalysis" >> beam.ParDo(
             _TftInputFn(raw_arrow, absentable, _unread_by_analyzers(self._raw_plan, raw_io, user_fn))
         )
+        declare_element_type(fit, pa.RecordBatch)
         with tft_beam.Context(temp_dir=self.temp_dir, passthrough_keys=_PASSTHROUGH):
             transform_fn = (fit, adapter) | "Analyze" >> tft_beam.AnalyzeDataset(preprocessing_fn)
             written = transform_fn | "WriteTransformFn" >> tft_beam.WriteTransformFn(self._output)
@@ -330,4 +336,5 @@ class _AnalyzeAndTransform(beam.PTransform):
         encoded = transformed | "Encode" >> beam.ParDo(
             _EncodeFn(self.output_plan, _presence_sources(self._raw_plan))
         )
+        declare_element_type(encoded, typehints.Tuple[typehints.Any, pa.Array])
         return {"examples": encoded, "written": written}
