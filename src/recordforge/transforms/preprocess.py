@@ -4,11 +4,13 @@
         --as TFT input (every column a list)-->  pa.RecordBatch + three passthrough columns
         --AnalyzeDataset (fitting split only)-->  transform_fn (a SavedModel)
         --TransformDataset(output_record_batches=True)-->  transformed pa.RecordBatch
+                                    (features no transform touches pass by as passthrough columns)
         --ExampleEncoder-->  ((split, file, first_row), transformed Examples)
 
 Analyzers see exactly the raw records that a plain conversion would have written: the conformed
 rows the encoder would have encoded, in the Arrow layout tfx-bsl's decoder gives raw Examples
-parsed with the raw feature spec (every feature a list, an absent one null). Serving, which
+parsed with the raw feature spec (every feature a list, an absent one null; a sparse feature no
+analyzer reads comes as empty lists, the preprocessing_fn being the schema's own). Serving, which
 parses raw Examples with that spec and applies the same transform_fn, therefore sees what
 training saw; the rows are never encoded only to be decoded again. The key columns ride along
 as TFT passthrough columns, so every output batch keeps its split and position (the
@@ -60,28 +62,31 @@ def _absentable(plan: Plan) -> list[str]:
     return [f.name for f in plan.features if f.nulls is NullPolicy.ABSENT]
 
 
+def _read_by_transforms(plan: Plan) -> set[str]:
+    """The raw features the schema's declared transforms read."""
+    return {f.name for f in plan.features if f.transform is not None}
+
+
 def _passed_by(plan: Plan) -> list[str]:
-    """The raw features the records keep unchanged and no declared transform reads: their
-    output is TFT's identity, so the transform pass hands them past TensorFlow as passthrough
-    columns instead of through tensors and back (the transform_fn written keeps them)."""
-    read = {f.name for f in plan.features if f.transform is not None}
+    """The raw features the records keep unchanged and no declared transform reads (without a
+    user's function): their output is TFT's identity, so the transform pass hands them past
+    TensorFlow as passthrough columns instead of through tensors and back (the transform_fn
+    written keeps them)."""
     replaced = {f.transformed_name for f in plan.features if f.transform is not None}
+    read = _read_by_transforms(plan)
     return [f.name for f in plan.features if f.name not in read and f.name not in replaced]
 
 
-def _unread_by_analyzers(plan: Plan, raw_io: Any, user_fn: Any) -> frozenset[str]:
-    """The raw features no analyzer reads (none when a user's function may read any) and whose
-    tensor is a SparseTensor, so that an empty list stands for any value. A dense tensor's
-    placeholder would cost what the real values cost."""
-    if user_fn is not None:
-        return frozenset()
-    read = {f.name for f in plan.features if f.transform is not None}
+def _unread_by_analyzers(plan: Plan, raw_io: Any) -> frozenset[str]:
+    """The raw features no analyzer reads (without a user's function) whose tensor is a
+    SparseTensor, so that an empty list stands for any value. A dense tensor's placeholder would
+    cost what the real values cost."""
     sparse = {
         name
         for name, rep in raw_io.TensorRepresentations().items()
         if rep.WhichOneof("kind") == "varlen_sparse_tensor"
     }
-    return frozenset(sparse - read)
+    return frozenset(sparse - _read_by_transforms(plan))
 
 
 def _presence_sources(plan: Plan) -> dict[str, int]:
@@ -308,18 +313,18 @@ class _AnalyzeAndTransform(beam.PTransform):
         fit = examples if self._fit is None else self._fit
         if self._fit_split is not None:
             fit = fit | f"Only[{self._fit_split}]" >> beam.Filter(in_split, self._fit_split)
-        fit = fit | "AsTftInputForAnalysis" >> beam.ParDo(
-            _TftInputFn(raw_arrow, absentable, _unread_by_analyzers(self._raw_plan, raw_io, user_fn))
-        )
+        # A user's function may read any feature, and return any unchanged under any name.
+        unread = frozenset() if user_fn is not None else _unread_by_analyzers(self._raw_plan, raw_io)
+        passed = [] if user_fn is not None else _passed_by(self._raw_plan)
+        fit = fit | "AsTftInputForAnalysis" >> beam.ParDo(_TftInputFn(raw_arrow, absentable, unread))
         declare_element_type(fit, pa.RecordBatch)
         with tft_beam.Context(temp_dir=self.temp_dir, passthrough_keys=_PASSTHROUGH):
             transform_fn = (fit, adapter) | "Analyze" >> tft_beam.AnalyzeDataset(preprocessing_fn)
             written = transform_fn | "WriteTransformFn" >> tft_beam.WriteTransformFn(self._output)
         # The transform_fn is traced and written with every raw feature. Applying it here, the
-        # features it returns unchanged (a user's function may rename them: then none) are left
-        # out of its outputs and carried past it, so that only the transforms' inputs become
-        # tensors; TFT computes the outputs that depend on no other input alone.
-        passed = [] if user_fn is not None else _passed_by(self._raw_plan)
+        # features it returns unchanged are left out of its outputs and carried past it, so that
+        # only the transforms' inputs become tensors: given some of its inputs, TFT computes the
+        # outputs that need no others.
         if passed:
             fed = {k: v for k, v in raw_io.TensorRepresentations().items() if k not in passed}
             adapter = tfxio.TensorAdapterConfig(arrow_schema, fed)
