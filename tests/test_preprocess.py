@@ -407,6 +407,39 @@ def test_ragged_and_image_features_are_refused_with_transforms() -> None:
             raw_tf_spec(plan)
 
 
+def _kinds_table(n: int, seed: int) -> pa.Table:
+    """Columns of the kinds TFT's input handles: nulls, empty lists, fixed shapes, `encode: bytes`
+    floats, bools, dates, timestamps (as the schemas below declare them)."""
+    rng = np.random.default_rng(seed)
+    return pa.table(
+        {
+            "a": pa.array([None if i % 7 == 0 else int(i) for i in range(n)], pa.int64()),
+            "b": pa.array(rng.normal(size=n).astype(np.float32)),
+            "s": pa.array([None if i % 5 == 0 else f"v{i % 11}" for i in range(n)], pa.string()),
+            "l": pa.array(
+                [None if i % 4 == 0 else list(range(i % 3)) for i in range(n)], pa.list_(pa.int64())
+            ),
+            "fx": pa.array([[float(i), -float(i)] for i in range(n)], pa.list_(pa.float32())),
+            "w": pa.array([None if i % 6 == 0 else i / 3 for i in range(n)], pa.float64()),
+            "t": pa.array([None if i % 8 == 0 else bool(i % 2) for i in range(n)], pa.bool_()),
+            "d": pa.array([None if i % 9 == 0 else i for i in range(n)], pa.int32()).cast(pa.date32()),
+            "ts": pa.array([None if i % 10 == 0 else 1000 * i for i in range(n)], pa.timestamp("ms")),
+            "fn": pa.array([None if i % 3 == 0 else [i, -i] for i in range(n)], pa.list_(pa.int64())),
+            "wl": pa.array([[i / 7, -i / 7] for i in range(n)], pa.list_(pa.float64())),
+        }
+    )
+
+
+def _passed_table(n: int, seed: int) -> pa.Table:
+    """`_kinds_table` plus a required int64 of any size and a string with a default."""
+    rng = np.random.default_rng(seed + 1)
+    return (
+        _kinds_table(n, seed)
+        .append_column("r", pa.array(rng.integers(-(2**62), 2**62, n)))
+        .append_column("dv", pa.array([None if i % 3 == 0 else "x" * (i % 4) for i in range(n)], pa.string()))
+    )
+
+
 def test_tft_input_equals_tfx_bsl_decoding_the_encoded_records() -> None:
     """TFT reads conformed rows instead of decoding encoded Examples: its input batch must equal
     what tfx-bsl's decoder makes of the records a plain conversion writes, for scalars and lists
@@ -442,25 +475,7 @@ features:
             )
         )
     )
-    rng = np.random.default_rng(3)
-    n = 300
-    table = pa.table(
-        {
-            "a": pa.array([None if i % 7 == 0 else int(i) for i in range(n)], pa.int64()),
-            "b": pa.array(rng.normal(size=n).astype(np.float32)),
-            "s": pa.array([None if i % 5 == 0 else f"v{i % 11}" for i in range(n)], pa.string()),
-            "l": pa.array(
-                [None if i % 4 == 0 else list(range(i % 3)) for i in range(n)], pa.list_(pa.int64())
-            ),
-            "fx": pa.array([[float(i), -float(i)] for i in range(n)], pa.list_(pa.float32())),
-            "w": pa.array([None if i % 6 == 0 else i / 3 for i in range(n)], pa.float64()),
-            "t": pa.array([None if i % 8 == 0 else bool(i % 2) for i in range(n)], pa.bool_()),
-            "d": pa.array([None if i % 9 == 0 else i for i in range(n)], pa.int32()).cast(pa.date32()),
-            "ts": pa.array([None if i % 10 == 0 else 1000 * i for i in range(n)], pa.timestamp("ms")),
-            "fn": pa.array([None if i % 3 == 0 else [i, -i] for i in range(n)], pa.list_(pa.int64())),
-            "wl": pa.array([[i / 7, -i / 7] for i in range(n)], pa.list_(pa.float64())),
-        }
-    )
+    table = _kinds_table(300, seed=3)
     conformed = conform_batch(table.to_batches()[0], plan, file="f", first_row=0).batch
     raw_schema = schema_utils.schema_from_feature_spec(raw_tf_spec(plan))
     decoder = example_coder.ExamplesToRecordBatchDecoder(raw_schema.SerializeToString())
@@ -510,26 +525,7 @@ def test_features_passed_by_tensorflow_are_written_as_if_they_went_through_it(tm
     transform_fn (a function returning its inputs): absent rows, empty lists, fixed shapes,
     `encode: bytes` floats, dates, timestamps, bools, defaults, over several batches."""
     n = 1000
-    rng = np.random.default_rng(11)
-    table = pa.table(
-        {
-            "a": pa.array([None if i % 7 == 0 else int(i) for i in range(n)], pa.int64()),
-            "b": pa.array(rng.normal(size=n).astype(np.float32)),
-            "s": pa.array([None if i % 5 == 0 else f"v{i % 11}" for i in range(n)], pa.string()),
-            "l": pa.array(
-                [None if i % 4 == 0 else list(range(i % 3)) for i in range(n)], pa.list_(pa.int64())
-            ),
-            "fx": pa.array([[float(i), -float(i)] for i in range(n)], pa.list_(pa.float32())),
-            "w": pa.array([None if i % 6 == 0 else i / 3 for i in range(n)], pa.float64()),
-            "t": pa.array([None if i % 8 == 0 else bool(i % 2) for i in range(n)], pa.bool_()),
-            "d": pa.array([None if i % 9 == 0 else i for i in range(n)], pa.int32()).cast(pa.date32()),
-            "ts": pa.array([None if i % 10 == 0 else 1000 * i for i in range(n)], pa.timestamp("ms")),
-            "fn": pa.array([None if i % 3 == 0 else [i, -i] for i in range(n)], pa.list_(pa.int64())),
-            "wl": pa.array([[i / 7, -i / 7] for i in range(n)], pa.list_(pa.float64())),
-            "r": pa.array(rng.integers(-(2**62), 2**62, n)),
-            "dv": pa.array([None if i % 3 == 0 else "x" * (i % 4) for i in range(n)], pa.string()),
-        }
-    )
+    table = _passed_table(n, seed=11)
     pq.write_table(table, tmp_path / "t.parquet", row_group_size=300)
     (tmp_path / "s.yaml").write_text(PASSED_SCHEMA)
     (tmp_path / "fn.py").write_text(ALL_THROUGH_FN)
@@ -654,26 +650,8 @@ def test_vocabularies_equal_tensorflow_transforms_unweighted_ones(tmp_path: Path
 def test_two_workers_write_what_one_writes_with_transforms(tmp_path: Path) -> None:
     """The transform path's DoFns (passthrough features, unread analyzer inputs) in forked
     workers: the same shards, byte for byte, as one worker."""
-    n = 2000
-    rng = np.random.default_rng(5)
-    table = pa.table(
-        {
-            "a": pa.array([None if i % 7 == 0 else int(i) for i in range(n)], pa.int64()),
-            "b": pa.array(rng.normal(size=n).astype(np.float32)),
-            "s": pa.array([None if i % 5 == 0 else f"v{i % 11}" for i in range(n)], pa.string()),
-            "l": pa.array(
-                [None if i % 4 == 0 else list(range(i % 3)) for i in range(n)], pa.list_(pa.int64())
-            ),
-        }
-    )
-    pq.write_table(table, tmp_path / "t.parquet", row_group_size=250)
-    (tmp_path / "s.yaml").write_text(
-        "features:\n"
-        "  - {name: a, type: int64}\n"
-        "  - {name: b, type: float32, nulls: required, transform: {scale_to_z_score: {}}}\n"
-        "  - {name: s, type: string, transform: {vocabulary: {}, output: s_id}}\n"
-        "  - {name: l, type: int64, shape: [-1]}\n"
-    )
+    pq.write_table(_passed_table(2000, seed=5), tmp_path / "t.parquet", row_group_size=250)
+    (tmp_path / "s.yaml").write_text(PASSED_SCHEMA)
     common = [f"--source={tmp_path / 't.parquet'}", f"--schema={tmp_path / 's.yaml'}", "--deterministic"]
     run([*common, f"--output={tmp_path / 'one'}"])
     run(
