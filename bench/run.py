@@ -50,7 +50,7 @@ def worktree(ref: str, workdir: Path) -> tuple[str, Path]:
     return sha[:12], tree
 
 
-def _shard_digest(output: str) -> str:
+def shard_digest(output: str) -> str:
     """sha256 over the published shards of a conversion's output, in its manifest's order."""
     with open(os.path.join(output, "metadata.json")) as f:
         shards = json.load(f)["shards"]
@@ -321,7 +321,7 @@ def main() -> None:
             else:
                 samples[key].append(_run_child(cmd))
                 against[key].append(_run_child(theirs, ref[1]))
-            digests[key] |= {_shard_digest(cmd[2]), _shard_digest(theirs[2])}
+            digests[key] |= {shard_digest(cmd[2]), shard_digest(theirs[2])}
     results = {key: (label, _summary(samples[key])) for key, (label, _) in runs.items()}
     base = results["tutorial"][1]["rows_per_s"]
     print(
@@ -347,7 +347,7 @@ def main() -> None:
         print(f"Against {ref[0]} (its time / this tree's; same rows, same round):")
         for key, theirs in against.items():
             rounds = [_rate(a) / _rate(b) for a, b in zip(samples[key], theirs, strict=True)]
-            same = "same" if digests[key] and len(set(digests[key])) == 1 else "DIFFERENT"
+            same = "same" if len(digests[key]) == 1 else "DIFFERENT"
             print(
                 f"  {key:14} {statistics.median(rounds):.2f}x ({_summary(theirs)['rows_per_s']:.0f} -> "
                 f"{results[key][1]['rows_per_s']:.0f} rows/s; per round: "

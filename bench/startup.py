@@ -12,7 +12,6 @@ and whether both trees wrote the same bytes. REF is checked out once, as a git w
 from __future__ import annotations
 
 import argparse
-import hashlib
 import os
 import platform
 import statistics
@@ -22,7 +21,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from bench.run import ensure_table, worktree
+from bench.run import ensure_table, shard_digest, worktree
 
 _ROOT = Path(__file__).resolve().parent.parent
 
@@ -37,13 +36,6 @@ def _timed(argv: list[str], src: Path) -> float:
     if proc.returncode != 0:
         raise SystemExit(f"recordforge {' '.join(argv)} failed ({src}):\n{proc.stderr[-3000:]}")
     return seconds
-
-
-def _data_digest(bundle: Path) -> str:
-    digest = hashlib.sha256()
-    for shard in sorted(bundle.glob("v-*/data-*")):
-        digest.update(shard.read_bytes())
-    return digest.hexdigest()
 
 
 def main() -> None:
@@ -105,7 +97,7 @@ def main() -> None:
         f"convert: {statistics.median(ratios):.2f}x faster than at {sha} "
         f"(per round: {', '.join(f'{r:.2f}' for r in ratios)})"
     )
-    same = _data_digest(outputs["this"]) == _data_digest(outputs[sha])
+    same = shard_digest(str(outputs["this"])) == shard_digest(str(outputs[sha]))
     print(f"same shard bytes from both trees: {'yes' if same else 'NO'}")
     print("\ntools that run no pipeline, this tree:")
     for label in tools:

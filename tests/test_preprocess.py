@@ -407,6 +407,22 @@ def test_ragged_and_image_features_are_refused_with_transforms() -> None:
             raw_tf_spec(plan)
 
 
+KINDS_SCHEMA = """
+features:
+  - {name: a, type: int64}
+  - {name: b, type: float32, nulls: required}
+  - {name: s, type: string}
+  - {name: l, type: int64, shape: [-1]}
+  - {name: fx, type: float32, shape: [2], nulls: required}
+  - {name: w, type: float64, encode: bytes}
+  - {name: t, type: bool}
+  - {name: d, type: date}
+  - {name: ts, type: timestamp, unit: ms}
+  - {name: fn, type: int64, shape: [2]}
+  - {name: wl, type: float64, encode: bytes, shape: [2], nulls: required}
+"""
+
+
 def _kinds_table(n: int, seed: int) -> pa.Table:
     """Columns of the kinds TFT's input handles: nulls, empty lists, fixed shapes, `encode: bytes`
     floats, bools, dates, timestamps (as the schemas below declare them)."""
@@ -455,26 +471,7 @@ def test_tft_input_equals_tfx_bsl_decoding_the_encoded_records() -> None:
     from recordforge.transforms.conform import conform_batch
     from recordforge.transforms.preprocess import _absentable, _TftInputFn
 
-    plan = compile_schema(
-        schema_from_dict(
-            yaml.safe_load(
-                """
-features:
-  - {name: a, type: int64}
-  - {name: b, type: float32, nulls: required}
-  - {name: s, type: string}
-  - {name: l, type: int64, shape: [-1]}
-  - {name: fx, type: float32, shape: [2], nulls: required}
-  - {name: w, type: float64, encode: bytes}
-  - {name: t, type: bool}
-  - {name: d, type: date}
-  - {name: ts, type: timestamp, unit: ms}
-  - {name: fn, type: int64, shape: [2]}
-  - {name: wl, type: float64, encode: bytes, shape: [2], nulls: required}
-"""
-            )
-        )
-    )
+    plan = compile_schema(schema_from_dict(yaml.safe_load(KINDS_SCHEMA)))
     table = _kinds_table(300, seed=3)
     conformed = conform_batch(table.to_batches()[0], plan, file="f", first_row=0).batch
     raw_schema = schema_utils.schema_from_feature_spec(raw_tf_spec(plan))
@@ -494,22 +491,16 @@ features:
             assert len(g.flatten()) == len(g.values), field.name
 
 
-PASSED_SCHEMA = """
-features:
-  - {name: a, type: int64}
-  - {name: b, type: float32, nulls: required, transform: {scale_to_0_1: {}}}
-  - {name: s, type: string, transform: {vocabulary: {}, output: s_id}}
-  - {name: l, type: int64, shape: [-1]}
-  - {name: fx, type: float32, shape: [2], nulls: required}
-  - {name: w, type: float64, encode: bytes}
-  - {name: t, type: bool}
-  - {name: d, type: date}
-  - {name: ts, type: timestamp, unit: ms}
-  - {name: fn, type: int64, shape: [2]}
-  - {name: wl, type: float64, encode: bytes, shape: [2], nulls: required}
-  - {name: r, type: int64, nulls: required}
-  - {name: dv, type: string, nulls: default, default: none}
-"""
+# The kinds, two of them transformed, plus the two columns `_passed_table` adds.
+PASSED_SCHEMA = (
+    KINDS_SCHEMA.replace(
+        "{name: b, type: float32, nulls: required}",
+        "{name: b, type: float32, nulls: required, transform: {scale_to_0_1: {}}}",
+    ).replace("{name: s, type: string}", "{name: s, type: string, transform: {vocabulary: {}, output: s_id}}")
+    + "  - {name: r, type: int64, nulls: required}\n"
+    + "  - {name: dv, type: string, nulls: default, default: none}\n"
+)
+assert PASSED_SCHEMA.count("transform:") == 2  # both replacements took
 
 # Returns every raw input the schema's transforms leave as it is, so that the whole record goes
 # through TensorFlow; the schema's own transforms add b (in place) and s_id.
