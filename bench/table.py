@@ -49,11 +49,13 @@ def ensure_table(path: str, num_rows: int) -> str:
 
 
 def ensure_csv(parquet_path: str, csv_path: str) -> str:
-    """The same table as CSV, list columns as JSON arrays in a cell (RecordForge's CSV form)."""
+    """The same table as CSV, list columns as JSON arrays in a cell (RecordForge's CSV form).
+
+    The arrays are joined by Arrow, not `json.dumps` per row, so a 5M-row file is written in
+    seconds; floats take Arrow's shortest text, which reads back to the same float32."""
     if os.path.exists(csv_path):
         return csv_path
-    import json
-
+    import pyarrow.compute as pc
     import pyarrow.csv as pacsv
 
     table = pq.read_table(parquet_path)
@@ -61,9 +63,8 @@ def ensure_csv(parquet_path: str, csv_path: str) -> str:
     for name in table.column_names:
         col = table.column(name)
         if pa.types.is_list(col.type):
-            columns[name] = pa.array(
-                [None if v is None else json.dumps(v) for v in col.to_pylist()], pa.string()
-            )
+            cells = pc.cast(col, pa.list_(pa.string()))
+            columns[name] = pc.binary_join_element_wise("[", pc.binary_join(cells, ","), "]", "")
         else:
             columns[name] = col
     tmp = csv_path + ".tmp"

@@ -1,0 +1,379 @@
+"""Scaling on one many-core machine: `python -m bench.scaling` (the 16-core device measurement).
+
+In one run, on the bench table (`bench/table.py`), GZIP, with the schema `make bench` infers:
+1. Parquet at 1, 2, 4, ... workers, plus the default conversion (no runner flags);
+2. one large CSV file at 1 worker and at the most workers;
+3. Dask (a scheduler and single-threaded workers on 127.0.0.1) against the local runner.
+Every conversion is a fresh `bench.approaches recordforge` process. Rounds alternate the cases,
+so each ratio is between medians measured in this run. For each run it records the conversion's
+seconds inside the process, the wall time seen from here, and the peak memory of the process and
+all its descendants (the forked workers) as summed proportional set size, sampled every 0.5 s.
+Every result is also appended as a JSON line to --log as it arrives, so a run cut short still
+leaves what it measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import threading
+import time
+
+from bench.table import ensure_csv, ensure_table
+
+
+def _tree_pss(root: int) -> int:
+    """Bytes of memory that `root` and every process descended from it hold now, as proportional
+    set size: a page shared by forked workers counts once in all, not once per worker."""
+    parents: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        # The command name may hold spaces and parentheses: fields start after the last ')'.
+        parents[int(entry)] = int(stat[stat.rindex(")") + 2 :].split()[1])
+    tree, frontier = {root}, [root]
+    while frontier:
+        pid = frontier.pop()
+        for child, parent in parents.items():
+            if parent == pid and child not in tree:
+                tree.add(child)
+                frontier.append(child)
+    total = 0
+    for pid in tree:
+        try:
+            with open(f"/proc/{pid}/smaps_rollup") as f:
+                total += next(int(line.split()[1]) for line in f if line.startswith("Pss:")) * 1024
+        except (OSError, StopIteration, ValueError):
+            continue
+    return total
+
+
+def run_once(source: str, output: str, rows: int, flags: list[str], timeout: float = 300) -> dict:
+    """One conversion in a fresh process: in-process and wall seconds, peak PSS of its tree."""
+    start = time.perf_counter()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "bench.approaches", "recordforge", source, output, str(rows), *flags],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    peak = [0]
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.wait(0.5):
+            peak[0] = max(peak[0], _tree_pss(proc.pid))
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, 9)
+        out, err = proc.communicate()
+        err += f"\nkilled after {timeout} s"
+    wall = time.perf_counter() - start
+    done.set()
+    sampler.join()
+    if proc.returncode != 0:
+        raise RuntimeError(f"conversion failed ({proc.returncode}): {' '.join(flags)}\n{err[-3000:]}")
+    result = json.loads(out.strip().splitlines()[-1])
+    if result["rows"] != rows:
+        raise RuntimeError(f"wrote {result['rows']} records, not {rows}: {' '.join(flags)}")
+    with open(os.path.join(output, "metadata.json")) as f:
+        shards = len(json.load(f)["shards"])
+    return {
+        "seconds": result["seconds"],
+        "wall": wall,
+        "peak_pss_mb": peak[0] / 2**20,
+        "shards": shards,
+    }
+
+
+def workers(n: int) -> list[str]:
+    if n == 1:
+        return ["--direct_num_workers", "1"]
+    return ["--direct_running_mode", "multi_processing", "--direct_num_workers", str(n)]
+
+
+class Log:
+    """Results as they come: printed, and appended to a JSON-lines file."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.results: dict[str, list[dict]] = {}
+
+    def add(self, case: str, rows: int, result: dict) -> None:
+        self.results.setdefault(case, []).append(result)
+        with open(self.path, "a") as f:
+            f.write(json.dumps({"case": case, "rows": rows, **result}) + "\n")
+        print(
+            f"  {case:24s} {result['seconds']:7.2f} s in process, {result['wall']:7.2f} s wall, "
+            f"peak {result['peak_pss_mb']:6.0f} MB, {result['shards']} shards",
+            flush=True,
+        )
+
+    def median(self, case: str, key: str = "seconds") -> float:
+        return statistics.median(r[key] for r in self.results[case])
+
+    def line(self, case: str, rows: int) -> str:
+        runs = " ".join(f"{r['seconds']:.2f}" for r in self.results[case])
+        med = self.median(case)
+        rss = max(r["peak_pss_mb"] for r in self.results[case])
+        wall = self.median(case, "wall")
+        return (
+            f"{case:24s} median {med:7.2f} s ({rows / med:>10,.0f} rows/s), wall {wall:7.2f} s, "
+            f"peak PSS {rss:6.0f} MB  [{runs}]"
+        )
+
+
+def _rounds(spec: str) -> dict[int, int]:
+    """'1:1,16:3' -> {1: 1, 16: 3}: how many runs each worker count gets."""
+    return {int(k): int(v) for k, v in (part.split(":") for part in spec.split(","))}
+
+
+def _interleaved(plan: dict[str, int]) -> list[str]:
+    """Cases in rounds: round r runs every case that still has runs left, in the plan's order."""
+    order: list[str] = []
+    for r in range(max(plan.values(), default=0)):
+        order += [case for case, n in plan.items() if n > r]
+    return order
+
+
+def _parquet(args: argparse.Namespace, w: str, schema: str, log: Log) -> None:
+    rows = args.rows
+    source = ensure_table(os.path.join(w, f"table-{rows}.parquet"), rows)
+    flags = {f"parquet {n}w": workers(n) for n in _rounds(args.rounds)}
+    plan = {f"parquet {n}w": k for n, k in _rounds(args.rounds).items()}
+    if args.default_rounds:
+        flags["parquet default"] = []
+        plan["parquet default"] = args.default_rounds
+    print(f"1. Parquet, {rows:,} rows", flush=True)
+    for case in _interleaved(plan):
+        log.add(
+            case,
+            rows,
+            run_once(source, os.path.join(w, "out-parquet"), rows, ["--schema", schema, *flags[case]]),
+        )
+    one = log.median("parquet 1w") if "parquet 1w" in log.results else None
+    for case in plan:
+        speedup = f"  {one / log.median(case):5.2f}x 1 worker" if one else ""
+        print(log.line(case, rows) + speedup, flush=True)
+    if args.half_rows and args.max_workers in _rounds(args.rounds):
+        # Fixed cost per run: T(N) = fixed + N / rate, so fixed = 2 T(N/2) - T(N) at the same workers.
+        half = ensure_table(os.path.join(w, f"table-{args.half_rows}.parquet"), args.half_rows)
+        case = f"parquet {args.max_workers}w half"
+        for _ in range(2):
+            log.add(
+                case,
+                args.half_rows,
+                run_once(
+                    half,
+                    os.path.join(w, "out-half"),
+                    args.half_rows,
+                    ["--schema", schema, *workers(args.max_workers)],
+                ),
+            )
+        full = log.median(f"parquet {args.max_workers}w")
+        part = log.median(case)
+        scale = rows / args.half_rows
+        fixed = (scale * part - full) / (scale - 1)
+        print(log.line(case, args.half_rows), flush=True)
+        print(
+            f"{args.max_workers} workers: fixed cost per run ~{fixed:.2f} s, marginal rate "
+            f"~{(rows - args.half_rows) / (full - part):,.0f} rows/s",
+            flush=True,
+        )
+
+
+def _csv(args: argparse.Namespace, w: str, schema: str, log: Log) -> None:
+    rows = args.csv_rows
+    parquet = ensure_table(os.path.join(w, f"table-{rows}.parquet"), rows)
+    t = time.perf_counter()
+    one_file = ensure_csv(parquet, os.path.join(w, f"table-{rows}.csv"))
+    print(
+        f"2. One CSV file, {rows:,} rows, {os.path.getsize(one_file) / 1e9:.2f} GB "
+        f"(written in {time.perf_counter() - t:.1f} s)",
+        flush=True,
+    )
+    plan = {"csv 1w": args.csv_one_rounds, f"csv {args.max_workers}w": args.csv_many_rounds}
+    flags = {"csv 1w": workers(1), f"csv {args.max_workers}w": workers(args.max_workers)}
+    for case in _interleaved(plan):
+        log.add(
+            case,
+            rows,
+            run_once(one_file, os.path.join(w, "out-csv"), rows, ["--schema", schema, *flags[case]]),
+        )
+    for case in plan:
+        print(log.line(case, rows), flush=True)
+    print(
+        f"one CSV file, {args.max_workers} workers vs 1: "
+        f"{log.median('csv 1w') / log.median(f'csv {args.max_workers}w'):.2f}x",
+        flush=True,
+    )
+
+
+def _dask(args: argparse.Namespace, w: str, schema: str, log: Log) -> None:
+    rows = args.rows
+    source = ensure_table(os.path.join(w, f"table-{rows}.parquet"), rows)
+    n = args.max_workers
+    port = 8786
+    address = f"tcp://127.0.0.1:{port}"
+    logs = open(os.path.join(w, "dask.log"), "w")
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "distributed.cli.dask_scheduler",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--dashboard-address",
+                ":0",
+            ],
+            stdout=logs,
+            stderr=logs,
+        )
+    ]
+    try:
+        time.sleep(2)
+        procs.append(
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "distributed.cli.dask_worker",
+                    address,
+                    "--nworkers",
+                    str(n),
+                    "--nthreads",
+                    "1",
+                    "--host",
+                    "127.0.0.1",
+                    "--dashboard-address",
+                    ":0",
+                ],
+                stdout=logs,
+                stderr=logs,
+            )
+        )
+        from distributed import Client
+
+        t = time.perf_counter()
+        with Client(address, timeout=60) as client:
+            client.wait_for_workers(n, timeout=120)
+        print(f"3. Dask: {n} single-threaded workers up in {time.perf_counter() - t:.1f} s", flush=True)
+        dask = ["--runner", "DaskRunner", "--dask_client_address", address]
+        plan = {f"local {n}w (vs dask)": args.dask_rounds, f"dask {n}w": args.dask_rounds}
+        flags = {f"local {n}w (vs dask)": workers(n), f"dask {n}w": dask}
+        for case in _interleaved(plan):
+            log.add(
+                case,
+                rows,
+                run_once(source, os.path.join(w, "out-dask"), rows, ["--schema", schema, *flags[case]]),
+            )
+        for case in plan:
+            print(log.line(case, rows), flush=True)
+        print(
+            f"Dask / local, {n} workers: "
+            f"{log.median(f'dask {n}w') / log.median(f'local {n}w (vs dask)'):.2f}x",
+            flush=True,
+        )
+    finally:
+        for proc in reversed(procs):
+            proc.terminate()
+        for proc in reversed(procs):
+            try:
+                proc.wait(20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+def _commit() -> str:
+    """The commit measured: $BENCH_COMMIT where the tree was copied without its history."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    except OSError:
+        return os.environ.get("BENCH_COMMIT", "?")
+    return head.stdout.strip() or os.environ.get("BENCH_COMMIT", "?")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--rows", type=int, default=10_000_000)
+    parser.add_argument(
+        "--rounds", default="1:1,2:1,4:1,8:2,16:3", help="runs per worker count, WORKERS:RUNS,..."
+    )
+    parser.add_argument(
+        "--default_rounds", type=int, default=1, help="runs of the default conversion (0 to skip)"
+    )
+    parser.add_argument(
+        "--half_rows", type=int, default=5_000_000, help="rows of the fixed-cost estimate (0 to skip)"
+    )
+    parser.add_argument(
+        "--csv_rows", type=int, default=5_000_000, help="rows of the one-CSV-file case (0 to skip)"
+    )
+    parser.add_argument("--csv_one_rounds", type=int, default=1)
+    parser.add_argument("--csv_many_rounds", type=int, default=2)
+    parser.add_argument(
+        "--dask_rounds",
+        type=int,
+        default=2,
+        help="runs of Dask and of the local runner beside it (0 to skip)",
+    )
+    parser.add_argument("--parts", default="parquet,csv,dask")
+    parser.add_argument("--workdir", default="bench/out")
+    parser.add_argument(
+        "--log", default=None, help="JSON-lines file of every result (default: WORKDIR/scaling.jsonl)"
+    )
+    args = parser.parse_args()
+    args.max_workers = max(_rounds(args.rounds))
+
+    w = os.path.abspath(args.workdir)
+    os.makedirs(w, exist_ok=True)
+    log = Log(args.log or os.path.join(w, "scaling.jsonl"))
+    cores = len(os.sched_getaffinity(0))
+    print(
+        f"{platform.node()}: {cores} cores, {platform.processor() or platform.machine()}, "
+        f"Python {platform.python_version()}, commit {_commit()}",
+        flush=True,
+    )
+    t = time.perf_counter()
+    source = ensure_table(os.path.join(w, f"table-{args.rows}.parquet"), args.rows)
+    print(f"table of {args.rows:,} rows in {time.perf_counter() - t:.1f} s", flush=True)
+    schema = os.path.join(w, "bench-schema.yaml")
+    if not os.path.exists(schema):
+        with open(schema, "w") as f:
+            subprocess.run(
+                [sys.executable, "-m", "recordforge", "infer-schema", "--narrow_float64", source],
+                check=True,
+                stdout=f,
+            )
+    parts = args.parts.split(",")
+    for name, part in (("parquet", _parquet), ("csv", _csv), ("dask", _dask)):
+        if name in parts:
+            t = time.perf_counter()
+            try:
+                part(args, w, schema, log)
+            except Exception as e:  # one part failing still leaves the others measured
+                print(f"{name}: FAILED: {e}", flush=True)
+            print(f"({name}: {time.perf_counter() - t:.0f} s)", flush=True)
+
+
+if __name__ == "__main__":
+    main()
