@@ -6,8 +6,9 @@ In one run, on the bench table (`bench/table.py`), GZIP, with the schema `make b
 3. Dask (a scheduler and single-threaded workers on 127.0.0.1) against the local runner.
 Every conversion is a fresh `bench.approaches recordforge` process. Rounds alternate the cases,
 so each ratio is between medians measured in this run. For each run it records the conversion's
-seconds inside the process, the wall time seen from here, and the peak memory of the process and
-all its descendants (the forked workers) as summed proportional set size, sampled every 0.5 s.
+seconds inside the process, the wall time seen from here, the CPU seconds of its process tree, and
+the peak memory of the process and all its descendants (the forked workers) as summed
+proportional set size, sampled every 0.5 s.
 Every result is also appended as a JSON line to --log as it arrives, so a run cut short still
 leaves what it measured.
 """
@@ -18,6 +19,7 @@ import argparse
 import json
 import os
 import platform
+import resource
 import statistics
 import subprocess
 import sys
@@ -60,6 +62,7 @@ def _tree_pss(root: int) -> int:
 
 def run_once(source: str, output: str, rows: int, flags: list[str], timeout: float = 300) -> dict:
     """One conversion in a fresh process: in-process and wall seconds, peak PSS of its tree."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     proc = subprocess.Popen(
         [sys.executable, "-m", "bench.approaches", "recordforge", source, output, str(rows), *flags],
@@ -84,6 +87,7 @@ def run_once(source: str, output: str, rows: int, flags: list[str], timeout: flo
         out, err = proc.communicate()
         err += f"\nkilled after {timeout} s"
     wall = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     done.set()
     sampler.join()
     if proc.returncode != 0:
@@ -98,6 +102,9 @@ def run_once(source: str, output: str, rows: int, flags: list[str], timeout: flo
         "wall": wall,
         "peak_pss_mb": peak[0] / 2**20,
         "shards": shards,
+        # CPU seconds of the process and every descendant it reaped (the forked workers): with
+        # the wall time, whether more workers cost more CPU per row or left cores idle.
+        "cpu": (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime),
     }
 
 
@@ -120,7 +127,7 @@ class Log:
             f.write(json.dumps({"case": case, "rows": rows, **result}) + "\n")
         print(
             f"  {case:24s} {result['seconds']:7.2f} s in process, {result['wall']:7.2f} s wall, "
-            f"peak {result['peak_pss_mb']:6.0f} MB, {result['shards']} shards",
+            f"peak {result['peak_pss_mb']:6.0f} MB, {result['cpu']:7.1f} CPU s, {result['shards']} shards",
             flush=True,
         )
 
