@@ -28,7 +28,7 @@ def _records(output: Path) -> Counter:
     return Counter(r for s in meta["shards"] for r in iter_records(str(output / s["file"]), "gzip"))
 
 
-def _cli(*args: str) -> subprocess.CompletedProcess:
+def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     """A fresh `recordforge convert` process: the way users run it, and the only kind of process
     the fork server is made in (pytest's own may run threads)."""
     return subprocess.run(
@@ -37,6 +37,7 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
         capture_output=True,
         text=True,
         timeout=300,
+        env=env,
     )
 
 
@@ -58,6 +59,9 @@ def test_forked_workers_write_what_one_worker_writes(parquet_source: str, tmp_pa
     proc = _cli("--source", parquet_source, "--output", str(two), "--batch_size", "128", *TWO_WORKERS)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "workers are forked from the driver" in proc.stderr
+    # Each worker's Arrow pool gets its share of the cores, not a pool as wide as the machine.
+    share = max(1, len(os.sched_getaffinity(0)) // 2)
+    assert proc.stderr.count(f"Arrow's CPU pool is {share} threads wide") == 2, proc.stderr[-3000:]
     one_records = _records(tmp_path / "one")
     assert sum(one_records.values()) == 2100
     assert _records(two) == one_records  # every record, byte for byte
@@ -65,6 +69,13 @@ def test_forked_workers_write_what_one_worker_writes(parquet_source: str, tmp_pa
     assert meta["num_records"] == 2100 and len(meta["shards"]) >= 1
     # The fork server and its workers are gone with the run: no process names the output folder.
     assert _processes_mentioning(str(two)) == []
+
+
+def test_omp_num_threads_still_sizes_a_forked_workers_arrow_pool(parquet_source: str, tmp_path: Path) -> None:
+    env = {**os.environ, "OMP_NUM_THREADS": "3"}
+    proc = _cli("--source", parquet_source, "--output", str(tmp_path / "out"), *TWO_WORKERS, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stderr.count("Arrow's CPU pool is 3 threads wide") == 2, proc.stderr[-3000:]
 
 
 def test_a_bad_row_in_a_forked_worker_fails_the_run_naming_it(tmp_path: Path) -> None:

@@ -93,6 +93,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import inspect
 import logging
 import os
@@ -159,7 +160,9 @@ class LocalRunner(WorkSharingRunner, FnApiRunner):
                 else:
                     _LOGGER.info("multi_processing workers are forked from the driver")
                     _forked_handler()  # registered for FORKED_WORKER_URN
-                    server = stack.enter_context(ForkServer(_run_beam_worker))
+                    workers = options.view_as(DirectOptions).direct_num_workers
+                    work = functools.partial(_run_beam_worker, arrow_threads=_arrow_threads(workers))
+                    server = stack.enter_context(ForkServer(work))
                     for env in envs:
                         env.urn = FORKED_WORKER_URN
                         env.payload = server.path.encode()
@@ -384,8 +387,18 @@ class _NoMainSession(logging.Filter):
         return not record.getMessage().startswith("No semi_persistent_directory found")
 
 
-def _run_beam_worker(env: dict[str, str]) -> None:
-    """In a forked worker: Beam's SDK harness with the runner's environment for this worker."""
+def _arrow_threads(workers: int) -> int:
+    """Threads for Arrow's CPU pool in each of `workers` forked workers: the cores shared out, so
+    that N workers do not each start a pool as wide as the machine (which costs memory and CPU
+    time switching between threads). `OMP_NUM_THREADS`, which Arrow reads, still decides if set."""
+    if "OMP_NUM_THREADS" in os.environ:
+        return 0
+    return max(1, len(os.sched_getaffinity(0)) // max(1, workers))
+
+
+def _run_beam_worker(env: dict[str, str], arrow_threads: int = 0) -> None:
+    """In a forked worker: Beam's SDK harness with the runner's environment for this worker, and
+    Arrow's CPU pool `arrow_threads` wide (0: as inherited)."""
     # The worker logs through the driver's handlers, at what the driver shows (RecordForge's own
     # INFO lines with --debug): Beam's harness lowers the root logger's level to its own default
     # (INFO) while it starts.
@@ -397,6 +410,11 @@ def _run_beam_worker(env: dict[str, str]) -> None:
     beam_logger = logging.getLogger("apache_beam")
     beam_logger.setLevel(beam_logger.getEffectiveLevel() if beam_logger.level else driver)
     logging.getLogger("apache_beam.runners.worker.sdk_worker_main").addFilter(_NoMainSession())
+    import pyarrow as pa
+
+    if arrow_threads:
+        pa.set_cpu_count(arrow_threads)
+    _LOGGER.info("forked worker: Arrow's CPU pool is %d threads wide", pa.cpu_count())
     os.environ.clear()
     os.environ.update(env)
     from apache_beam.runners.worker import sdk_worker_main
