@@ -177,7 +177,8 @@ def test_dataflow_dry_run_stages_the_package(parquet_source: str) -> None:
 
 def test_sdist_carries_the_package(tmp_path: Path) -> None:
     subprocess.run(
-        [sys.executable, "-m", "build", "--sdist", "--outdir", str(tmp_path), str(ROOT)],
+        # Without isolation the build uses this environment's setuptools: no package index needed.
+        [sys.executable, "-m", "build", "--sdist", "--no-isolation", "--outdir", str(tmp_path), str(ROOT)],
         check=True,
         capture_output=True,
         timeout=300,
