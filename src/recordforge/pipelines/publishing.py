@@ -153,20 +153,25 @@ def check_state(state: OutputState, *, overwrite: bool, if_changed: bool) -> Non
 class Publication:
     """Held around a run: the output's lock, the run's journal entry, and cleanup.
 
-    `__enter__` takes the lock (a second run fails at once naming the holder), checks the
-    output's state, deletes what dead runs left (only folders the journal records), and records
-    this run's version. `__exit__` deletes this run's version folder unless it was committed,
-    then, after a commit, the versions older than the replaced one; and releases the lock.
+    `__enter__` takes the lock (a second run fails at once naming the holder), then reads the
+    output's state under it (`state`) and checks it, deletes what dead runs left (only folders
+    the journal records), and records this run's version. The state is read again here, not
+    taken from before the lock: another run may have published in between, and this run then
+    replaces that version (the commit reads which version it replaces, `transforms/bundle.py`).
+    `__exit__` deletes this run's version folder unless it was committed, then, after a commit,
+    the versions older than the replaced one; `published` is then the committed metadata, read
+    before the lock is released (after it, another run may already have replaced it).
     """
 
-    def __init__(self, config: ConvertConfig, *, expected: OutputState) -> None:
+    def __init__(self, config: ConvertConfig) -> None:
         if config.version is None:
             raise ValueError("a publication needs the run's version")
         self.output = config.output.rstrip("/")
         self.version = config.version
         self._config = config
-        self._expected = expected.version  # what was published when the run was built
         self._lease: Lease | None = None
+        self.state: OutputState | None = None  # the output under the lock, before the run
+        self.published: dict[str, Any] | None = None  # this run's metadata.json, once committed
 
     def __enter__(self) -> Publication:
         owner = {
@@ -179,15 +184,11 @@ class Publication:
         self._lease = Lease.acquire(layout.lock_path(self.output), owner)
         try:
             state = read_state(self.output, own=self.version)
-            if state.version != self._expected:
-                raise RecordForgeError(
-                    f"{self.output} changed while this run was prepared (version {state.version} "
-                    f"was published, {self._expected} was expected); run it again"
-                )
             check_state(state, overwrite=self._config.overwrite, if_changed=self._config.if_changed)
             dead = "left by a run that did not finish"
             self._collect(state, keep={state.version, state.previous}, why=dead)
             write_atomically(layout.journal_entry(self.output, self.version), json.dumps(owner).encode())
+            self.state = state
         except BaseException:
             self._lease.release()
             raise
@@ -200,7 +201,8 @@ class Publication:
             if state.version != self.version:
                 self._discard()
             else:
-                self._collect(state, keep={self.version, self._expected}, why="superseded")
+                self.published = state.published
+                self._collect(state, keep={self.version, state.previous}, why="superseded")
         finally:
             self._lease.release()
 

@@ -31,7 +31,7 @@ from recordforge.schemas.export import tfmd_text
 from recordforge.schemas.loader import dump_schema
 from recordforge.schemas.plan import Plan
 from recordforge.schemas.tfds_metadata import tfds_metadata
-from recordforge.storage import delete_tree, is_local, literal, write_atomically
+from recordforge.storage import delete_tree, is_local, literal, read_bytes, write_atomically
 from recordforge.tfrecord import Compression, ShardInfo
 
 __all__ = [
@@ -100,7 +100,6 @@ class BundleSpec:
     # they were transformed from; `temp_dirs` are TFT's working files, deleted before publishing.
     raw_plan: Plan | None = None
     temp_dirs: tuple[str, ...] = ()
-    previous_version: str | None = None  # the version this one replaces, kept until the next
 
     @property
     def root(self) -> str:
@@ -161,7 +160,10 @@ def _split_totals(spec: BundleSpec, shards: list[ShardInfo]) -> dict[str, Any]:
     return {"split_counts": totals, "empty_splits": [n for n, t in totals.items() if t["records"] == 0]}
 
 
-def metadata_dict(spec: BundleSpec, shards: list[ShardInfo], counts: RunCounts) -> dict[str, Any]:
+def metadata_dict(
+    spec: BundleSpec, shards: list[ShardInfo], counts: RunCounts, previous_version: str | None = None
+) -> dict[str, Any]:
+    """metadata.json of a version; `previous_version` is the one it replaces (kept until the next)."""
     shards = sorted(shards, key=lambda s: s.path)
     splits = bool(spec.facts.split_weights)
     written = sum(s.records for s in shards)
@@ -169,7 +171,7 @@ def metadata_dict(spec: BundleSpec, shards: list[ShardInfo], counts: RunCounts) 
     return {
         "recordforge_version": __version__,
         "version": spec.version,
-        "previous_version": spec.previous_version,
+        "previous_version": previous_version,
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "command": list(spec.command),
         "source_format": spec.source_format,
@@ -269,7 +271,7 @@ def _write_bundle(facts: dict[str, Any], spec: BundleSpec) -> str:
         unreadable=tuple(json.loads(u) for u in sorted(facts["unreadable"])),
     )
     shards: list[ShardInfo] = facts["shards"]
-    meta = metadata_dict(spec, shards, counts)
+    meta = metadata_dict(spec, shards, counts, _replaced_version(spec))
     _check_counts(spec, meta, counts)
     _check_inputs_unchanged(spec)
     root = spec.root
@@ -305,6 +307,26 @@ def _write_bundle(facts: dict[str, Any], spec: BundleSpec) -> str:
         len(meta["shards"]),
     )
     return spec.output
+
+
+def _replaced_version(spec: BundleSpec) -> str | None:
+    """The version this commit replaces, read now: the run holds the output's lock, and another
+    run may have published after this one was built. A retried commit finds its own version
+    there already, and keeps the version that one recorded as replaced."""
+    path = layout.join(spec.output, METADATA)
+    if not FileSystems.exists(path):
+        return None
+    try:
+        meta = json.loads(read_bytes(path))
+    except ValueError:  # not RecordForge's: it replaces nothing of ours
+        return None
+    version = meta.get("version") if isinstance(meta, dict) else None
+    if not isinstance(version, str) or not layout.is_version(version):
+        return None
+    if version == spec.version:
+        previous = meta.get("previous_version")
+        return previous if isinstance(previous, str) and layout.is_version(previous) else None
+    return version
 
 
 def _commit(output: str, manifest: bytes, files: dict[str, bytes]) -> None:
