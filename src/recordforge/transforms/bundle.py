@@ -22,8 +22,6 @@ from recordforge.layout import (
     REJECTED_DIR,
     SCHEMA_PBTXT,
     SCHEMA_YAML,
-    SUCCESS,
-    TOP_COPIES,
     TRANSFORMED_SCHEMA,
 )
 from recordforge.schemas.croissant import croissant_json
@@ -31,8 +29,9 @@ from recordforge.schemas.export import tfmd_text
 from recordforge.schemas.loader import dump_schema
 from recordforge.schemas.plan import Plan
 from recordforge.schemas.tfds_metadata import tfds_metadata
-from recordforge.storage import delete_tree, is_local, literal, read_bytes, write_atomically
+from recordforge.storage import delete_tree, is_local, literal, write_atomically
 from recordforge.tfrecord import Compression, ShardInfo
+from recordforge.transforms.commit import commit, replaced_version
 
 __all__ = [
     "BundleSpec",
@@ -271,7 +270,7 @@ def _write_bundle(facts: dict[str, Any], spec: BundleSpec) -> str:
         unreadable=tuple(json.loads(u) for u in sorted(facts["unreadable"])),
     )
     shards: list[ShardInfo] = facts["shards"]
-    meta = metadata_dict(spec, shards, counts, _replaced_version(spec))
+    meta = metadata_dict(spec, shards, counts, replaced_version(spec.output, spec.version))
     _check_counts(spec, meta, counts)
     _check_inputs_unchanged(spec)
     root = spec.root
@@ -298,7 +297,7 @@ def _write_bundle(facts: dict[str, Any], spec: BundleSpec) -> str:
     manifest = json.dumps(meta, indent=2).encode()
     for name, data in {**files, METADATA: manifest}.items():
         write_atomically(layout.join(root, name), data)
-    _commit(spec.output, manifest, files)
+    commit(spec.output, manifest, files)
     _LOGGER.info(
         "%s: published version %s, %d records in %d shards",
         spec.output,
@@ -307,43 +306,6 @@ def _write_bundle(facts: dict[str, Any], spec: BundleSpec) -> str:
         len(meta["shards"]),
     )
     return spec.output
-
-
-def _replaced_version(spec: BundleSpec) -> str | None:
-    """The version this commit replaces, read now: the run holds the output's lock, and another
-    run may have published after this one was built. A retried commit finds its own version
-    there already, and keeps the version that one recorded as replaced."""
-    path = layout.join(spec.output, METADATA)
-    if not FileSystems.exists(path):
-        return None
-    try:
-        meta = json.loads(read_bytes(path))
-    except ValueError:  # not RecordForge's: it replaces nothing of ours
-        return None
-    version = meta.get("version") if isinstance(meta, dict) else None
-    if not isinstance(version, str) or not layout.is_version(version):
-        return None
-    if version == spec.version:
-        previous = meta.get("previous_version")
-        return previous if isinstance(previous, str) and layout.is_version(previous) else None
-    return version
-
-
-def _commit(output: str, manifest: bytes, files: dict[str, bytes]) -> None:
-    """Publishes a version whose files are all in place. The top-level metadata.json is the
-    commit point: replaced atomically, it moves readers from the old version to the new one at
-    once. `_SUCCESS` follows (it stays through later rebuilds), then the convenience copies of
-    the small files. Repeating a commit (a retried step) writes the same files again."""
-    write_atomically(layout.join(output, METADATA), manifest)
-    success = layout.join(output, SUCCESS)
-    if not FileSystems.exists(success):
-        write_atomically(success, b"")
-    for name in TOP_COPIES:
-        path = layout.join(output, name)
-        if name in files:
-            write_atomically(path, files[name])
-        elif FileSystems.exists(path):  # the replaced version had it; this one has not
-            FileSystems.delete([path])
 
 
 def _check_inputs_unchanged(spec: BundleSpec) -> None:
