@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv demo test lint bench clean
+.PHONY: venv demo test stress lint bench clean
 
 venv: $(STAMP)
 
@@ -22,6 +22,10 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/ruff check src tests bench
 	$(BIN)/python -m pytest -q tests
+
+# Many runs started together on one output (tests/test_publishing_stress.py): a few minutes.
+stress: $(STAMP)
+	$(BIN)/python -m pytest -q -m stress tests
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests bench

@@ -134,6 +134,7 @@ def read_with_tf(output: str) -> list[dict[str, Any]]:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "corrupts: the test damages bundles on purpose")
+    config.addinivalue_line("markers", "stress: minutes long; `make stress` runs them, `make test` does not")
 
 
 @pytest.fixture(autouse=True)

@@ -18,7 +18,7 @@ from recordforge.pipelines.template import template_metadata
 
 ROOT = Path(__file__).resolve().parents[1]
 # ConvertConfig fields that no flag fills: set by run() or from the command line itself.
-_NOT_FLAGS = {"command", "version", "previous_version"}
+_NOT_FLAGS = {"command", "version"}
 _BASE: dict[str, Any] = {"sources": ("in.parquet",), "output": "out"}
 
 # For every flag: another valid value, with what it needs beside it. A new flag fails

@@ -9,6 +9,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 from typing import Any
 
@@ -182,10 +183,84 @@ def test_racing_acquirers_exactly_one_wins(lock_path: str, start: str) -> None:
         assert (_read(lock_path) or {})["run_id"] == f"v-racer-{winners[0]}"
         for _, outcome, message in outcomes:
             if outcome == "locked":
-                assert f"run v-racer-{winners[0]} " in message or "being written" in message, message
+                assert f"run v-racer-{winners[0]} " in message, message
     finally:
         done.set()
         for proc in procs:
             proc.join(timeout=30)
     assert [proc.exitcode for proc in procs] == [0] * racers
     assert _read(lock_path) is None
+
+
+def test_a_lock_being_created_is_never_read_half_written(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run that finds the lock taken names its holder: a lock file is never seen before its
+    content is in it (the holder would read as unknown)."""
+    path = str(tmp_path / "out" / "_recordforge" / "lock")
+    writing, go_on = _paused_in("first", monkeypatch, "fdopen")  # the first run, about to write
+    result: list[Any] = []
+
+    def first() -> None:
+        try:
+            result.append(Lease.acquire(path, {"run_id": "v-first"}))
+        except OutputLocked as exn:
+            result.append(exn)
+
+    thread = threading.Thread(target=first, name="first")
+    thread.start()
+    assert writing.wait(10)
+    try:
+        with Lease.acquire(path, {"run_id": "v-second"}):
+            go_on.set()
+            thread.join(10)
+    except OutputLocked as exn:
+        go_on.set()
+        thread.join(10)
+        pytest.fail(f"the second run did not take the lock and did not name the first: {exn}")
+    assert isinstance(result[0], OutputLocked) and result[0].holder["run_id"] == "v-second"
+
+
+def _paused_in(thread_name: str, monkeypatch: pytest.MonkeyPatch, name: str) -> tuple[Any, Any]:
+    """Pauses the thread `thread_name` at its first call of os.`name`: (reached, go_on) events."""
+    reached, go_on = threading.Event(), threading.Event()
+    original = getattr(os, name)
+
+    def paused(*args: Any, **kwargs: Any) -> Any:
+        if threading.current_thread().name == thread_name and not reached.is_set():
+            reached.set()
+            go_on.wait(10)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(os, name, paused)
+    return reached, go_on
+
+
+def test_reclaiming_a_lock_already_reclaimed_never_lets_a_third_run_in(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Run X judged a dead run's lock stale; meanwhile run Y reclaimed it and holds it. X's removal
+    finds Y's lock, not the one it judged, and leaves it; while X looks at it, a third run Z must
+    find the lock held by Y (were it moved aside to be looked at, Z would take it too)."""
+    from recordforge.pipelines import lease as lease_module
+
+    path = str(tmp_path / "out" / "_recordforge" / "lock")
+    _write_by_hand(path, _owner("v-dead", pid=_reaped_pid()))
+    local = lease_module._LocalLock(path)
+    stale = local.read()
+    assert stale is not None
+    holder = Lease.acquire(path, _owner("v-y"))  # reclaims the dead run's lock
+    reached, go_on = _paused_in("x", monkeypatch, "fstat")
+    removed: list[bool] = []
+    x = threading.Thread(target=lambda: removed.append(local.remove_if(stale)), name="x")
+    x.start()
+    try:
+        assert reached.wait(10)
+        with pytest.raises(OutputLocked, match="is being written by run v-y "):
+            Lease.acquire(path, _owner("v-z"))
+    finally:
+        go_on.set()
+        x.join(10)
+    assert removed == [False] and (_read(path) or {})["run_id"] == "v-y"
+    holder.release()
+    assert _read(path) is None

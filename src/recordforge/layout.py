@@ -12,6 +12,7 @@
     croissant.json  [dataset_info.json  features.json  label_id.labels.txt]   (TFDS, Croissant)
   _recordforge/
     lock                 held by the one run writing this output
+    lock.guard           local disks: flock(2)ed while a lock is removed (pipelines/lease.py); stays
     runs/<version>       a run's journal entry, written before its version folder: the
                          record that RecordForge made that folder, so it may delete it
 """

@@ -66,9 +66,8 @@ class ConvertConfig:
     preprocessing_fn: str | None = default("preprocessing_fn")
     analyze_split: str | None = default("analyze_split")
     command: tuple[str, ...] = ()
-    # Set by run() for one run: the version folder it writes, and the version it replaces.
+    # Set by run() for one run: the version folder it writes.
     version: str | None = None
-    previous_version: str | None = None
 
     def __post_init__(self) -> None:
         problems = []

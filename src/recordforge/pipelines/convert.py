@@ -282,7 +282,6 @@ def _bundle_spec(run: _Run, transformed: Any) -> BundleSpec:
     return BundleSpec(
         output=config.output,
         version=run.version,
-        previous_version=config.previous_version,
         plan=transformed.plan if transformed is not None else run.plan,
         raw_plan=run.plan if transformed is not None else None,
         temp_dirs=(transformed.temp_dir,) if transformed is not None else (),
@@ -352,9 +351,21 @@ def _unchanged(config: ConvertConfig, state: OutputState) -> tuple[dict[str, Any
     if state.published is None:
         return None, None
     inputs = resolve_inputs(config)
+    return _same_inputs(config, state, inputs), inputs
+
+
+def _same_inputs(config: ConvertConfig, state: OutputState, inputs: Inputs) -> dict[str, Any] | None:
+    """The published metadata when it was made from these inputs, schema and settings."""
+    if state.published is None:
+        return None
     if state.published.get("input_fingerprint") == input_fingerprint(inputs.files, inputs.plan, config):
-        return state.published, inputs
-    return None, inputs
+        return state.published
+    return None
+
+
+def _up_to_date(config: ConvertConfig, published: dict[str, Any]) -> dict[str, Any]:
+    _LOGGER.warning("%s is up to date (same inputs, schema and settings): nothing to do", config.output)
+    return {**published, "skipped": True}
 
 
 def _progress(options: PipelineOptions, inputs: Inputs) -> Any:
@@ -449,27 +460,30 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
         # The job is built offline and summarised; the output is not looked at (on gs:// even a
         # listing would need credentials), so --overwrite and --if_changed are not checked.
         return dry_run(pipeline, dataclasses.replace(config, version=new_version()), build)
+    # Read before the lock, so that a refused or up-to-date run touches nothing and a mistake
+    # is found before building; Publication reads the state again under the lock.
     state = read_state(config.output)
     inputs = None
     if config.if_changed:
         published, inputs = _unchanged(config, state)
         if published is not None:
-            _LOGGER.warning(
-                "%s is up to date (same inputs, schema and settings): nothing to do", config.output
-            )
-            return {**published, "skipped": True}
+            return _up_to_date(config, published)
     check_state(state, overwrite=config.overwrite, if_changed=config.if_changed)
-    config = dataclasses.replace(config, version=new_version(), previous_version=state.version)
+    config = dataclasses.replace(config, version=new_version())
     inputs = inputs or resolve_inputs(config)
     try:
         build(pipeline, config, inputs)
+        with Publication(config) as publication, _progress(options, inputs):
+            assert publication.state is not None
+            # Another run may have published since `state` was read: it decides again.
+            if config.if_changed and publication.state.version != state.version:
+                published = _same_inputs(config, publication.state, inputs)
+                if published is not None:
+                    return _up_to_date(config, published)
+            pipeline.run().wait_until_finish()
     except BaseException:
         _remove_if_empty(version_root(config.output, config.version))
         raise
-    with Publication(config, expected=state), _progress(options, inputs):
-        pipeline.run().wait_until_finish()
-    out = config.output.rstrip("/")
-    published = read_state(out).published
-    if published is None or published["version"] != config.version:
-        raise RecordForgeError(f"{out}: the pipeline finished but published nothing")
-    return published
+    if publication.published is None:
+        raise RecordForgeError(f"{config.output.rstrip('/')}: the pipeline finished but published nothing")
+    return publication.published

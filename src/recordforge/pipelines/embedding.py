@@ -67,13 +67,20 @@ class Conversion:
     config: ConvertConfig
     expected: OutputState  # the output as it was when the conversion was added
     done: beam.PCollection  # the output path, once the bundle is published
+    # The metadata.json committed, read under the lock (after it another run may replace it).
+    _committed: list[dict[str, Any]] = dataclasses.field(default_factory=list, compare=False, repr=False)
 
     @contextlib.contextmanager
     def publishing(self) -> Iterator[None]:
         """Hold it around the pipeline's run: without it, the pipeline still commits the bundle,
         but with no lock against another run and no cleanup if it fails."""
-        with Publication(self.config, expected=self.expected):
-            yield
+        publication = Publication(self.config)
+        try:
+            with publication:
+                yield
+        finally:
+            if publication.published is not None:
+                self._committed[:] = [publication.published]
 
     def run(self, pipeline: beam.Pipeline) -> dict[str, Any]:
         """Runs `pipeline` inside `publishing()`; returns the published metadata.json."""
@@ -82,8 +89,10 @@ class Conversion:
         return self.published()
 
     def published(self) -> dict[str, Any]:
-        """The published metadata.json of this conversion's version; an error if it was not."""
-        state = read_state(self.config.output.rstrip("/"))
+        """The metadata.json this conversion's run committed; an error if it did not."""
+        if self._committed:
+            return self._committed[0]
+        state = read_state(self.config.output.rstrip("/"))  # run outside publishing()
         if state.published is None or state.published["version"] != self.config.version:
             raise RecordForgeError(f"{self.config.output}: this conversion published nothing")
         return state.published
@@ -105,6 +114,6 @@ def add_conversion(
     check_output_path(config.output)
     state = read_state(config.output)
     check_state(state, overwrite=config.overwrite, if_changed=False)
-    config = dataclasses.replace(config, version=new_version(), previous_version=state.version)
+    config = dataclasses.replace(config, version=new_version())
     done = build(pipeline, config, resolve_inputs(config))
     return Conversion(config, state, done)

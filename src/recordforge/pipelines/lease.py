@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import fcntl
 import json
 import logging
 import os
@@ -95,7 +96,7 @@ def _stale_reason(seen: _Seen, stale_after: float) -> str | None:
 
 
 class _LocalLock:
-    """A lock file created with O_EXCL; heartbeat is its mtime; removal renames it aside first."""
+    """A lock file linked into place once written; heartbeat is its mtime; removals hold a guard."""
 
     def __init__(self, path: str) -> None:
         self.path = path
@@ -106,18 +107,22 @@ class _LocalLock:
         parent = os.path.dirname(self.path)
         if parent:
             os.makedirs(parent, exist_ok=True)
-        try:
-            fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-        except FileExistsError:
-            return False
+        # Written whole under a name of its own, then linked to the lock's name: link(2) fails if
+        # the name exists, so the lock appears with its content. Created empty and then written,
+        # a run that came between would read no holder, and could not name it.
+        aside = f"{self.path}.creating-{uuid.uuid4().hex}"
+        fd = os.open(aside, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
         try:
             with os.fdopen(fd, "wb") as f:
                 f.write(content)
                 f.flush()
                 os.fsync(f.fileno())
-        except BaseException:
-            os.unlink(self.path)
-            raise
+            try:
+                os.link(aside, self.path)
+            except FileExistsError:
+                return False
+        finally:
+            os.unlink(aside)
         self._content = content
         return True
 
@@ -154,24 +159,29 @@ class _LocalLock:
         return self._remove_when(lambda _, content: content == self._content)
 
     def _remove_when(self, check: Any) -> bool:
-        # A rename is atomic: only one process gets the file aside, and it can look before deleting.
-        aside = f"{self.path}.removing-{uuid.uuid4().hex}"
-        try:
-            os.rename(self.path, aside)
-        except FileNotFoundError:
-            return False
-        with open(aside, "rb") as f:
-            matches = check(os.fstat(f.fileno()), f.read())
-        if not matches:
-            # Someone else's lock: put it back (link does not overwrite a lock created meanwhile).
+        # Every removal (a release, a stale lock's reclaim) holds the guard from its check to its
+        # unlink: no other removal can come between, and no run can create the lock while it
+        # exists, so what is unlinked is what was checked. Moving the lock aside to look at it
+        # instead would let a run create a lock in the meantime, and two runs would hold it.
+        with self._guard():
             try:
-                os.link(aside, self.path)
-            except FileExistsError:
-                _LOGGER.error(
-                    "The lock %s changed while it was being checked; a run may have lost it", self.path
-                )
-        os.unlink(aside)
-        return matches
+                with open(self.path, "rb") as f:
+                    matches = bool(check(os.fstat(f.fileno()), f.read()))
+            except FileNotFoundError:
+                return False
+            if matches:
+                os.unlink(self.path)
+            return matches
+
+    @contextmanager
+    def _guard(self) -> Iterator[None]:
+        """An exclusive flock(2) on a file beside the lock; the kernel drops it if the process dies."""
+        fd = os.open(f"{self.path}.guard", os.O_CREAT | os.O_RDWR, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
 
 
 def _generation_of(blob: Any) -> int:
@@ -284,8 +294,8 @@ def quiet_heartbeats() -> Iterator[None]:
 class Lease:
     """One writer at a time on an output: an exclusively created lock file, kept fresh by a heartbeat.
 
-    ``acquire`` creates ``path`` (locally with O_EXCL, on gs:// with ``ifGenerationMatch=0``) holding the
-    JSON ``owner`` record plus a ``"lease"`` token, or raises ``OutputLocked`` at once, naming the holder,
+    ``acquire`` creates ``path`` whole (locally by link(2), on gs:// with ``ifGenerationMatch=0``), holding
+    the JSON ``owner`` record plus a ``"lease"`` token, or raises ``OutputLocked`` at once, naming the holder,
     when another run holds a lock that is not stale. A lock is stale when its holder's ``host`` is this
     host and its ``pid`` is not running, or when its last heartbeat (local mtime, GCS ``updated``) is older
     than ``stale_after`` seconds; a stale lock is removed, only if it is still the version judged, and

@@ -27,6 +27,7 @@ from recordforge.errors import RecordForgeError
 from recordforge.pipelines.config import ConvertConfig
 from recordforge.pipelines.lease import Lease
 from recordforge.storage import delete_tree, is_local, list_files, read_bytes, write_atomically
+from recordforge.transforms.commit import finish_copies, is_temporary
 
 __all__ = [
     "OutputState",
@@ -82,6 +83,9 @@ class OutputState:
     published: dict[str, Any] | None  # metadata.json of the published version (ours), or None
     journal: frozenset[str]  # versions a RecordForge run recorded here
     foreign: tuple[str, ...] = field(default=())  # top-level entries RecordForge did not write
+    # metadata.json missing or unreadable though the journal records a version that was committed
+    damaged: bool = False
+    temporaries: tuple[str, ...] = field(default=())  # left beside top-level files by a dead run
 
     @property
     def version(self) -> str | None:
@@ -111,9 +115,19 @@ def read_state(output: str, *, own: str | None = None) -> OutputState:
             published = meta
     tops = sorted({layout.top_entry(out, p) for p in list_files(out)} - {""})
     ours = {layout.STATE_DIR, *journal, own}
-    if published is not None:
-        ours |= set(layout.TOP_FILES) | {published["version"], published.get("previous_version")}
-    return OutputState(out, published, journal, tuple(t for t in tops if t not in ours))
+    # The journal decides whose the top-level files are when metadata.json cannot: a version it
+    # records that holds a metadata.json was committed by RecordForge, which wrote them.
+    damaged = published is None and any(
+        FileSystems.exists(layout.join(out, v, layout.METADATA)) for v in sorted(journal)
+    )
+    if published is not None or damaged:
+        ours |= set(layout.TOP_FILES) | {
+            (published or {}).get("version"),
+            (published or {}).get("previous_version"),
+        }
+    temporaries = tuple(t for t in tops if is_temporary(t))
+    foreign = tuple(t for t in tops if t not in ours and t not in temporaries)
+    return OutputState(out, published, journal, foreign, damaged, temporaries)
 
 
 def _describe(meta: dict[str, Any]) -> str:
@@ -123,6 +137,12 @@ def _describe(meta: dict[str, Any]) -> str:
 def check_state(state: OutputState, *, overwrite: bool, if_changed: bool) -> None:
     """Refuses to replace a published bundle, or to write among files that are not RecordForge's,
     unless asked to; nothing is ever deleted that RecordForge did not write, even then."""
+    if state.damaged and not (overwrite or if_changed):
+        raise RecordForgeError(
+            f"{state.output} holds a damaged RecordForge dataset: its metadata.json is missing or "
+            "unreadable, though the run journal records a published version; pass --overwrite to "
+            "rebuild it"
+        )
     if state.published is not None and not (overwrite or if_changed):
         raise RecordForgeError(
             f"{state.output} already holds a published dataset ({_describe(state.published)}); "
@@ -153,20 +173,25 @@ def check_state(state: OutputState, *, overwrite: bool, if_changed: bool) -> Non
 class Publication:
     """Held around a run: the output's lock, the run's journal entry, and cleanup.
 
-    `__enter__` takes the lock (a second run fails at once naming the holder), checks the
-    output's state, deletes what dead runs left (only folders the journal records), and records
-    this run's version. `__exit__` deletes this run's version folder unless it was committed,
-    then, after a commit, the versions older than the replaced one; and releases the lock.
+    `__enter__` takes the lock (a second run fails at once naming the holder), then reads the
+    output's state under it (`state`) and checks it, deletes what dead runs left (only folders
+    the journal records), and records this run's version. The state is read again here, not
+    taken from before the lock: another run may have published in between, and this run then
+    replaces that version (the commit reads which version it replaces, `transforms/bundle.py`).
+    `__exit__` deletes this run's version folder unless it was committed, then, after a commit,
+    the versions older than the replaced one; `published` is then the committed metadata, read
+    before the lock is released (after it, another run may already have replaced it).
     """
 
-    def __init__(self, config: ConvertConfig, *, expected: OutputState) -> None:
+    def __init__(self, config: ConvertConfig) -> None:
         if config.version is None:
             raise ValueError("a publication needs the run's version")
         self.output = config.output.rstrip("/")
         self.version = config.version
         self._config = config
-        self._expected = expected.version  # what was published when the run was built
         self._lease: Lease | None = None
+        self.state: OutputState | None = None  # the output under the lock, before the run
+        self.published: dict[str, Any] | None = None  # this run's metadata.json, once committed
 
     def __enter__(self) -> Publication:
         owner = {
@@ -179,30 +204,55 @@ class Publication:
         self._lease = Lease.acquire(layout.lock_path(self.output), owner)
         try:
             state = read_state(self.output, own=self.version)
-            if state.version != self._expected:
-                raise RecordForgeError(
-                    f"{self.output} changed while this run was prepared (version {state.version} "
-                    f"was published, {self._expected} was expected); run it again"
-                )
             check_state(state, overwrite=self._config.overwrite, if_changed=self._config.if_changed)
             dead = "left by a run that did not finish"
-            self._collect(state, keep={state.version, state.previous}, why=dead)
+            for name in state.temporaries:  # no other run writes while this one holds the lock
+                FileSystems.delete([layout.join(self.output, name)])
+            if state.version is not None:
+                self._finish(state.version, "the run that published it")
+            if not state.damaged:  # its versions stay until this run has published
+                self._collect(state, keep={state.version, state.previous}, why=dead)
             write_atomically(layout.journal_entry(self.output, self.version), json.dumps(owner).encode())
+            self.state = state
         except BaseException:
             self._lease.release()
             raise
         return self
 
-    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> bool:
         assert self._lease is not None
         try:
             state = read_state(self.output)
             if state.version != self.version:
                 self._discard()
-            else:
-                self._collect(state, keep={self.version, self._expected}, why="superseded")
+                return False
+            # Committed: whatever failed after the commit point, this run has published.
+            self._finish(self.version, "this run")
+            self.published = state.published
+            self._collect(state, keep={self.version, state.previous}, why="superseded")
         finally:
             self._lease.release()
+        if exc is not None and isinstance(exc, Exception):
+            _LOGGER.warning(
+                "%s: version %s is published; after its commit the run failed: %s",
+                self.output,
+                self.version,
+                exc,
+            )
+            return True
+        return False
+
+    def _finish(self, version: str, whose: str) -> None:
+        """Finishes the top-level copies of the published `version` where its commit did not."""
+        done = finish_copies(self.output, version)
+        if done:
+            _LOGGER.warning(
+                "%s: finished the top-level files of version %s that %s left unwritten: %s",
+                self.output,
+                version,
+                whose,
+                ", ".join(done),
+            )
 
     def _discard(self) -> None:
         """Deletes what this unpublished run wrote. Rejected rows stay (until the next run) so

@@ -203,15 +203,32 @@ def _count_problems(meta: dict[str, Any]) -> list[str]:
     return out
 
 
+def _damaged(out: str, what: str) -> str:
+    """The line for a manifest that is gone or unreadable, naming what the journal still knows."""
+    journal = sorted(layout.relative(p, layout.journal_dir(out)) for p in list_files(layout.journal_dir(out)))
+    committed = [v for v in journal if exists(layout.join(out, v, layout.METADATA))]
+    if not committed:
+        return f"{what}: the published version cannot be found"
+    return (
+        f"{what}: the published version cannot be found (the run journal records "
+        f"{', '.join(committed)}); `recordforge convert --overwrite` rebuilds the bundle"
+    )
+
+
 def verify(path: str, *, workers: int | None = None) -> list[str]:
     """One line per problem; an empty list means the bundle is complete and intact."""
     out = path.rstrip("/")
     problems = []
     if not exists(f"{out}/{layout.SUCCESS}"):
         problems.append("_SUCCESS is missing: the output was never published, or only in part")
+    if not exists(f"{out}/{layout.METADATA}"):
+        return [*problems, _damaged(out, "metadata.json is missing")]
     try:
         with open_read(f"{out}/{layout.METADATA}") as f:
             meta = json.loads(f.read())
+    except ValueError as exn:
+        return [*problems, _damaged(out, f"metadata.json is not valid JSON ({exn})")]
+    try:
         version = meta.get("version") or ""
         with open_read(layout.join(out, version, layout.FEATURE_SPEC)) as f:
             spec = json.loads(f.read())

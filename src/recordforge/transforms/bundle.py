@@ -22,8 +22,6 @@ from recordforge.layout import (
     REJECTED_DIR,
     SCHEMA_PBTXT,
     SCHEMA_YAML,
-    SUCCESS,
-    TOP_COPIES,
     TRANSFORMED_SCHEMA,
 )
 from recordforge.schemas.croissant import croissant_json
@@ -33,6 +31,7 @@ from recordforge.schemas.plan import Plan
 from recordforge.schemas.tfds_metadata import tfds_metadata
 from recordforge.storage import delete_tree, is_local, literal, write_atomically
 from recordforge.tfrecord import Compression, ShardInfo
+from recordforge.transforms.commit import commit, replaced_version
 
 __all__ = [
     "BundleSpec",
@@ -100,7 +99,6 @@ class BundleSpec:
     # they were transformed from; `temp_dirs` are TFT's working files, deleted before publishing.
     raw_plan: Plan | None = None
     temp_dirs: tuple[str, ...] = ()
-    previous_version: str | None = None  # the version this one replaces, kept until the next
 
     @property
     def root(self) -> str:
@@ -161,7 +159,10 @@ def _split_totals(spec: BundleSpec, shards: list[ShardInfo]) -> dict[str, Any]:
     return {"split_counts": totals, "empty_splits": [n for n, t in totals.items() if t["records"] == 0]}
 
 
-def metadata_dict(spec: BundleSpec, shards: list[ShardInfo], counts: RunCounts) -> dict[str, Any]:
+def metadata_dict(
+    spec: BundleSpec, shards: list[ShardInfo], counts: RunCounts, previous_version: str | None = None
+) -> dict[str, Any]:
+    """metadata.json of a version; `previous_version` is the one it replaces (kept until the next)."""
     shards = sorted(shards, key=lambda s: s.path)
     splits = bool(spec.facts.split_weights)
     written = sum(s.records for s in shards)
@@ -169,7 +170,7 @@ def metadata_dict(spec: BundleSpec, shards: list[ShardInfo], counts: RunCounts) 
     return {
         "recordforge_version": __version__,
         "version": spec.version,
-        "previous_version": spec.previous_version,
+        "previous_version": previous_version,
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "command": list(spec.command),
         "source_format": spec.source_format,
@@ -269,7 +270,7 @@ def _write_bundle(facts: dict[str, Any], spec: BundleSpec) -> str:
         unreadable=tuple(json.loads(u) for u in sorted(facts["unreadable"])),
     )
     shards: list[ShardInfo] = facts["shards"]
-    meta = metadata_dict(spec, shards, counts)
+    meta = metadata_dict(spec, shards, counts, replaced_version(spec.output, spec.version))
     _check_counts(spec, meta, counts)
     _check_inputs_unchanged(spec)
     root = spec.root
@@ -296,7 +297,7 @@ def _write_bundle(facts: dict[str, Any], spec: BundleSpec) -> str:
     manifest = json.dumps(meta, indent=2).encode()
     for name, data in {**files, METADATA: manifest}.items():
         write_atomically(layout.join(root, name), data)
-    _commit(spec.output, manifest, files)
+    commit(spec.output, manifest, files)
     _LOGGER.info(
         "%s: published version %s, %d records in %d shards",
         spec.output,
@@ -305,23 +306,6 @@ def _write_bundle(facts: dict[str, Any], spec: BundleSpec) -> str:
         len(meta["shards"]),
     )
     return spec.output
-
-
-def _commit(output: str, manifest: bytes, files: dict[str, bytes]) -> None:
-    """Publishes a version whose files are all in place. The top-level metadata.json is the
-    commit point: replaced atomically, it moves readers from the old version to the new one at
-    once. `_SUCCESS` follows (it stays through later rebuilds), then the convenience copies of
-    the small files. Repeating a commit (a retried step) writes the same files again."""
-    write_atomically(layout.join(output, METADATA), manifest)
-    success = layout.join(output, SUCCESS)
-    if not FileSystems.exists(success):
-        write_atomically(success, b"")
-    for name in TOP_COPIES:
-        path = layout.join(output, name)
-        if name in files:
-            write_atomically(path, files[name])
-        elif FileSystems.exists(path):  # the replaced version had it; this one has not
-            FileSystems.delete([path])
 
 
 def _check_inputs_unchanged(spec: BundleSpec) -> None:
