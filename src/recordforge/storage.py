@@ -5,6 +5,7 @@ Beam (its import alone takes about 2 s)."""
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
 import uuid
@@ -64,6 +65,17 @@ def delete_tree(folder: str) -> int:
     if is_local(folder) and os.path.isdir(folder):
         fs.delete([folder])
     return len(files)
+
+
+def delete_files(paths: list[str]) -> None:
+    """Deletes these files; one already gone is not an error (a retried step deletes it twice)."""
+    fs = _fs()
+    for path in paths:
+        if is_local(path):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+        elif fs.exists(path):
+            fs.delete([path])
 
 
 def exists(path: str) -> bool:

@@ -20,13 +20,19 @@ import socket
 from dataclasses import dataclass, field
 from typing import Any
 
-from apache_beam.io.filesystems import FileSystems
-
 from recordforge import layout
 from recordforge.errors import RecordForgeError
 from recordforge.pipelines.config import ConvertConfig
 from recordforge.pipelines.lease import Lease
-from recordforge.storage import delete_tree, is_local, list_files, read_bytes, write_atomically
+from recordforge.storage import (
+    delete_files,
+    delete_tree,
+    exists,
+    is_local,
+    list_files,
+    read_bytes,
+    write_atomically,
+)
 from recordforge.transforms.commit import finish_copies, is_temporary
 
 __all__ = [
@@ -105,7 +111,7 @@ def read_state(output: str, *, own: str | None = None) -> OutputState:
     )
     published = None
     meta_path = layout.join(out, layout.METADATA)
-    if FileSystems.exists(meta_path):
+    if exists(meta_path):
         try:
             meta = json.loads(read_bytes(meta_path))
         except ValueError:
@@ -117,9 +123,7 @@ def read_state(output: str, *, own: str | None = None) -> OutputState:
     ours = {layout.STATE_DIR, *journal, own}
     # The journal decides whose the top-level files are when metadata.json cannot: a version it
     # records that holds a metadata.json was committed by RecordForge, which wrote them.
-    damaged = published is None and any(
-        FileSystems.exists(layout.join(out, v, layout.METADATA)) for v in sorted(journal)
-    )
+    damaged = published is None and any(exists(layout.join(out, v, layout.METADATA)) for v in sorted(journal))
     if published is not None or damaged:
         ours |= set(layout.TOP_FILES) | {
             (published or {}).get("version"),
@@ -207,7 +211,7 @@ class Publication:
             check_state(state, overwrite=self._config.overwrite, if_changed=self._config.if_changed)
             dead = "left by a run that did not finish"
             for name in state.temporaries:  # no other run writes while this one holds the lock
-                FileSystems.delete([layout.join(self.output, name)])
+                delete_files([layout.join(self.output, name)])
             if state.version is not None:
                 self._finish(state.version, "the run that published it")
             if not state.damaged:  # its versions stay until this run has published
@@ -262,7 +266,7 @@ class Publication:
         files = [f for f in list_files(root) if not f.startswith(rejected)]
         if len(files) < len(list_files(root)):
             if files:
-                FileSystems.delete(files)
+                delete_files(files)
             _LOGGER.warning("%s: the rejected rows of the failed run are kept in %s", self.output, rejected)
             return
         n = delete_tree(root)
@@ -281,5 +285,4 @@ class Publication:
 
 def _delete_entry(output: str, version: str) -> None:
     entry = layout.journal_entry(output, version)
-    if FileSystems.exists(entry):
-        FileSystems.delete([entry])
+    delete_files([entry])

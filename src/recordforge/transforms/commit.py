@@ -9,7 +9,7 @@ import re
 
 from recordforge import layout
 from recordforge.layout import METADATA, SUCCESS, TOP_COPIES
-from recordforge.storage import exists, is_local, read_bytes, write_atomically
+from recordforge.storage import delete_files, exists, is_local, read_bytes, write_atomically
 
 __all__ = ["commit", "finish_copies", "is_temporary", "replaced_version"]
 
@@ -96,16 +96,7 @@ def commit(output: str, manifest: bytes, files: dict[str, bytes]) -> None:
     for name in TOP_COPIES:
         path = layout.join(output, name)
         if name not in wanted and exists(path):  # the replaced version had it; this one has not
-            _delete(path)
-
-
-def _delete(path: str) -> None:
-    if is_local(path):
-        os.unlink(path)
-        return
-    from apache_beam.io.filesystems import FileSystems
-
-    FileSystems.delete([path])
+            delete_files([path])
 
 
 def finish_copies(output: str, version: str) -> list[str]:
@@ -120,7 +111,7 @@ def finish_copies(output: str, version: str) -> list[str]:
                 write_atomically(top, data)
                 done.append(name)
         elif exists(top):
-            _delete(top)
+            delete_files([top])
             done.append(name)
     if not exists(layout.join(output, SUCCESS)):
         write_atomically(layout.join(output, SUCCESS), b"")
