@@ -91,6 +91,10 @@ def test_if_changed_and_overwrite_never_delete_user_files(published: tuple) -> N
     (out / "notes.txt").write_text("mine")
     (out / "mine").mkdir()
     (out / "mine" / "plot.png").write_bytes(b"\x89PNG")
+    # Named like a version folder, but no run journal entry says RecordForge made it.
+    lookalike = out / "v-20200101T000000Z-deadbeef"
+    lookalike.mkdir()
+    (lookalike / "model.ckpt").write_text("weights")
     pq.write_table(taxi_table(500, seed=2), src / "b.parquet")
     args = ["--source", str(src / "*.parquet"), "--output", str(out), "--schema", "examples/taxi.yaml"]
     meta = run([*args, "--if_changed"])
@@ -99,14 +103,17 @@ def test_if_changed_and_overwrite_never_delete_user_files(published: tuple) -> N
     assert (out / "notes.txt").read_text() == "mine" and (
         out / "mine" / "plot.png"
     ).read_bytes() == b"\x89PNG"
+    assert (lookalike / "model.ckpt").read_text() == "weights"
     problems = verify(str(out))
     # verify names the files the manifest does not account for, and nothing else.
     assert sorted(problems) == [
         "mine/plot.png: extra file, not in the manifest",
         "notes.txt: extra file, not in the manifest",
+        "v-20200101T000000Z-deadbeef/model.ckpt: extra file, not in the manifest",
     ]
     (out / "notes.txt").unlink()
     (out / "mine" / "plot.png").unlink()
+    (lookalike / "model.ckpt").unlink()
 
 
 def test_a_folder_with_user_files_is_refused_without_overwrite(tmp_path: Path) -> None:
