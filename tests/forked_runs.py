@@ -43,11 +43,20 @@ class ForkedRuns:
         assert self._read(120) == "ready"
 
     def together(
-        self, runs: list[tuple[list[str], float]], env: dict[str, str] | None = None, timeout: float = 120
+        self,
+        runs: list[tuple[list[str], float]],
+        env: dict[str, str] | None = None,
+        timeout: float = 120,
+        envs: list[dict[str, str]] | None = None,
     ) -> list[Outcome]:
-        """Runs `recordforge *argv` for each (argv, delay in seconds), all forked at once."""
+        """Runs `recordforge *argv` for each (argv, delay in seconds), all forked at once; `env` is
+        added to every run's environment, `envs` (one per run) to each run's own."""
         assert self._proc.stdin is not None
-        request = {"runs": [{"argv": a, "delay": d} for a, d in runs], "env": env or {}}
+        each = envs or [{} for _ in runs]
+        request = {
+            "runs": [{"argv": a, "delay": d, "env": e} for (a, d), e in zip(runs, each, strict=True)],
+            "env": env or {},
+        }
         self._proc.stdin.write(json.dumps(request) + "\n")
         self._proc.stdin.flush()
         return [Outcome(**o) for o in json.loads(self._read(timeout))]
@@ -72,6 +81,7 @@ def _child(run: dict[str, Any], env: dict[str, str], out: str, err: str) -> None
         for fd, path in ((1, out), (2, err)):
             os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644), fd)
         os.environ.update(env)
+        os.environ.update(run["env"])
         time.sleep(run["delay"])
         from recordforge import cli, startup
 

@@ -20,7 +20,7 @@ import socket
 from dataclasses import dataclass, field
 from typing import Any
 
-from recordforge import layout
+from recordforge import crashpoints, layout
 from recordforge.errors import RecordForgeError
 from recordforge.pipelines.config import ConvertConfig
 from recordforge.pipelines.lease import Lease
@@ -218,6 +218,7 @@ class Publication:
                 self._collect(state, keep={state.version, state.previous}, why=dead)
             write_atomically(layout.journal_entry(self.output, self.version), json.dumps(owner).encode())
             self.state = state
+            crashpoints.reached("locked")
         except BaseException:
             self._lease.release()
             raise
@@ -234,6 +235,7 @@ class Publication:
             self._finish(self.version, "this run")
             self.published = state.published
             self._collect(state, keep={self.version, state.previous}, why="superseded")
+            crashpoints.reached("cleaned")
         finally:
             self._lease.release()
         if exc is not None and isinstance(exc, Exception):

@@ -12,7 +12,7 @@ from typing import Any
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 
-from recordforge import __version__, layout
+from recordforge import __version__, crashpoints, layout
 from recordforge.errors import RecordForgeError, SourceError
 from recordforge.layout import (
     CROISSANT,
@@ -297,6 +297,7 @@ def _write_bundle(facts: dict[str, Any], spec: BundleSpec) -> str:
     manifest = json.dumps(meta, indent=2).encode()
     for name, data in {**files, METADATA: manifest}.items():
         write_atomically(layout.join(root, name), data)
+    crashpoints.reached("manifest_written")
     commit(spec.output, manifest, files)
     _LOGGER.info(
         "%s: published version %s, %d records in %d shards",

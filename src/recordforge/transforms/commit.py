@@ -7,7 +7,7 @@ import logging
 import os
 import re
 
-from recordforge import layout
+from recordforge import crashpoints, layout
 from recordforge.layout import METADATA, SUCCESS, TOP_COPIES
 from recordforge.storage import delete_files, exists, is_local, read_bytes, write_atomically
 
@@ -81,6 +81,7 @@ def commit(output: str, manifest: bytes, files: dict[str, bytes]) -> None:
             for tmp in staged.values():
                 os.unlink(tmp)
             raise
+    crashpoints.reached("staged")
     order = [METADATA, *(n for n in (SUCCESS, *TOP_COPIES) if n in wanted)]
     try:
         for name in order:
@@ -90,6 +91,8 @@ def commit(output: str, manifest: bytes, files: dict[str, bytes]) -> None:
                 del staged[name]
             else:
                 write_atomically(path, wanted[name])
+            if name == METADATA:
+                crashpoints.reached("committed")
     finally:
         for tmp in staged.values():  # after a failure: Publication finishes what is left
             os.unlink(tmp)
@@ -97,6 +100,7 @@ def commit(output: str, manifest: bytes, files: dict[str, bytes]) -> None:
         path = layout.join(output, name)
         if name not in wanted and exists(path):  # the replaced version had it; this one has not
             delete_files([path])
+    crashpoints.reached("copied")
 
 
 def finish_copies(output: str, version: str) -> list[str]:

@@ -27,7 +27,7 @@ import pyarrow as pa
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
-from recordforge import layout
+from recordforge import crashpoints, layout
 from recordforge.arrays import binary_parts
 from recordforge.storage import delete_tree, exists
 from recordforge.streams import HashingFile, Segment, StreamWriter
@@ -166,6 +166,7 @@ class ShardFiles:
         if missing:
             raise RuntimeError(f"{len(missing)} shard(s) lost before publishing, first {missing[0]}")
         self.cleanup()
+        crashpoints.reached("shards_published")
         _LOGGER.info("published %d shards as %s-*-of-%05d%s", n, self.prefix, n, self.suffix)
         return [
             ShardInfo(path=f, records=s.records, bytes=s.bytes, sha256=s.sha256)

@@ -1,0 +1,112 @@
+"""A run killed at each named step of the publishing protocol (crashpoints.py), for each writer:
+the output holds the old version or the new one, whole, and the next run publishes cleanly."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+from forked_runs import ForkedRuns
+
+from recordforge import crashpoints, layout
+from recordforge.sampledata import taxi_table
+from recordforge.tfrecord import iter_records
+from recordforge.tools.verify import verify
+
+WRITERS = {
+    "rolling": [],
+    "num_shards": ["--num_shards", "3"],
+    "deterministic": ["--deterministic", "--num_shards", "2"],
+    "shuffle": ["--shuffle", "--num_shards", "2"],
+    "splits": ["--splits", "train=3,eval=1"],
+}
+_BEFORE_COMMIT = crashpoints.POINTS[: crashpoints.POINTS.index("committed")]
+
+
+@pytest.fixture(scope="module")
+def forked() -> Iterator[ForkedRuns]:
+    runs = ForkedRuns()
+    yield runs
+    runs.close()
+
+
+def _files(folder: Path) -> dict[str, str]:
+    return {
+        str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file() and layout.STATE_DIR not in p.parts
+    }
+
+
+def _whole(out: Path) -> dict:
+    """The published manifest, after checking that every shard it names holds what it says."""
+    meta = json.loads((out / layout.METADATA).read_text())
+    for shard in meta["shards"]:
+        path = out / shard["file"]
+        assert hashlib.sha256(path.read_bytes()).hexdigest() == shard["sha256"], shard["file"]
+        assert sum(1 for _ in iter_records(str(path), meta["compression"])) == shard["records"]
+    assert sum(s["records"] for s in meta["shards"]) == meta["num_records"]
+    return meta
+
+
+def _report(point: str, outcome: object, out: Path) -> str:
+    listing = "\n".join(sorted(str(p.relative_to(out)) for p in out.rglob("*")))
+    return f"crash at {point}: {outcome}\noutput:\n{listing}"
+
+
+@pytest.mark.parametrize("writer", WRITERS)
+def test_a_run_killed_at_each_step_leaves_old_or_new_whole_and_the_rerun_publishes(
+    forked: ForkedRuns, tmp_path: Path, writer: str
+) -> None:
+    src = tmp_path / "in"
+    src.mkdir()
+    pq.write_table(taxi_table(3000, seed=1), src / "a.parquet", row_group_size=1000)
+    base = tmp_path / "base"
+
+    def argv(out: Path) -> list[str]:
+        source = str(src / "*.parquet")
+        return ["convert", "--source", source, "--output", str(out), "--schema", "examples/taxi.yaml",
+                "--overwrite", *WRITERS[writer]]  # fmt: skip
+
+    (first,) = forked.together([(argv(base), 0.0)])
+    assert first.code == 0, first.stderr
+    old = _files(base)
+    old_meta = _whole(base)
+    pq.write_table(taxi_table(1000, seed=2, first_id=3000), src / "b.parquet")
+    outs = {point: tmp_path / point for point in crashpoints.POINTS}
+    for out in outs.values():
+        shutil.copytree(base, out)
+
+    crashed = forked.together(
+        [(argv(out), 0.0) for out in outs.values()],
+        envs=[{crashpoints.ENV: point} for point in outs],
+    )
+    for (point, out), outcome in zip(outs.items(), crashed, strict=True):
+        # Killed there: a point the run never reached would have let it finish with 0.
+        assert outcome.code == -9, _report(point, outcome, out)
+        meta = _whole(out)
+        if point in _BEFORE_COMMIT:
+            assert meta == old_meta, _report(point, outcome, out)
+            kept = {k: v for k, v in _files(out).items() if k.startswith(meta["version"])}
+            assert kept == {k: v for k, v in old.items() if k.startswith(meta["version"])}
+        else:
+            assert meta["num_records"] == 4000 and meta["version"] != old_meta["version"]
+
+    reruns = forked.together([(argv(out), 0.0) for out in outs.values()])
+    for (point, out), outcome in zip(outs.items(), reruns, strict=True):
+        assert outcome.code == 0, _report(point, outcome, out)
+        meta = _whole(out)
+        assert meta["num_records"] == 4000 and verify(str(out)) == [], _report(point, outcome, out)
+        # What the killed run left is gone: the published version and the one before it remain,
+        # each recorded in the journal, and neither a lock nor a temporary file is left.
+        versions = sorted(p.name for p in out.glob("v-*"))
+        assert len(versions) <= 2 and meta["version"] in versions
+        assert sorted(p.name for p in (out / layout.STATE_DIR / "runs").iterdir()) == versions
+        assert not (out / layout.STATE_DIR / "lock").exists()
+        tops = {p.name for p in out.iterdir()} - {layout.STATE_DIR, *versions}
+        assert tops <= {layout.METADATA, layout.SUCCESS, *layout.TOP_FILES}, tops
