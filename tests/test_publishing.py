@@ -21,7 +21,7 @@ import pytest
 from conftest import published_root
 
 import recordforge
-from recordforge.errors import RecordForgeError, SourceError
+from recordforge.errors import RecordForgeError, SchemaError, SourceError
 from recordforge.pipelines.convert import run
 from recordforge.sampledata import taxi_table
 from recordforge.tools.verify import verify
@@ -136,10 +136,18 @@ def test_a_published_bundle_is_not_replaced_without_being_asked(published: tuple
 
 
 @pytest.mark.parametrize(
-    "mistake",
-    ["typo_source", "bad_schema", "source_inside_output", "schema_inside_output", "bad_split"],
+    ("mistake", "error", "message"),
+    [
+        ("typo_source", SourceError, r"input pattern '.*\*\.parquett' matched no files"),
+        ("bad_schema", SchemaError, r"feature #1 'x': `type: nonsense` is not one of"),
+        ("source_inside_output", RecordForgeError, r"the input .* is where RecordForge writes its bundle"),
+        ("schema_inside_output", RecordForgeError, r"--schema .* is where RecordForge writes its bundle"),
+        ("bad_split", RecordForgeError, r"--splits: split names repeat"),
+    ],
 )
-def test_a_failed_overwrite_leaves_the_last_good_bundle(published: tuple, mistake: str) -> None:
+def test_a_failed_overwrite_leaves_the_last_good_bundle(
+    published: tuple, mistake: str, error: type[Exception], message: str
+) -> None:
     src, out, before = published
     args = [
         "--source",
@@ -157,12 +165,13 @@ def test_a_failed_overwrite_leaves_the_last_good_bundle(published: tuple, mistak
         args[-1] = str(src.parent / "bad.yaml")
     elif mistake == "source_inside_output":
         version = published_root(out).name
+        args += ["--format", "parquet"]  # else its name fails the run first: it must reach the check
         args[1] = str(out / version / "*.tfrecord.gz")
     elif mistake == "schema_inside_output":
         args[-1] = str(out / "schema.yaml")
     else:
         args += ["--splits", "train=1,train=2"]
-    with pytest.raises(Exception):  # noqa: B017 - each mistake has its own error; what matters is below
+    with pytest.raises(error, match=message):
         run(args)
     assert _snapshot(out) == before
     assert verify(str(out)) == []
