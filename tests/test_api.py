@@ -9,6 +9,7 @@ import pytest
 
 import recordforge
 from recordforge.errors import UsageError
+from recordforge.pipelines.lease import OutputLocked
 from recordforge.sampledata import taxi_table
 from recordforge.tfrecord import iter_records
 
@@ -61,7 +62,8 @@ def test_a_conversion_inside_ones_own_pipeline_publishes_a_bundle(tmp_path: Path
     _ = p | beam.Create(["side"]) | beam.io.WriteToText(str(tmp_path / "side"), shard_name_template="")
     with conversion.publishing():
         # A second run into the same output while this one holds it fails at once.
-        with pytest.raises(Exception, match="lock|held|running"):
+        holder = conversion.config.version
+        with pytest.raises(OutputLocked, match=rf"{out} is being written by run {holder} "):
             recordforge.convert(str(tmp_path / "t.parquet"), out, "examples/taxi.yaml", overwrite=True)
         p.run().wait_until_finish()
     meta = conversion.published()

@@ -12,6 +12,7 @@ import uuid
 from typing import IO, Any
 
 __all__ = [
+    "delete_files",
     "delete_tree",
     "exists",
     "is_local",
