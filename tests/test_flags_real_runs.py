@@ -1,0 +1,184 @@
+"""Each flag's `changes_output` marking (which --if_changed relies on) checked against real runs:
+a flag marked as changing the output changes what a run publishes, one marked as not changing it
+(its input fingerprinted apart, or no bearing on the bytes) leaves the published bytes as they were."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.csv as pacsv
+import pyarrow.parquet as pq
+import pytest
+
+from recordforge import layout
+from recordforge.pipelines.convert import run
+from recordforge.pipelines.flags import FLAGS
+
+_PREP = """
+import tensorflow_transform as tft
+
+
+def fn(inputs):
+    return {"id": inputs["id"], "fruit_idx": tft.compute_and_apply_vocabulary(inputs["fruit"])}
+"""
+
+
+def _table(rows: int = 400) -> pa.Table:
+    fruit = ["apple", "pear", "fig", "plum"]
+    return pa.table(
+        {
+            "id": list(range(rows)),
+            "fruit": [fruit[i * 7 % 4] for i in range(rows)],
+            "x": [i * 0.25 for i in range(rows)],
+            "part": ["a" if i % 3 else "b" for i in range(rows)],
+        }
+    )
+
+
+class Inputs:
+    """One folder of inputs for both runs of a case; each case picks what it needs."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        pq.write_table(_table(), root / "t.parquet", row_group_size=100)
+        self.parquet = str(root / "t.parquet")
+        self.schema = str(root / "schema.yaml")
+        (root / "schema.yaml").write_text(
+            "features:\n"
+            "  - {name: id, type: int64, nulls: required}\n"
+            "  - {name: fruit, type: string, nulls: required}\n"
+            "  - {name: x, type: float64, narrow: true, nulls: required}\n"
+            "  - {name: part, type: string, nulls: required}\n"
+        )
+
+    def copy(self, path: str, name: str) -> str:
+        return str(shutil.copy(path, self.root / name))
+
+    def bad_row(self) -> str:
+        """The table with one row whose id is null (rejected: ids are required)."""
+        table = _table()
+        ids = table.column("id").to_pylist()
+        ids[7] = None
+        pq.write_table(table.set_column(0, "id", pa.array(ids, pa.int64())), self.root / "bad.parquet")
+        return str(self.root / "bad.parquet")
+
+    def with_unreadable(self) -> str:
+        data = (self.root / "t.parquet").read_bytes()
+        (self.root / "many").mkdir(exist_ok=True)
+        (self.root / "many" / "a.parquet").write_bytes(data)
+        (self.root / "many" / "z.parquet").write_bytes(data[: len(data) // 2])
+        return str(self.root / "many" / "*.parquet")
+
+    def csv_without_extension(self) -> str:
+        pacsv.write_csv(_table(), self.root / "t.dat")
+        return str(self.root / "t.dat")
+
+    def spans(self) -> str:
+        for n in (1, 2):
+            (self.root / f"span-{n}").mkdir(exist_ok=True)
+            pq.write_table(_table(50 * n), self.root / f"span-{n}" / "t.parquet")
+        return str(self.root / "span-{SPAN}" / "*.parquet")
+
+    def prep(self) -> str:
+        (self.root / "prep.py").write_text(_PREP)
+        return f"{self.root / 'prep.py'}:fn"
+
+
+_SPLITS = ["--splits", "train=3,eval=1"]
+
+
+# For each flag, the two runs compared (--output aside): they differ in that flag alone.
+Case = Callable[[Inputs], tuple[list[str], list[str]]]
+CASES: dict[str, Case] = {
+    # Marked as not changing the output: the same data reached another way.
+    "sources": lambda i: (
+        ["--source", i.parquet, "--schema", i.schema],
+        ["--source", i.copy(i.parquet, "same.parquet"), "--schema", i.schema],
+    ),
+    "output": lambda i: (["--source", i.parquet, "--schema", i.schema],) * 2,  # outputs differ anyway
+    "schema_path": lambda i: (
+        ["--source", i.parquet, "--schema", i.schema],
+        ["--source", i.parquet, "--schema", i.copy(i.schema, "same.yaml")],
+    ),
+    "span": lambda i: (["--source", i.spans()], ["--source", i.spans(), "--span", "2"]),
+    "if_changed": lambda i: _pair(i, i.parquet, [], ["--if_changed"]),
+    "overwrite": lambda i: _pair(i, i.parquet, [], ["--overwrite"]),
+    # Marked as changing the output.
+    "source_format": lambda i: (
+        ["--source", i.csv_without_extension()],
+        ["--source", i.csv_without_extension(), "--format", "csv"],
+    ),
+    "compression": lambda i: _pair(i, i.parquet, [], ["--compression", "zlib"]),
+    "compression_level": lambda i: _pair(i, i.parquet, [], ["--compression_level", "3"]),
+    "shard_size": lambda i: _pair(i, i.parquet, [], ["--shard_size", "2KB"]),
+    "records_per_shard": lambda i: _pair(i, i.parquet, [], ["--records_per_shard", "150"]),
+    "num_shards": lambda i: _pair(i, i.parquet, [], ["--num_shards", "3"]),
+    "sink": lambda i: _pair(i, i.parquet, [], ["--sink", "beam"]),
+    # Batches are compressed apart: their boundaries are in the bytes, and in where shards roll.
+    "batch_size": lambda i: _pair(
+        i, i.parquet, ["--shard_size", "2KB"], ["--shard_size", "2KB", "--batch_size", "64"]
+    ),
+    "deterministic": lambda i: _pair(
+        i, i.parquet, ["--num_shards", "3"], ["--num_shards", "3", "--deterministic"]
+    ),
+    "shuffle": lambda i: _pair(i, i.parquet, [], ["--shuffle"]),
+    "seed": lambda i: _pair(i, i.parquet, ["--shuffle"], ["--shuffle", "--seed", "7"]),
+    "max_rejected": lambda i: _pair(i, i.bad_row(), [], ["--max_rejected", "5"]),
+    "max_rejected_fraction": lambda i: _pair(i, i.bad_row(), [], ["--max_rejected_fraction", "0.5"]),
+    "skip_unreadable_files": lambda i: _pair(i, i.with_unreadable(), [], ["--skip_unreadable_files"]),
+    "splits": lambda i: _pair(i, i.parquet, [], _SPLITS),
+    "split_key": lambda i: _pair(i, i.parquet, _SPLITS, [*_SPLITS, "--split_key", "id"]),
+    "split_column": lambda i: _pair(i, i.parquet, _SPLITS, [*_SPLITS, "--split_column", "part"]),
+    "split_salt": lambda i: _pair(i, i.parquet, _SPLITS, [*_SPLITS, "--split_salt", "pepper"]),
+    "preprocessing_fn": lambda i: _pair(i, i.parquet, [], ["--preprocessing_fn", i.prep()]),
+    "analyze_split": lambda i: _pair(
+        i,
+        i.parquet,
+        [*_SPLITS, "--preprocessing_fn", i.prep()],
+        [*_SPLITS, "--preprocessing_fn", i.prep(), "--analyze_split", "eval"],
+    ),
+}
+
+
+def _pair(i: Inputs, source: str, base: list[str], changed: list[str]) -> tuple[list[str], list[str]]:
+    common = ["--source", source, "--schema", i.schema]
+    return [*common, *base], [*common, *changed]
+
+
+def _published(argv: list[str], out: Path) -> str:
+    """What a run published, as one digest (its records' files and the files that describe them),
+    or how it failed."""
+    try:
+        run([*argv, "--output", str(out)])
+    except Exception as exn:  # noqa: BLE001 - a run refused is an outcome to compare
+        return f"failed: {type(exn).__name__}"
+    meta = json.loads((out / layout.METADATA).read_text())
+    digest = hashlib.sha256()
+    for shard in meta["shards"]:
+        digest.update(shard["file"].split("/", 1)[1].encode())
+        digest.update((out / shard["file"]).read_bytes())
+    for name in (layout.FEATURE_SPEC, "schema.pbtxt"):
+        digest.update((out / name).read_bytes())
+    return digest.hexdigest()
+
+
+def test_every_flag_has_a_real_run_case() -> None:
+    assert set(CASES) == {f.dest for f in FLAGS}
+
+
+@pytest.mark.parametrize("flag", FLAGS, ids=lambda f: f.name)
+def test_a_flag_changes_the_output_exactly_when_it_is_marked_so(flag, tmp_path: Path) -> None:
+    base, changed = CASES[flag.dest](Inputs(tmp_path))
+    before = _published(base, tmp_path / "before")
+    after = _published(changed, tmp_path / "after")
+    if flag.changes_output:
+        assert before != after, (
+            f"--{flag.name} is marked as changing the output, yet two runs published the same"
+        )
+    else:
+        assert before == after and not before.startswith("failed"), (flag.name, before, after)
