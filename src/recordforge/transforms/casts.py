@@ -187,6 +187,29 @@ def _overflows(arr: pa.Array, out: pa.Array, failures: list[Failure], what: str)
     return out
 
 
+# A time of day followed by a zone offset (`Z`, `+HH`, `+HHMM`, `+HH:MM`), as ISO 8601 writes it.
+_ZONED = r"[T ]\d\d[0-9:.]*(Z|[+-]\d\d(:?\d\d)?)$"
+
+
+def _timestamps(unit: str) -> Callable[[pa.Array], pa.Array]:
+    """Text to timestamps in `unit`, as Arrow parses them: a text with a zone offset is that
+    instant in UTC, one without is taken as UTC already (Parquet's naive timestamps are too)."""
+    naive, zoned = pa.timestamp(unit), pa.timestamp(unit, tz="UTC")
+
+    def fn(a: pa.Array) -> pa.Array:
+        try:
+            return pc.cast(a, naive)
+        except pa.ArrowInvalid:
+            has_zone = pc.fill_null(pc.match_substring_regex(a, _ZONED), False)
+            if not pc.any(has_zone).as_py():
+                raise
+        kept = pc.cast(pc.if_else(has_zone, pa.scalar(None, a.type), a), naive)
+        moved = pc.cast(pc.cast(pc.if_else(has_zone, a, pa.scalar(None, a.type)), zoned), naive)
+        return pc.if_else(has_zone, moved, kept)
+
+    return fn
+
+
 def _empty_text_to_null(arr: pa.Array) -> pa.Array:
     if not (_is_text(arr.type) or _is_binary(arr.type)):
         return arr
@@ -275,7 +298,11 @@ def cast_values(arr: pa.Array, f: Feature, file: str) -> tuple[pa.Array, list[Fa
             return conv(arr, pa.int64(), "not an int64 epoch"), failures
         if pa.types.is_date(src):
             arr = pc.cast(arr, pa.timestamp("s"))
-        ts = conv(arr, pa.timestamp(f.unit), f"not a timestamp in unit {f.unit}")
+        what = f"not a timestamp in unit {f.unit}"
+        if text:
+            ts = _checked_cast(arr, _timestamps(f.unit), "type", what, failures)
+        else:
+            ts = conv(arr, pa.timestamp(f.unit), what)
         return pc.cast(ts, pa.int64()), failures
     if dt is DType.DATE or (dt is DType.INT64 and pa.types.is_date(src)):
         # An int64 feature of a date column holds what `type: date` writes: days since 1970-01-01.
