@@ -1,19 +1,26 @@
-"""CSV files as real writers write them (issue 40): zoned timestamps. Values are read back with
-tf.data and protobuf, not RecordForge's reader."""
+"""CSV files as real writers write them (issue 40): zoned timestamps, a float column whose first
+block holds whole numbers only, and a malformed row among the rows inference reads. Values are
+read back with tf.data and protobuf, not RecordForge's reader."""
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
+import io
 import json
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
-from conftest import example_to_dict
+import pytest
+import yaml
+from conftest import example_to_dict, published_root
 
+from recordforge.cli import main as cli_main
 from recordforge.pipelines.convert import run
 
 _UTC = dt.timezone.utc
@@ -103,3 +110,65 @@ def test_zoned_timestamps_convert_to_utc_as_parquet_does(tmp_path: Path) -> None
         meta = convert(path, tmp_path / f"out_{name}")
         assert (meta["rows_written"], meta["rows_rejected"]) == (7, 0), name
         assert _written_ns(tmp_path / f"out_{name}") == expected, name
+
+
+def _whole_numbers_then(fraction_at: int, rows: int, wide: bool) -> pa.Table:
+    """A float64 column of whole numbers (pyarrow's CSV writer writes 8.0 as `8`) but for 8.75 at
+    data row `fraction_at` (1-based); `wide` rows put that row beyond Arrow's first 1 MiB block."""
+    x = np.full(rows, 8.0)
+    x[fraction_at - 1] = 8.75
+    cols: dict[str, Any] = {"id": np.arange(rows), "x": x}
+    if wide:
+        cols["note"] = ["n" * 1000] * rows
+    return pa.table(cols)
+
+
+@pytest.mark.parametrize(("fraction_at", "rows", "wide"), [(1133, 1200, True), (200_001, 200_010, False)])
+def test_a_float_column_of_whole_numbers_first_holds_for_the_whole_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], fraction_at: int, rows: int, wide: bool
+) -> None:
+    table = _whole_numbers_then(fraction_at, rows, wide)
+    source = tmp_path / "floats.csv"
+    pacsv.write_csv(table, source)
+    head = source.read_bytes()[: 1 << 20]
+    assert b"8.75" not in head and b"\n0,8" in head  # what made the type int64
+    meta = convert(source, tmp_path / "out")
+    assert (meta["rows_written"], meta["rows_rejected"]) == (rows, 0)
+    written = {r["id"][0]: r["x"] for r in records(tmp_path / "out")}
+    assert written == {i: [8.75 if i == fraction_at - 1 else 8.0] for i in range(rows)}
+    schema = yaml.safe_load((tmp_path / "out" / "schema.yaml").read_text())
+    assert {f["name"]: f["type"] for f in schema["features"]}["x"] == "float64"
+
+    assert cli_main(["infer-schema", str(source)]) == 0
+    printed = yaml.safe_load(capsys.readouterr().out)
+    assert printed["features"] == schema["features"]
+
+
+def test_a_malformed_row_among_the_inferred_rows_is_rejected(tmp_path: Path) -> None:
+    # R's write.csv: quoted header and strings, NA for a missing string (a value: only an empty
+    # cell is null); row 3 has one cell.
+    source = tmp_path / "r.csv"
+    source.write_text('"id","name","score"\n1,"a",0.5\n2,NA,1.5\n3\n4,"d, e",2\n5,"",3.25\n')
+    meta = convert(source, tmp_path / "out", "--max_rejected", "100")
+    assert (meta["rows_read"], meta["rows_written"], meta["rows_rejected"]) == (5, 4, 1)
+    got = {r["id"][0]: r for r in records(tmp_path / "out")}
+    assert got == {
+        1: {"id": [1], "name": [b"a"], "score": [0.5]},
+        2: {"id": [2], "name": [b"NA"], "score": [1.5]},
+        4: {"id": [4], "name": [b"d, e"], "score": [2.0]},
+        5: {"id": [5], "name": [b""], "score": [3.25]},
+    }
+    (rejected,) = [
+        json.loads(line)
+        for f in (published_root(tmp_path / "out") / "_rejected").glob("*.jsonl")
+        for line in f.read_text().splitlines()
+    ]
+    assert (rejected["file"], rejected["row"], rejected["rule"]) == (str(source), 3, "csv_columns")
+
+    with pytest.raises(Exception) as err:
+        convert(source, tmp_path / "strict")
+    assert f"{source}, row 3" in str(err.value) and "[rule: csv_columns]" in str(err.value)
+
+    with contextlib.redirect_stdout(io.StringIO()) as out:
+        assert cli_main(["infer-schema", str(source)]) == 0
+    assert "name: score" in out.getvalue()

@@ -42,6 +42,13 @@ class SourceError(RecordForgeError, ValueError):
     """An input pattern matched nothing, or an input file cannot be read."""
 
 
+class TypesChanged(RecordForgeError, ValueError):
+    """A CSV cell that the type inferred from its file's first rows cannot hold: the run that
+    raised it publishes nothing, and `convert` decides the types again over every row."""
+
+    MARKER = "the type inferred from the first rows of the file does not hold"
+
+
 class DataError(RecordForgeError, ValueError):
     """A value does not fit the schema: names the file, the row (1-based, data rows), the column."""
 

@@ -43,7 +43,7 @@ from apache_beam.options.pipeline_options import (
 )
 
 from recordforge import layout, startup
-from recordforge.errors import RecordForgeError
+from recordforge.errors import RecordForgeError, TypesChanged
 from recordforge.layout import new_version, version_root
 from recordforge.pipelines.config import ConvertConfig
 from recordforge.pipelines.dryrun import dataflow_preflight
@@ -428,6 +428,16 @@ def _pipeline_options(argv: list[str]) -> PipelineOptions:
     return options
 
 
+def _run_once(pipeline: beam.Pipeline, config: ConvertConfig, inputs: Inputs, state: Any) -> None:
+    try:
+        build(pipeline, config, inputs)
+    except BaseException:
+        _remove_if_empty(version_root(config.output, config.version))
+        raise
+    with Publication(config, expected=state), _progress(pipeline.options, inputs):
+        pipeline.run().wait_until_finish()
+
+
 def run(argv: list[str] | None = None) -> dict[str, Any]:
     """Parses flags, runs the conversion, publishes it (pipelines/publishing.py), returns the
     published metadata. Nothing in the output is touched until inputs, schema and flags have been
@@ -460,14 +470,21 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
             return {**published, "skipped": True}
     check_state(state, overwrite=config.overwrite, if_changed=config.if_changed)
     config = dataclasses.replace(config, version=new_version(), previous_version=state.version)
-    inputs = inputs or resolve_inputs(config)
+    # CSV types from the first rows, checked as the run converts: a file whose types hold (most)
+    # is read once; one whose do not is converted again, with types from every row.
+    inputs = inputs or resolve_inputs(config, first_rows=True)
     try:
-        build(pipeline, config, inputs)
-    except BaseException:
-        _remove_if_empty(version_root(config.output, config.version))
-        raise
-    with Publication(config, expected=state), _progress(options, inputs):
-        pipeline.run().wait_until_finish()
+        _run_once(pipeline, config, inputs, state)
+    except Exception as exn:
+        if not inputs.plan.retype or TypesChanged.MARKER not in str(exn):
+            raise
+        where = re.search(r"[^\s:]+, row \d+, column '.*?': " + TypesChanged.MARKER, str(exn))
+        _LOGGER.warning(
+            "%s; the run published nothing, and converts again with types inferred from every row",
+            where.group(0) if where else TypesChanged.MARKER,
+        )
+        config = dataclasses.replace(config, version=new_version())
+        _run_once(beam.Pipeline(options=options), config, resolve_inputs(config), state)
     out = config.output.rstrip("/")
     published = read_state(out).published
     if published is None or published["version"] != config.version:

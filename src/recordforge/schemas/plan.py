@@ -150,6 +150,9 @@ class Plan:
     csv_column_types: dict[str, pa.DataType]
     feature_spec: dict[str, dict[str, Any]]
     fingerprint: str
+    # CSV column types inferred from a file's first rows only: a cell one cannot hold raises
+    # TypesChanged (convert then infers them from every row and runs again) instead of a bad row.
+    retype: bool = False
 
     @property
     def features(self) -> tuple[Feature, ...]:
