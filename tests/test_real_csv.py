@@ -172,3 +172,33 @@ def test_a_malformed_row_among_the_inferred_rows_is_rejected(tmp_path: Path) -> 
     with contextlib.redirect_stdout(io.StringIO()) as out:
         assert cli_main(["infer-schema", str(source)]) == 0
     assert "name: score" in out.getvalue()
+
+
+def test_a_time_of_day_column_converts_as_its_unit_since_midnight(tmp_path: Path) -> None:
+    ms = [0, 36_000_250, 86_399_999, None, 45_296_001]
+    counts = {
+        "t_s": [None if v is None else v // 1000 for v in ms],
+        "t_ms": ms,
+        "t_us": [None if v is None else v * 1000 + 7 for v in ms],
+        "t_ns": [None if v is None else v * 10**6 + 7 for v in ms],
+    }
+    types = {"t_s": pa.time32("s"), "t_ms": pa.time32("ms"), "t_us": pa.time64("us"), "t_ns": pa.time64("ns")}
+    table = pa.table({"id": range(5), **{c: pa.array(v, types[c]) for c, v in counts.items()}})
+    ns = {c: [None if v is None else v * _NS[types[c].unit] for v in counts[c]] for c in counts}
+    parquet = tmp_path / "t.parquet"
+    pq.write_table(table, parquet)  # Parquet has no seconds: t_s reads back as time32[ms]
+    source = tmp_path / "t.csv"
+    pacsv.write_csv(table.select(["id", "t_s"]), source)  # 10:00:00, which Arrow types time32[s]
+    assert "10:00:00" in source.read_text()
+    for name, path, columns in [("parquet", parquet, list(ns)), ("csv", source, ["t_s"])]:
+        convert(path, tmp_path / name)
+        schema = yaml.safe_load((tmp_path / name / "schema.yaml").read_text())
+        units = {f["name"]: f.get("unit") for f in schema["features"] if f["type"] == "time"}
+        assert sorted(units) == sorted(columns)
+        spec = json.loads((tmp_path / name / "feature_spec.json").read_text())
+        got = {r["id"][0]: r for r in records(tmp_path / name)}
+        for c in columns:
+            assert spec[c]["logical"] == f"time[{units[c]}] (since midnight)"
+            written = [got[i][c][0] * _NS[units[c]] if c in got[i] else None for i in range(5)]
+            assert written == ns[c], (name, c)
+    assert cli_main(["infer-schema", str(source)]) == 0

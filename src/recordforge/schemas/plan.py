@@ -109,6 +109,8 @@ def feature_spec_entries(f: Feature) -> dict[str, dict[str, Any]]:
         entry["logical"] = f"timestamp[{f.unit}]"
     elif f.dtype is DType.DATE:
         entry["logical"] = "date (days since 1970-01-01)"
+    elif f.dtype is DType.TIME:
+        entry["logical"] = f"time[{f.unit}] (since midnight)"
     elif f.dtype is DType.DECIMAL:
         entry["logical"] = (
             "decimal as string" if f.decimal_as == "string" else f"decimal scaled by 10^{f.scale}"
@@ -164,7 +166,14 @@ def _csv_type(f: Feature) -> pa.DataType:
         return pa.string()  # JSON arrays / objects in a cell, parsed after reading as text
     if f.dtype is DType.TIMESTAMP:
         return pa.timestamp(f.unit)
+    if f.dtype is DType.TIME:
+        return time_type(f.unit or "s")
     return _CSV_TYPES[f.dtype]
+
+
+def time_type(unit: str) -> pa.DataType:
+    """Arrow's time-of-day type in `unit` (32 bits for seconds and milliseconds, as Arrow has it)."""
+    return pa.time32(unit) if unit in ("s", "ms") else pa.time64(unit)
 
 
 def compile_schema(schema: Schema) -> Plan:

@@ -210,6 +210,29 @@ def _timestamps(unit: str) -> Callable[[pa.Array], pa.Array]:
     return fn
 
 
+def _times(arr: pa.Array, f: Feature, file: str, failures: list[Failure]) -> pa.Array:
+    """Times of day as int64 counts of `unit` since midnight. Text (a CSV cell the typed parse
+    did not read) is parsed as the time of 1970-01-01, which reads HH:MM[:SS[.fff]] as Arrow's
+    CSV reader does."""
+    unit, src = f.unit or "s", arr.type
+    what = f"not a time of day in unit {unit}"
+    if pa.types.is_integer(src):
+        return _checked_cast(arr, lambda a: pc.cast(a, pa.int64()), "type", what, failures)
+    if _is_text(src):
+        day = pc.binary_join_element_wise(pa.scalar("1970-01-01 "), arr, pa.scalar(""))
+        found: list[Failure] = []
+        ts = _checked_cast(day, lambda a: pc.cast(a, pa.timestamp(unit)), "type", what, found)
+        failures.extend(Failure(x.indices, x.rule, x.reason.replace("'1970-01-01 ", "'")) for x in found)
+        return pc.cast(ts, pa.int64())
+    if not pa.types.is_time(src):
+        raise SourceError(
+            f"{file}: column {f.source_column!r} of type {src} cannot hold feature {f.name!r} (time)"
+        )
+    target = pa.time32(unit) if unit in ("s", "ms") else pa.time64(unit)
+    times = _checked_cast(arr, lambda a: pc.cast(a, target), "type", what, failures)
+    return pc.cast(pc.cast(times, pa.int32() if unit in ("s", "ms") else pa.int64()), pa.int64())
+
+
 def _empty_text_to_null(arr: pa.Array) -> pa.Array:
     if not (_is_text(arr.type) or _is_binary(arr.type)):
         return arr
@@ -304,6 +327,8 @@ def cast_values(arr: pa.Array, f: Feature, file: str) -> tuple[pa.Array, list[Fa
         else:
             ts = conv(arr, pa.timestamp(f.unit), what)
         return pc.cast(ts, pa.int64()), failures
+    if dt is DType.TIME:
+        return _times(arr, f, file, failures), failures
     if dt is DType.DATE or (dt is DType.INT64 and pa.types.is_date(src)):
         # An int64 feature of a date column holds what `type: date` writes: days since 1970-01-01.
         if pa.types.is_integer(src):
