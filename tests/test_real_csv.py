@@ -18,25 +18,14 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 import pytest
 import yaml
-from conftest import example_to_dict, published_root
+from conftest import published_root
+from conftest import tf_records as records
 
 from recordforge.cli import main as cli_main
 from recordforge.pipelines.convert import run
 
 _UTC = dt.timezone.utc
 _NS = {"s": 10**9, "ms": 10**6, "us": 10**3, "ns": 1}
-
-
-def records(output: Path) -> list[dict[str, list[Any]]]:
-    """Every record of an output, read with tf.data and parsed with protobuf."""
-    import tensorflow as tf
-
-    meta = json.loads((output / "metadata.json").read_text())
-    files = [str(output / s["file"]) for s in meta["shards"]]
-    if not files:
-        return []
-    ds = tf.data.TFRecordDataset(files, compression_type=meta["tf_compression_type"])
-    return [example_to_dict(raw.numpy()) for raw in ds]
 
 
 def logical_units(output: Path) -> dict[str, str]:

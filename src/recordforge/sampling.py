@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
-from recordforge import csv_types
+from recordforge import csv_types, fixed_lists
 from recordforge.errors import SourceError
 from recordforge.storage import is_local
 
@@ -128,7 +128,7 @@ def read_sample(path: str, fmt: str, rows: int) -> pa.Table:
             if fmt == "parquet":
                 pf = pq.ParquetFile(f)
                 batches = []
-                for batch in pf.iter_batches(batch_size=min(rows, 65536)):
+                for batch in fixed_lists.iter_batches(pf, f, {}, batch_size=min(rows, 65536)):
                     batches.append(batch)
                     rows -= batch.num_rows
                     if rows <= 0:
