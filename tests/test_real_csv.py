@@ -191,3 +191,14 @@ def test_a_time_of_day_column_converts_as_its_unit_since_midnight(tmp_path: Path
             written = [got[i][c][0] * _NS[units[c]] if c in got[i] else None for i in range(5)]
             assert written == ns[c], (name, c)
     assert cli_main(["infer-schema", str(source)]) == 0
+
+
+def test_a_column_empty_in_the_first_block_takes_the_type_of_its_later_cells(tmp_path: Path) -> None:
+    rows = 150_000  # about 1.3 MB: the first 1 MiB block holds no value of `later`
+    source = tmp_path / "late.csv"
+    source.write_text("id,later\n" + "".join(f"{i},{'' if i < rows - 2 else i * 2}\n" for i in range(rows)))
+    assert source.stat().st_size > 1 << 20 and b",2" not in source.read_bytes()[: 1 << 20]
+    meta = convert(source, tmp_path / "out")
+    assert (meta["rows_written"], meta["rows_rejected"]) == (rows, 0)
+    got = {r["id"][0]: r.get("later") for r in records(tmp_path / "out")}
+    assert got == {i: None if i < rows - 2 else [i * 2] for i in range(rows)}
