@@ -10,7 +10,7 @@ from typing import IO
 import pyarrow as pa
 import pyarrow.csv as pacsv
 
-__all__ = ["LADDER", "file_types", "promoted", "skip_invalid"]
+__all__ = ["LADDER", "file_types", "open_reader", "promoted", "skip_invalid"]
 
 # The order in which Arrow's CSV reader tries types on a column (csv/inference_internal.h): a
 # column's type is the first one that converts every cell, so a cell that the current type refuses

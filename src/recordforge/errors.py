@@ -10,6 +10,7 @@ __all__ = [
     "RecordForgeError",
     "SchemaError",
     "SourceError",
+    "TypesChanged",
     "UsageError",
 ]
 

@@ -11,7 +11,15 @@ import pyarrow as pa
 
 from recordforge.schemas.model import DType, ExampleKind, Feature, NullPolicy, Schema
 
-__all__ = ["TEXT_VALUE_TYPES", "Column", "Plan", "compile_schema", "feature_spec_entries", "value_type"]
+__all__ = [
+    "TEXT_VALUE_TYPES",
+    "Column",
+    "Plan",
+    "compile_schema",
+    "feature_spec_entries",
+    "time_type",
+    "value_type",
+]
 
 # The Arrow type of each kind's values after conforming, i.e. what the encoder receives.
 _KIND_TYPES: dict[ExampleKind, pa.DataType] = {
