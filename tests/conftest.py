@@ -132,6 +132,19 @@ def read_with_tf(output: str) -> list[dict[str, Any]]:
     return rows
 
 
+def tf_records(output: Any) -> list[dict[str, list[Any]]]:
+    """Every record of an output folder, read with tf.data and parsed with protobuf alone."""
+    import tensorflow as tf
+
+    with open(os.path.join(output, "metadata.json")) as f:
+        meta = json.load(f)
+    files = [os.path.join(output, s["file"]) for s in meta["shards"]]
+    if not files:
+        return []
+    ds = tf.data.TFRecordDataset(files, compression_type=meta["tf_compression_type"])
+    return [example_to_dict(raw.numpy()) for raw in ds]
+
+
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "corrupts: the test damages bundles on purpose")
     config.addinivalue_line("markers", "stress: minutes long; `make stress` runs them, `make test` does not")

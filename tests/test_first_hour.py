@@ -26,6 +26,7 @@ from recordforge.errors import (
     RecordForgeError,
     SchemaError,
     SourceError,
+    TypesChanged,
     UsageError,
 )
 from recordforge.pipelines.options import check_flags
@@ -172,6 +173,7 @@ def test_every_error_pickles_with_type_and_message() -> None:
         DataError(file="f.csv", row=3, column="c", reason="bad", value=b"\xff"),
         CorruptRecord("f.tfrecord", 12, "truncated record"),
         Interrupted(signal.SIGTERM),
+        TypesChanged(f"f.csv, row 9, column 'x': {TypesChanged.MARKER}"),
     ]
     public = {getattr(rf_errors, n) for n in rf_errors.__all__}
     assert public <= {type(e) for e in cases}

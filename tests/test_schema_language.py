@@ -81,6 +81,12 @@ TYPES: dict[str, tuple[dict, pa.DataType, Any, Any]] = {
         lambda r, i: datetime.date(1970, 1, 1) + datetime.timedelta(days=int(r.integers(-9999, 99999))),
         lambda v: (v - datetime.date(1970, 1, 1)).days,
     ),
+    "time": (
+        {"type": "time", "unit": "us"},
+        pa.time64("us"),
+        lambda r, i: datetime.time(*(int(x) for x in r.integers(0, [24, 60, 60, 10**6]))),
+        lambda v: ((v.hour * 60 + v.minute) * 60 + v.second) * 10**6 + v.microsecond,
+    ),
     "decimal_string": (
         {"type": "decimal", "as": "string"},
         pa.decimal128(20, 4),
@@ -104,6 +110,7 @@ DEFAULTS = {
     "bool": True,
     "timestamp": 0,
     "date": 0,
+    "time": 0,
     "decimal_string": "0.5",
     "decimal_scaled": 5,
 }

@@ -123,7 +123,7 @@ def test_infer_schema_maps_types_names_and_nulls() -> None:
 
 def test_infer_refuses_unmappable_and_clashing_columns() -> None:
     with pytest.raises(SchemaError, match="'ts'"):
-        infer_schema(pa.schema([("ts", pa.time64("us")), ("a", pa.int64())]))
+        infer_schema(pa.schema([("ts", pa.duration("us")), ("a", pa.int64())]))
     with pytest.raises(SchemaError, match="same feature name"):
         infer_schema(pa.schema([("A b", pa.int64()), ("a_b", pa.int64())]))
 

@@ -10,6 +10,7 @@ __all__ = [
     "RecordForgeError",
     "SchemaError",
     "SourceError",
+    "TypesChanged",
     "UsageError",
 ]
 
@@ -40,6 +41,13 @@ class SchemaError(RecordForgeError, ValueError):
 
 class SourceError(RecordForgeError, ValueError):
     """An input pattern matched nothing, or an input file cannot be read."""
+
+
+class TypesChanged(RecordForgeError, ValueError):
+    """A CSV cell that the type inferred from its file's first rows cannot hold: the run that
+    raised it publishes nothing, and `convert` decides the types again over every row."""
+
+    MARKER = "the type inferred from the first rows of the file does not hold"
 
 
 class DataError(RecordForgeError, ValueError):

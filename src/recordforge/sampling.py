@@ -17,11 +17,13 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
+from recordforge import csv_types, fixed_lists
 from recordforge.errors import SourceError
 from recordforge.storage import is_local
 
 __all__ = [
     "csv_reader",
+    "csv_schema",
     "format_from_path",
     "local_matches",
     "never_null_columns",
@@ -66,14 +68,15 @@ def open_source(path: str) -> IO[bytes]:
     return open(path, "rb")  # noqa: SIM115 - the caller closes it
 
 
-def csv_reader(f: Any) -> pacsv.CSVStreamingReader:
-    return pacsv.open_csv(
-        f,
-        parse_options=pacsv.ParseOptions(newlines_in_values=True),
-        convert_options=pacsv.ConvertOptions(
-            null_values=[""], strings_can_be_null=False, quoted_strings_can_be_null=False
-        ),
-    )
+def csv_reader(f: Any, types: dict[str, pa.DataType] | None = None) -> pacsv.CSVStreamingReader:
+    return csv_types.open_reader(f, types)
+
+
+def csv_schema(path: str) -> pa.Schema:
+    """A CSV file's column types from all its rows (csv_types.py), before JSON lists are told."""
+    with open_source(path) as f:
+        first = csv_reader(f).schema
+    return csv_types.file_types(lambda: open_source(path), first)
 
 
 # Cells looked at per column to tell a column of JSON arrays (RecordForge's CSV form of a list).
@@ -117,19 +120,21 @@ def with_json_lists(table: pa.Table) -> pa.Table:
 
 
 def read_sample(path: str, fmt: str, rows: int) -> pa.Table:
-    """The first `rows` rows of a file, with the types the readers would produce."""
+    """The first `rows` rows of a file, with the types the readers would produce (a CSV file's
+    from all its rows)."""
     try:
+        whole = csv_schema(path) if fmt == "csv" else pa.schema([])
         with open_source(path) as f:
             if fmt == "parquet":
                 pf = pq.ParquetFile(f)
                 batches = []
-                for batch in pf.iter_batches(batch_size=min(rows, 65536)):
+                for batch in fixed_lists.iter_batches(pf, f, {}, batch_size=min(rows, 65536)):
                     batches.append(batch)
                     rows -= batch.num_rows
                     if rows <= 0:
                         break
                 return pa.Table.from_batches(batches, schema=pf.schema_arrow)
-            reader = csv_reader(f)
+            reader = csv_reader(f, dict(zip(whole.names, whole.types, strict=True)))
             batches = []
             for batch in reader:
                 batches.append(batch)
@@ -141,12 +146,15 @@ def read_sample(path: str, fmt: str, rows: int) -> pa.Table:
         raise SourceError(f"{path}: cannot read a sample as {fmt}: {exn}") from exn
 
 
-def read_arrow_schema(path: str, fmt: str) -> pa.Schema:
+def read_arrow_schema(path: str, fmt: str, *, every_row: bool = True) -> pa.Schema:
+    """A file's Arrow schema; a CSV file's types from every row (or, unless `every_row`, from its
+    first block), with its columns of JSON arrays told."""
     try:
+        whole = csv_schema(path) if fmt == "csv" and every_row else pa.schema([])
         with open_source(path) as f:
             if fmt == "parquet":
                 return pq.ParquetFile(f).schema_arrow
-            reader = csv_reader(f)
+            reader = csv_reader(f, dict(zip(whole.names, whole.types, strict=True)))
             try:
                 first = pa.Table.from_batches([reader.read_next_batch()])
             except StopIteration:

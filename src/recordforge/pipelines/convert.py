@@ -43,7 +43,7 @@ from apache_beam.options.pipeline_options import (
 )
 
 from recordforge import layout, startup
-from recordforge.errors import RecordForgeError
+from recordforge.errors import RecordForgeError, TypesChanged
 from recordforge.layout import new_version, version_root
 from recordforge.pipelines.config import ConvertConfig
 from recordforge.pipelines.dryrun import dataflow_preflight
@@ -439,6 +439,28 @@ def _pipeline_options(argv: list[str]) -> PipelineOptions:
     return options
 
 
+def _run_once(
+    pipeline: beam.Pipeline, config: ConvertConfig, inputs: Inputs, state: OutputState
+) -> dict[str, Any]:
+    """Builds and runs one attempt under the output's lock; returns the metadata it published."""
+    try:
+        build(pipeline, config, inputs)
+        with Publication(config) as publication, _progress(pipeline.options, inputs):
+            assert publication.state is not None
+            # Another run may have published since `state` was read: it decides again.
+            if config.if_changed and publication.state.version != state.version:
+                published = _same_inputs(config, publication.state, inputs)
+                if published is not None:
+                    return _up_to_date(config, published)
+            pipeline.run().wait_until_finish()
+    except BaseException:
+        _remove_if_empty(version_root(config.output, config.version))
+        raise
+    if publication.published is None:
+        raise RecordForgeError(f"{config.output.rstrip('/')}: the pipeline finished but published nothing")
+    return publication.published
+
+
 def run(argv: list[str] | None = None) -> dict[str, Any]:
     """Parses flags, runs the conversion, publishes it (pipelines/publishing.py), returns the
     published metadata. Nothing in the output is touched until inputs, schema and flags have been
@@ -470,20 +492,18 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
             return _up_to_date(config, published)
     check_state(state, overwrite=config.overwrite, if_changed=config.if_changed)
     config = dataclasses.replace(config, version=new_version())
-    inputs = inputs or resolve_inputs(config)
+    # CSV types from the first rows, checked as the run converts: a file whose types hold (most)
+    # is read once; one whose do not is converted again, with types from every row.
+    inputs = inputs or resolve_inputs(config, first_rows=True)
     try:
-        build(pipeline, config, inputs)
-        with Publication(config) as publication, _progress(options, inputs):
-            assert publication.state is not None
-            # Another run may have published since `state` was read: it decides again.
-            if config.if_changed and publication.state.version != state.version:
-                published = _same_inputs(config, publication.state, inputs)
-                if published is not None:
-                    return _up_to_date(config, published)
-            pipeline.run().wait_until_finish()
-    except BaseException:
-        _remove_if_empty(version_root(config.output, config.version))
-        raise
-    if publication.published is None:
-        raise RecordForgeError(f"{config.output.rstrip('/')}: the pipeline finished but published nothing")
-    return publication.published
+        return _run_once(pipeline, config, inputs, state)
+    except Exception as exn:
+        if not inputs.plan.retype or TypesChanged.MARKER not in str(exn):
+            raise
+        where = re.search(r"[^\s:]+, row \d+, column '.*?': " + TypesChanged.MARKER, str(exn))
+        _LOGGER.warning(
+            "%s; the run published nothing, and converts again with types inferred from every row",
+            where.group(0) if where else TypesChanged.MARKER,
+        )
+        config = dataclasses.replace(config, version=new_version())
+        return _run_once(beam.Pipeline(options=options), config, resolve_inputs(config), state)

@@ -9,6 +9,7 @@ import json
 import logging
 from typing import Any
 
+import pyarrow as pa
 from apache_beam.io.filesystems import FileSystems
 
 from recordforge.errors import RecordForgeError
@@ -41,8 +42,10 @@ class Inputs:
     folder: Any = None
 
 
-def resolve_inputs(config: ConvertConfig) -> Inputs:
-    """Expands the patterns (no match is an error) and compiles the declared or inferred schema."""
+def resolve_inputs(config: ConvertConfig, *, first_rows: bool = False) -> Inputs:
+    """Expands the patterns (no match is an error) and compiles the declared or inferred schema.
+    An inferred CSV schema takes its types from every row of the first file, or with
+    `first_rows` from its first block, to be checked as the run converts (Plan.retype)."""
     if config.source_format == "images" and format_from_path(config.sources[0]) is None:
         # A folder of images: labels from folder names.
         folder = list_image_folder(config.sources[0])
@@ -55,7 +58,8 @@ def resolve_inputs(config: ConvertConfig) -> Inputs:
         return Inputs([info], "images", plan, folder)
     files = expand_patterns(config.sources)
     fmt = _detect_format(files[0].path) if config.source_format in (None, "images") else config.source_format
-    return Inputs(files, fmt, resolve_plan(config, fmt, files[0].path, [f.path for f in files]))
+    paths = [f.path for f in files]
+    return Inputs(files, fmt, resolve_plan(config, fmt, files[0].path, paths, first_rows=first_rows))
 
 
 def input_fingerprint(files: list[FileInfo], plan: Plan, config: ConvertConfig) -> str:
@@ -85,12 +89,25 @@ def _detect_format(path: str) -> str:
     return fmt
 
 
-def resolve_plan(config: ConvertConfig, fmt: str, first_file: str, files: list[str] | None = None) -> Plan:
+def resolve_plan(
+    config: ConvertConfig,
+    fmt: str,
+    first_file: str,
+    files: list[str] | None = None,
+    *,
+    first_rows: bool = False,
+) -> Plan:
     """The declared schema, or one inferred from the first input file (and logged as YAML);
-    Parquet columns without a null in any of `files` are dense."""
+    Parquet columns without a null in any of `files` are dense. A CSV file's types come from
+    every row, or with `first_rows` from its first block where no column there is all empty."""
     if config.schema_path:
         return compile_schema(load_schema(config.schema_path))
-    arrow_schema = read_arrow_schema(first_file, fmt)
+    retype = False
+    if fmt == "csv" and first_rows:
+        arrow_schema = read_arrow_schema(first_file, fmt, every_row=False)
+        retype = not any(pa.types.is_null(t) for t in arrow_schema.types)
+    if not retype:
+        arrow_schema = read_arrow_schema(first_file, fmt)
     never_null = never_null_columns(files or [first_file]) if fmt == "parquet" else frozenset()
     schema = infer_schema(arrow_schema, origin=first_file, never_null=never_null)
     _LOGGER.info(
@@ -101,4 +118,4 @@ def resolve_plan(config: ConvertConfig, fmt: str, first_file: str, files: list[s
     )
     for note in schema.notes:
         _LOGGER.warning("inferred schema: %s", note)
-    return compile_schema(schema)
+    return dataclasses.replace(compile_schema(schema), retype=retype)

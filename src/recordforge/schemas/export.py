@@ -81,6 +81,8 @@ def to_tfmd_schema(plan: Plan) -> schema_pb2.Schema:
             feat.annotation.comment.append(f"timestamp: int64 since the epoch in {f.unit}")
         if f.dtype is DType.DATE:
             feat.annotation.comment.append("date: int64 days since 1970-01-01")
+        if f.dtype is DType.TIME:
+            feat.annotation.comment.append(f"time of day: int64 since midnight in {f.unit}")
         if f.description:
             feat.annotation.comment.append(f.description)
     return out

@@ -50,6 +50,8 @@ def _scalar(t: pa.DataType) -> _Typed | None:
         return _Typed(DType.TIMESTAMP, unit=t.unit)
     if pa.types.is_date(t):
         return _Typed(DType.DATE)
+    if pa.types.is_time(t):
+        return _Typed(DType.TIME, unit=t.unit)
     if pa.types.is_decimal(t):
         return _Typed(DType.DECIMAL, decimal_as="string")  # exact text, any precision
     return None
@@ -119,6 +121,10 @@ def infer_schema(
             is_f64 = typed.dtype is DType.FLOAT64
             if is_f64 and not lossless:
                 notes.append(f"column {path!r} is float64, written narrowed to float32")
+            if typed.dtype is DType.TIME:
+                notes.append(
+                    f"column {path!r} is a time of day, written as int64 {typed.unit} since midnight"
+                )
             dense = nullable and not shape and path in never_null
             if dense:
                 dense_columns.append(path)

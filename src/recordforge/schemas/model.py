@@ -35,6 +35,7 @@ class DType(enum.Enum):
     BOOL = "bool"
     TIMESTAMP = "timestamp"  # int64 since the epoch, in `unit`
     DATE = "date"  # int64 days since 1970-01-01
+    TIME = "time"  # int64 since midnight, in `unit`
     DECIMAL = "decimal"  # `as: string`, or `as: scaled_int` with `scale`
     IMAGE = "image"  # a path/URI (or the encoded bytes) of an image file
 
@@ -106,7 +107,7 @@ class Feature:
     default: Any = None
     narrow: bool = False  # float64 written as float32; float32: float64 source columns accepted
     encode: str | None = None  # "bytes": float64 kept bit-exact as little-endian bytes
-    unit: str | None = None  # timestamp unit
+    unit: str | None = None  # timestamp and time unit
     decimal_as: str | None = None
     scale: int | None = None
     min: float | None = None
@@ -181,8 +182,8 @@ class Feature:
                 out.append("`narrow` applies only to float64 and float32 features")
             if self.encode is not None:
                 out.append("`encode` applies only to float64 features")
-        if (self.dtype is DType.TIMESTAMP) != (self.unit is not None):
-            out.append(f"timestamps need `unit` (one of {', '.join(TIME_UNITS)}), other types not")
+        if (self.dtype in (DType.TIMESTAMP, DType.TIME)) != (self.unit is not None):
+            out.append(f"timestamps and times need `unit` (one of {', '.join(TIME_UNITS)}), other types not")
         elif self.unit is not None and self.unit not in TIME_UNITS:
             out.append(f"`unit: {self.unit}` is not one of {', '.join(TIME_UNITS)}")
         if self.dtype is DType.DECIMAL:
@@ -299,7 +300,7 @@ class Feature:
         """The kind of the feature's values (before `encode: bytes` packing)."""
         if self.hashed:
             return ExampleKind.INT64
-        if self.dtype in (DType.INT64, DType.BOOL, DType.TIMESTAMP, DType.DATE):
+        if self.dtype in (DType.INT64, DType.BOOL, DType.TIMESTAMP, DType.DATE, DType.TIME):
             return ExampleKind.INT64
         if self.dtype is DType.DECIMAL:
             return ExampleKind.INT64 if self.decimal_as == "scaled_int" else ExampleKind.BYTES
@@ -393,6 +394,7 @@ def _default_problems(feature: Feature) -> list[str]:
         DType.INT64: (int,),
         DType.TIMESTAMP: (int,),
         DType.DATE: (int,),
+        DType.TIME: (int,),
         DType.BOOL: (bool,),
         DType.FLOAT32: (int, float),
         DType.FLOAT64: (int, float),

@@ -11,7 +11,15 @@ import pyarrow as pa
 
 from recordforge.schemas.model import DType, ExampleKind, Feature, NullPolicy, Schema
 
-__all__ = ["TEXT_VALUE_TYPES", "Column", "Plan", "compile_schema", "feature_spec_entries", "value_type"]
+__all__ = [
+    "TEXT_VALUE_TYPES",
+    "Column",
+    "Plan",
+    "compile_schema",
+    "feature_spec_entries",
+    "time_type",
+    "value_type",
+]
 
 # The Arrow type of each kind's values after conforming, i.e. what the encoder receives.
 _KIND_TYPES: dict[ExampleKind, pa.DataType] = {
@@ -109,6 +117,8 @@ def feature_spec_entries(f: Feature) -> dict[str, dict[str, Any]]:
         entry["logical"] = f"timestamp[{f.unit}]"
     elif f.dtype is DType.DATE:
         entry["logical"] = "date (days since 1970-01-01)"
+    elif f.dtype is DType.TIME:
+        entry["logical"] = f"time[{f.unit}] (since midnight)"
     elif f.dtype is DType.DECIMAL:
         entry["logical"] = (
             "decimal as string" if f.decimal_as == "string" else f"decimal scaled by 10^{f.scale}"
@@ -150,6 +160,9 @@ class Plan:
     csv_column_types: dict[str, pa.DataType]
     feature_spec: dict[str, dict[str, Any]]
     fingerprint: str
+    # CSV column types inferred from a file's first rows only: a cell one cannot hold raises
+    # TypesChanged (convert then infers them from every row and runs again) instead of a bad row.
+    retype: bool = False
 
     @property
     def features(self) -> tuple[Feature, ...]:
@@ -161,7 +174,14 @@ def _csv_type(f: Feature) -> pa.DataType:
         return pa.string()  # JSON arrays / objects in a cell, parsed after reading as text
     if f.dtype is DType.TIMESTAMP:
         return pa.timestamp(f.unit)
+    if f.dtype is DType.TIME:
+        return time_type(f.unit or "s")
     return _CSV_TYPES[f.dtype]
+
+
+def time_type(unit: str) -> pa.DataType:
+    """Arrow's time-of-day type in `unit` (32 bits for seconds and milliseconds, as Arrow has it)."""
+    return pa.time32(unit) if unit in ("s", "ms") else pa.time64(unit)
 
 
 def compile_schema(schema: Schema) -> Plan:

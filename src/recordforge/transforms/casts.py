@@ -1,4 +1,4 @@
-"""Value-level conforming: casts to the declared type, derivation ops and checks, all vectorised.
+"""Value-level conforming: casts to the declared type, vectorised (ops and checks: ops.py).
 
 Each function takes a flat array of source values and returns the converted values plus the
 failures as (value indices, rule, reason): a value that fails is nulled in the output so that
@@ -16,9 +16,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from recordforge.errors import SourceError
-from recordforge.schemas.model import DType, ExampleKind, Feature, Op
+from recordforge.schemas.model import DType, ExampleKind, Feature
 
-__all__ = ["Failure", "cast_values", "apply_ops", "check_values"]
+__all__ = ["Failure", "cast_values"]
 
 _INT64_MAX = 2**63 - 1
 _CONVERSION_ERRORS = (pa.ArrowInvalid, pa.ArrowTypeError)
@@ -187,6 +187,52 @@ def _overflows(arr: pa.Array, out: pa.Array, failures: list[Failure], what: str)
     return out
 
 
+# A time of day followed by a zone offset (`Z`, `+HH`, `+HHMM`, `+HH:MM`), as ISO 8601 writes it.
+_ZONED = r"[T ]\d\d[0-9:.]*(Z|[+-]\d\d(:?\d\d)?)$"
+
+
+def _timestamps(unit: str) -> Callable[[pa.Array], pa.Array]:
+    """Text to timestamps in `unit`, as Arrow parses them: a text with a zone offset is that
+    instant in UTC, one without is taken as UTC already (Parquet's naive timestamps are too)."""
+    naive, zoned = pa.timestamp(unit), pa.timestamp(unit, tz="UTC")
+
+    def fn(a: pa.Array) -> pa.Array:
+        try:
+            return pc.cast(a, naive)
+        except pa.ArrowInvalid:
+            has_zone = pc.fill_null(pc.match_substring_regex(a, _ZONED), False)
+            if not pc.any(has_zone).as_py():
+                raise
+        kept = pc.cast(pc.if_else(has_zone, pa.scalar(None, a.type), a), naive)
+        moved = pc.cast(pc.cast(pc.if_else(has_zone, a, pa.scalar(None, a.type)), zoned), naive)
+        return pc.if_else(has_zone, moved, kept)
+
+    return fn
+
+
+def _times(arr: pa.Array, f: Feature, file: str, failures: list[Failure]) -> pa.Array:
+    """Times of day as int64 counts of `unit` since midnight. Text (a CSV cell the typed parse
+    did not read) is parsed as the time of 1970-01-01, which reads HH:MM[:SS[.fff]] as Arrow's
+    CSV reader does."""
+    unit, src = f.unit or "s", arr.type
+    what = f"not a time of day in unit {unit}"
+    if pa.types.is_integer(src):
+        return _checked_cast(arr, lambda a: pc.cast(a, pa.int64()), "type", what, failures)
+    if _is_text(src):
+        day = pc.binary_join_element_wise(pa.scalar("1970-01-01 "), arr, pa.scalar(""))
+        found: list[Failure] = []
+        ts = _checked_cast(day, lambda a: pc.cast(a, pa.timestamp(unit)), "type", what, found)
+        failures.extend(Failure(x.indices, x.rule, x.reason.replace("'1970-01-01 ", "'")) for x in found)
+        return pc.cast(ts, pa.int64())
+    if not pa.types.is_time(src):
+        raise SourceError(
+            f"{file}: column {f.source_column!r} of type {src} cannot hold feature {f.name!r} (time)"
+        )
+    target = pa.time32(unit) if unit in ("s", "ms") else pa.time64(unit)
+    times = _checked_cast(arr, lambda a: pc.cast(a, target), "type", what, failures)
+    return pc.cast(pc.cast(times, pa.int32() if unit in ("s", "ms") else pa.int64()), pa.int64())
+
+
 def _empty_text_to_null(arr: pa.Array) -> pa.Array:
     if not (_is_text(arr.type) or _is_binary(arr.type)):
         return arr
@@ -275,8 +321,14 @@ def cast_values(arr: pa.Array, f: Feature, file: str) -> tuple[pa.Array, list[Fa
             return conv(arr, pa.int64(), "not an int64 epoch"), failures
         if pa.types.is_date(src):
             arr = pc.cast(arr, pa.timestamp("s"))
-        ts = conv(arr, pa.timestamp(f.unit), f"not a timestamp in unit {f.unit}")
+        what = f"not a timestamp in unit {f.unit}"
+        if text:
+            ts = _checked_cast(arr, _timestamps(f.unit), "type", what, failures)
+        else:
+            ts = conv(arr, pa.timestamp(f.unit), what)
         return pc.cast(ts, pa.int64()), failures
+    if dt is DType.TIME:
+        return _times(arr, f, file, failures), failures
     if dt is DType.DATE or (dt is DType.INT64 and pa.types.is_date(src)):
         # An int64 feature of a date column holds what `type: date` writes: days since 1970-01-01.
         if pa.types.is_integer(src):
@@ -307,89 +359,3 @@ def cast_values(arr: pa.Array, f: Feature, file: str) -> tuple[pa.Array, list[Fa
         return _overflows(arr, conv(arr, pa.float32(), "not a valid float32"), failures, "float32"), failures
     # INT64: safe casts refuse fractions and overflow.
     return conv(arr, pa.int64(), "not a valid int64", trim=True), failures
-
-
-def apply_ops(values: pa.Array, f: Feature) -> pa.Array:
-    """The feature's derivation ops, in order, on already-cast values."""
-    for op, arg in f.ops:
-        if op in (Op.LOWER, Op.UPPER, Op.STRIP):
-            text = pc.cast(values, pa.large_string())
-            fn = {Op.LOWER: pc.utf8_lower, Op.UPPER: pc.utf8_upper, Op.STRIP: pc.utf8_trim_whitespace}
-            values = pc.cast(fn[op](text), pa.large_binary())
-        elif op is Op.CLIP:
-            lo, hi = (pa.scalar(v, values.type) if v is not None else None for v in arg)
-            if lo is not None:
-                values = pc.max_element_wise(values, lo)
-            if hi is not None:
-                values = pc.min_element_wise(values, hi)
-        elif op is Op.ABS:
-            values = pc.abs(values)
-        elif op is Op.HASH_BUCKET:
-            values = _hash_bucket(values, int(arg))
-    return values
-
-
-def _hash_bucket(values: pa.Array, buckets: int) -> pa.Array:
-    """tf.strings.to_hash_bucket_fast (FarmHash Fingerprint64 mod n) of each distinct value, so
-    that serving code computes the same bucket. TensorFlow is imported only when this op is used."""
-    import tensorflow as tf
-
-    encoded = pc.dictionary_encode(values)
-    uniques = encoded.dictionary.to_pylist()
-    if not uniques:
-        return pa.nulls(len(values), pa.int64())
-    ids = tf.strings.to_hash_bucket_fast(tf.constant(uniques, dtype=tf.string), buckets).numpy()
-    return pc.take(pa.array(ids, pa.int64()), encoded.indices)
-
-
-def check_values(values: pa.Array, f: Feature) -> list[Failure]:
-    """min/max, allowed values, regex and string length, each as one vectorised mask."""
-    out: list[Failure] = []
-    valid = _valid(values)
-
-    def add(mask: np.ndarray, rule: str, reason: str) -> None:
-        idx = np.flatnonzero(mask & valid)
-        if idx.size:
-            out.append(Failure(idx, rule, reason))
-
-    numeric = (
-        f.value_kind in (ExampleKind.INT64, ExampleKind.FLOAT)
-        and not pa.types.is_binary(values.type)
-        and not pa.types.is_large_binary(values.type)
-    )
-    if numeric and f.min is not None:
-        add(
-            pc.fill_null(pc.less(values, f.min), False).to_numpy(zero_copy_only=False),
-            "min",
-            f"below min {f.min}",
-        )
-    if numeric and f.max is not None:
-        add(
-            pc.fill_null(pc.greater(values, f.max), False).to_numpy(zero_copy_only=False),
-            "max",
-            f"above max {f.max}",
-        )
-    if f.allowed is not None:
-        allowed = [a.encode() if isinstance(a, str) else a for a in f.allowed]
-        value_set = pa.array(allowed, values.type) if allowed else pa.array([], values.type)
-        add(
-            ~pc.is_in(values, value_set=value_set).to_numpy(zero_copy_only=False),
-            "allowed",
-            f"not one of the allowed values {list(f.allowed)}",
-        )
-    if f.regex is not None:
-        text = pc.cast(values, pa.large_string())
-        matched = pc.fill_null(pc.match_substring_regex(text, f.regex), True)
-        add(~matched.to_numpy(zero_copy_only=False), "regex", f"does not match /{f.regex}/")
-    if f.max_length is not None and f.is_scalar and pa.types.is_large_binary(values.type):
-        lengths = (
-            pc.utf8_length(pc.cast(values, pa.large_string()))
-            if f.dtype is DType.STRING
-            else pc.binary_length(values)
-        )
-        add(
-            pc.fill_null(pc.greater(lengths, f.max_length), False).to_numpy(zero_copy_only=False),
-            "max_length",
-            f"longer than max_length {f.max_length}",
-        )
-    return out

@@ -21,7 +21,8 @@ from recordforge.errors import DataError, SourceError
 from recordforge.images import ImageOptions, load_image_column, manifest_dir
 from recordforge.schemas.model import DType, Feature, NullPolicy
 from recordforge.schemas.plan import TEXT_VALUE_TYPES, Plan
-from recordforge.transforms.casts import Failure, apply_ops, cast_values, check_values
+from recordforge.transforms.casts import Failure, cast_values
+from recordforge.transforms.ops import apply_ops, check_values
 
 __all__ = ["BadRow", "Conformed", "conform_batch"]
 

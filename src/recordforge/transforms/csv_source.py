@@ -1,8 +1,9 @@
 """CSV files read as Arrow record batches through Beam's filesystems, every cell read one way.
 
 A file is parsed with the column types Arrow's CSV reader converts exactly (integers, dates,
-timestamps, strings, bytes); floats and bools are read as text and parsed by the cast
-(transforms/casts.py), which tells a number beyond float range from a written `inf`. A cell
+strings, bytes); floats, bools and timestamps are read as text and parsed by the cast
+(transforms/casts.py), which tells a number beyond float range from a written `inf` and reads a
+timestamp with a zone offset as UTC. A cell
 that does not convert makes Arrow fail its whole block and name no row, so the rest of the file
 (or of the range, csv_ranges.py) is then read again as text: numbers, dates and timestamps by
 the cast, which parses text as Arrow's CSV reader does, and strings decoded as the first pass
@@ -59,8 +60,9 @@ def _is_text(t: pa.DataType) -> bool:
 
 def _parsed_later(t: pa.DataType) -> bool:
     """Types read as text and parsed by the cast: Arrow's CSV reader parses `1e39` as a float32
-    infinity, and the cast then could not tell it from `inf`."""
-    return pa.types.is_floating(t) or pa.types.is_boolean(t)
+    infinity, and the cast then could not tell it from `inf`; a timestamp column may hold cells
+    with and without a zone offset, which no one Arrow type reads."""
+    return pa.types.is_floating(t) or pa.types.is_boolean(t) or pa.types.is_timestamp(t)
 
 
 def _empty_to_null(batch: pa.RecordBatch, columns: frozenset[str]) -> pa.RecordBatch:

@@ -13,6 +13,7 @@ from apache_beam import typehints
 from apache_beam.metrics import Metrics
 
 from recordforge.encoding import ExampleEncoder
+from recordforge.errors import TypesChanged
 from recordforge.pipelines import progress
 from recordforge.schemas.model import Schema
 from recordforge.schemas.plan import Plan, compile_schema
@@ -30,6 +31,14 @@ __all__ = ["NAMESPACE", "REJECTED", "ToExamples"]
 
 NAMESPACE = "recordforge"
 REJECTED = "rejected"
+
+
+def _check_types(rejected: list[Any]) -> None:
+    """A cell of the wrong type, with types inferred from the first rows only: the inference, not
+    the row, is wrong (TypesChanged)."""
+    for bad in rejected:
+        if bad.rule == "type":
+            raise TypesChanged(f"{bad.file}, row {bad.row}, column {bad.column!r}: {TypesChanged.MARKER}")
 
 
 class _ToExamplesFn(beam.DoFn):
@@ -71,6 +80,8 @@ class _ToExamplesFn(beam.DoFn):
             read=element.read,
         )
         if result.rejected:
+            if self._plan.retype:
+                _check_types(result.rejected)
             if self._strict:
                 raise result.rejected[0].error()
             self._rows_rejected.inc(len(result.rejected))

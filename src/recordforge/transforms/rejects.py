@@ -61,15 +61,21 @@ def source_record(
     batch: pa.RecordBatch, row: int, csv_types: dict[str, pa.DataType] | None
 ) -> dict[str, Any]:
     """Row `row` of a source batch as a dict. For a CSV batch (`csv_types`: the columns' types),
-    a cell of a column Arrow's reader types (integers, dates, timestamps) that arrives as text
+    a cell of a column Arrow's reader types (integers, dates) that arrives as text
     (read again as text after another cell failed) is typed as Arrow's reader types it where it
     can be, so that a rejected row reads the same whichever pass, range or worker read it."""
     record = batch.slice(row, 1).to_pylist()[0]
     for name, arrow_type in (csv_types or {}).items():
         value = record.get(name)
-        # Text, binary, floats and bools are text in both passes (floats and bools are parsed
-        # later, by the cast): left as they are.
-        kinds = (pa.types.is_string, pa.types.is_binary, pa.types.is_floating, pa.types.is_boolean)
+        # Text, binary, floats, bools and timestamps are text in both passes (all but the first
+        # two are parsed later, by the cast): left as they are.
+        kinds = (
+            pa.types.is_string,
+            pa.types.is_binary,
+            pa.types.is_floating,
+            pa.types.is_boolean,
+            pa.types.is_timestamp,
+        )
         if isinstance(value, str) and not any(is_kind(arrow_type) for is_kind in kinds):
             record[name] = _csv_cell(value, arrow_type)
     return record

@@ -20,6 +20,7 @@ import pyarrow.parquet as pq
 from apache_beam.io.filesystems import FileSystems
 
 from recordforge.errors import SourceError
+from recordforge.fixed_lists import iter_batches
 
 __all__ = [
     "group_start",
@@ -89,13 +90,18 @@ def read_rows(
     rows: int | None = None,
     batch_size: int,
     columns: list[str] | None = None,
+    source: Any = None,
+    options: dict[str, Any] | None = None,
 ) -> Iterator[pa.RecordBatch]:
     """Rows [skip, skip + rows) of row group `group` (rows None: to its end), in the batches of at
     most `batch_size` rows that reading the whole group gives (cut at `skip` and at the end when
-    those fall inside one). Decoding stops after the last row wanted."""
+    those fall inside one). Decoding stops after the last row wanted. Given the file `source` pf
+    was opened on (with `options`), fixed-size-list columns read as fixed_lists.py reads them."""
     end = None if rows is None else skip + rows
     at = 0
-    for batch in pf.iter_batches(batch_size=batch_size, row_groups=[group], columns=columns):
+    read = {"batch_size": batch_size, "row_groups": [group], "columns": columns}
+    batches = pf.iter_batches(**read) if source is None else iter_batches(pf, source, options or {}, **read)
+    for batch in batches:
         lo, at = at, at + batch.num_rows
         if at <= skip:
             continue  # decoded to reach the piece's first row, and dropped

@@ -121,7 +121,8 @@ class _ReadParquetFn(SharedItemsFn):
         with FileSystems.open(path) as f:
             # Pages written with checksums are checked against them: a flipped bit fails the read
             # rather than changing a value. Pages without one are read as before.
-            pf = pq.ParquetFile(f, page_checksum_verification=True)
+            options = {"page_checksum_verification": True}
+            pf = pq.ParquetFile(f, **options)
             columns = self._columns
             if columns is not None:
                 columns = resolve_columns(columns, pf.schema_arrow.names, path)
@@ -129,7 +130,14 @@ class _ReadParquetFn(SharedItemsFn):
             skip = first_row - group_start(pf.metadata, group) if rows else 0
             rows_wanted = rows[0] if rows else None
             for batch in read_rows(
-                pf, group, skip=skip, rows=rows_wanted, batch_size=self._batch_size, columns=columns
+                pf,
+                group,
+                skip=skip,
+                rows=rows_wanted,
+                batch_size=self._batch_size,
+                columns=columns,
+                source=f,
+                options=options,
             ):
                 yield SourceBatch(path, first_row, batch)
                 first_row += batch.num_rows
