@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv demo test stress lint bench clean
+.PHONY: venv demo test check coverage stress lint bench clean
 
 venv: $(STAMP)
 
@@ -19,11 +19,23 @@ $(STAMP): pyproject.toml constraints.txt setup.py
 demo: $(STAMP)
 	$(BIN)/python -m recordforge.demo --workdir out/demo
 
+# The whole suite (CI runs it), spread over the cores a file at a time: a file's module-scoped
+# clusters, emulators and servers are started once, in one worker.
 test: $(STAMP)
 	$(BIN)/ruff check src tests bench
-	$(BIN)/python -m pytest -q tests
+	$(BIN)/python -m pytest -q -n auto --dist loadfile tests
 
-# Many runs started together on one output (tests/test_publishing_stress.py): a few minutes.
+# The unit tier, for the edit loop: every test outside tests/e2e/.
+check: $(STAMP)
+	$(BIN)/ruff check src tests bench
+	$(BIN)/python -m pytest -q -n auto --dist loadfile -m "not e2e and not stress" tests
+
+# Line and branch coverage of src/ by the suite's in-process tests (subprocesses are not traced).
+coverage: $(STAMP)
+	$(BIN)/python -m coverage run --branch --source=src/recordforge -m pytest -q -p no:cacheprovider tests
+	$(BIN)/python -m coverage report | tail -1
+
+# Many runs started together on one output (tests/e2e/test_publishing_stress.py): a few minutes.
 stress: $(STAMP)
 	$(BIN)/python -m pytest -q -m stress tests
 

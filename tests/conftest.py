@@ -148,6 +148,17 @@ def tf_records(output: Any) -> list[dict[str, list[Any]]]:
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "corrupts: the test damages bundles on purpose")
     config.addinivalue_line("markers", "stress: minutes long; `make stress` runs them, `make test` does not")
+    config.addinivalue_line(
+        "markers",
+        "e2e: whole conversions, subprocesses, kills, clusters and emulators (every test in tests/e2e/); "
+        "`make check` leaves them out",
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.path.parent.name == "e2e":
+            item.add_marker(pytest.mark.e2e)
 
 
 @pytest.fixture(autouse=True)

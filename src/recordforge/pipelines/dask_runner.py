@@ -8,7 +8,7 @@ pipeline at translation (``Impulse`` is not translated) and, on plain Beam pipel
 things wrong without an error: a tagged output also receives the main output; outputs emitted in
 ``finish_bundle`` are dropped; only the last-visited terminal branch is computed; a side input is
 recomputed in every task that reads it; ``WriteToTFRecord`` with default sharding exits 0 having
-written one empty file (its writes happen in ``finish_bundle``). ``tests/test_dask_runner.py``
+written one empty file (its writes happen in ``finish_bundle``). ``tests/e2e/test_dask_runner.py``
 holds a probe for each, run against both runners. This subclass keeps Beam's options, its
 PTransform overrides and its result class, and replaces the translation:
 
@@ -35,7 +35,7 @@ twice the cluster's worker threads when the run starts; ``--dask_partition_size`
 
 What this module assumes of Beam's internals (Beam 2.77.0; `BEAM_VERSION`). Construction fails
 on any other Beam minor version, naming this list: re-check each item, run
-``tests/test_dask_runner.py``, then change `BEAM_VERSION` (in startup.py).
+``tests/e2e/test_dask_runner.py``, then change `BEAM_VERSION` (in startup.py).
 
 1. ``apache_beam.runners.dask.dask_runner``: ``DaskRunner`` (``run_pipeline(pipeline, options)``),
    ``DaskOptions`` (dests ``address``, ``timeout``, ``scheduler_file``, ``name``,
@@ -120,7 +120,7 @@ def _check_beam_version() -> None:
         raise RecordForgeError(
             f"RecordForge's DaskRunner corrects Beam {BEAM_VERSION}'s Dask runner, but Beam "
             f"{beam.__version__} is installed: re-check the assumptions listed in "
-            "recordforge/pipelines/dask_runner.py against it, run tests/test_dask_runner.py, "
+            "recordforge/pipelines/dask_runner.py against it, run tests/e2e/test_dask_runner.py, "
             "then change BEAM_VERSION"
         )
 

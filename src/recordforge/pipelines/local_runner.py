@@ -1,7 +1,7 @@
 """RecordForge's local runner: Beam's FnApiRunner with forked workers that share their input.
 
 This is the one module that relies on Beam's internals (the Dask runner, dask_runner.py, keeps
-its own list); each is listed below, and `tests/test_beam_assumptions.py` checks every one,
+its own list); each is listed below, and `tests/e2e/test_beam_assumptions.py` checks every one,
 naming it when a Beam upgrade breaks it.
 
 What LocalRunner adds to FnApiRunner (what DirectRunner uses for batch pipelines), three
@@ -33,7 +33,7 @@ Beam internals relied on, as found in apache-beam 2.77.0 (`BEAM_VERSION`):
 
 1. The version. On any other Beam minor version the run is Beam's FnApiRunner unchanged (no
    claims folder, Beam's workers and sampler), with one log line: re-check each item below, run
-   tests/test_beam_assumptions.py, then change `BEAM_VERSION` (in startup.py).
+   tests/e2e/test_beam_assumptions.py, then change `BEAM_VERSION` (in startup.py).
 2. `FnApiRunner.run_pipeline(pipeline, options)` hands the pipeline proto to
    `run_via_runner_api(proto, options)`, which makes the stages from the proto it is given; with
    `direct_running_mode=multi_processing` the proto's default environment has urn

@@ -10,7 +10,7 @@ key, and a reader parses the shards itself (compression as in metadata.json). Sh
 `repeated` (Croissant 1.0) and, for the exact shape, `isArray`/`arrayShape` from the Croissant
 vocabulary (defined in the context; the namespace is not versioned). License, citation and a
 dataset URL are the publisher's to add: RecordForge cannot know them. Written without importing
-mlcroissant, which tests/test_croissant.py validates the file with.
+mlcroissant, which tests/e2e/test_croissant.py validates the file with.
 """
 
 from __future__ import annotations

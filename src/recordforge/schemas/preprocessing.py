@@ -119,7 +119,7 @@ def apply_transform(transform: Transform, x: Any, entry: dict[str, Any], output:
             # and hands Beam each distinct token once with its count, instead of one element
             # per value (it does so only for weighted vocabularies). Integer weights sum to the
             # counts themselves, so the vocabulary is the unweighted one, ties and thresholds
-            # alike (tests/test_preprocess.py compares the two).
+            # alike (tests/e2e/test_preprocess.py compares the two).
             weights=tf.ones_like(x.values if isinstance(x, tf.SparseTensor) else x, dtype=tf.int64),
             name=_scope(output),
         )

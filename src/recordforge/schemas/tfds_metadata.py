@@ -4,7 +4,7 @@ The files are those `tfds.folder_dataset.write_metadata` writes beside external 
 (tensorflow.org/datasets/external_tfrecord): `dataset_info.json` (splits, shard lengths, the shard
 file template) and `features.json` (the FeaturesDict), plus `{feature}.labels.txt` for a
 ClassLabel's names. They are made here as JSON, without importing tensorflow_datasets, which is a
-test dependency only; tests/test_tfds_bundle.py reads them back with TFDS itself.
+test dependency only; tests/e2e/test_tfds_bundle.py reads them back with TFDS itself.
 
 Paths in them are relative to the output folder, as in metadata.json: the shard template names the
 version folder, so the copies at the top of the output are the ones TFDS reads.

@@ -30,7 +30,7 @@ from recordforge.transforms.sources import expand_patterns
 
 IMPULSE = "beam:transform:impulse:v1"
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DATAFLOW = [
     "--runner=DataflowRunner",
     "--project=my-project",

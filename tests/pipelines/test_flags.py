@@ -16,7 +16,7 @@ from recordforge.pipelines.flags import FLAGS, readme_table
 from recordforge.pipelines.options import ConvertOptions
 from recordforge.pipelines.template import template_metadata
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 # ConvertConfig fields that no flag fills: set by run() or from the command line itself.
 _NOT_FLAGS = {"command", "version"}
 _BASE: dict[str, Any] = {"sources": ("in.parquet",), "output": "out"}

@@ -80,7 +80,7 @@ def test_schedule_examples_use_real_flags() -> None:
 
     from recordforge.pipelines.template import template_metadata
 
-    root = Path(__file__).resolve().parents[1] / "deploy" / "schedule"
+    root = Path(__file__).resolve().parents[2] / "deploy" / "schedule"
     names = {p["name"] for p in template_metadata()["parameters"]}
     body = json.loads((root / "launch_body.json").read_text())
     assert set(body["launchParameter"]["parameters"]) <= names
