@@ -203,6 +203,7 @@ def _counts(meta: dict[str, Any]) -> dict[str, Any]:
 
 def test_workers_run_in_their_own_folders(cluster: Cluster) -> None:
     with _client(cluster) as client:
+        client.wait_for_workers(len(cluster.workers), timeout=60)  # one may just have been started
         folders = client.run(os.getcwd)
     assert sorted(folders.values()) == sorted(str(cluster.root / n) for n in cluster.workers)
     assert os.getcwd() not in folders.values()
@@ -305,7 +306,7 @@ def test_a_worker_killed_mid_run(cluster: Cluster, tmp_path: Path) -> None:
             time.sleep(0.02)
     assert killed is not None, "the run ended before a worker could be killed during the encoding"
     _, stderr = proc.communicate(timeout=300)
-    cluster.workers[killed].wait(timeout=30)
+    cluster.workers.pop(killed).wait(timeout=30)  # gone from the cluster: later tests see its two
     cluster.start_worker(f"{killed}-again")  # the module's cluster goes on with two workers
     published = json.loads((out / "metadata.json").read_text())
     if proc.returncode == 0:

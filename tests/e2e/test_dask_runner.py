@@ -387,7 +387,12 @@ def test_a_failing_dofn_fails_the_run_with_its_error_and_step(scheduler: str) ->
 
 
 def _fail_or_write_slowly(x: int, folder: str) -> int:
+    if x == 2:  # the other partition is running: element 3 may fail now
+        Path(folder, "started-2").write_text("")
     if x == 3:
+        deadline = time.monotonic() + 60
+        while not Path(folder, "started-2").exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
         raise RecordForgeError(f"bad element {x}")
     time.sleep(0.7)
     Path(folder, f"written-{x}").write_text("late")
@@ -397,7 +402,8 @@ def _fail_or_write_slowly(x: int, folder: str) -> int:
 def test_a_failed_run_raises_only_once_its_running_tasks_have_ended(scheduler: str, tmp_path: Path) -> None:
     """A caller that cleans up after a failed run must not see files appear afterwards: the run
     cancels its tasks and waits for those still executing before it raises. Partitions [3, 1],
-    [2, 4], [5, 6]: the first fails at once while the second is writing on the other worker."""
+    [2, 4], [5, 6]: the first fails once the second has started on the other worker (an event,
+    so that it fails while the second is writing however the scheduler orders them)."""
     options = ["--runner", RUNNER, "--dask_client_address", scheduler, "--dask_npartitions", "3"]
     p = beam.Pipeline(options=PipelineOptions(options))
     p | beam.Create([3, 1, 2, 4, 5, 6]) | "Fails" >> beam.Map(_fail_or_write_slowly, str(tmp_path))

@@ -462,7 +462,8 @@ def test_yaml_alias_bomb_fails_fast(tmp_path: Any) -> None:
     start = time.perf_counter()
     with pytest.raises(SchemaError, match="expands to more than 100,000 values"):
         load_schema(str(path))
-    assert time.perf_counter() - start < 1.0
+    # Expanded, the aliases are 9**9 values: minutes and gigabytes; refused, well under a second.
+    assert time.perf_counter() - start < 10.0
 
 
 def test_recursive_alias_and_modest_aliases(tmp_path: Any) -> None:

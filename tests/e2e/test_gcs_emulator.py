@@ -100,7 +100,8 @@ def test_child_process_reaches_the_emulator_without_credential_lookups(gcs_bucke
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["found"] == [f"{gcs_bucket}/from-parent"]
     assert out["read"] == "parent"
-    assert out["first_match_s"] < 1.0, out
+    # A credential look-up waits seconds on a metadata server that is not there; the emulator answers at once.
+    assert out["first_match_s"] < 5.0, out
     assert "credentials" not in proc.stderr.lower(), proc.stderr
     assert _read(f"{gcs_bucket}/from-child") == b"child"
 

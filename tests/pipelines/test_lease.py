@@ -124,10 +124,12 @@ def test_lock_with_an_old_heartbeat_is_reclaimed(lock_path: str, caplog: pytest.
 
 def test_heartbeat_keeps_a_held_lock_fresh(lock_path: str) -> None:
     # Held "from another host", so that only its heartbeat keeps it.
-    with Lease.acquire(lock_path, _owner("v-alive", host="other-host"), stale_after=0.4, heartbeat=0.08):
-        time.sleep(0.9)
+    # Past the staleness bound, by a margin that a heartbeat every 0.05 s cannot miss however
+    # loaded the machine: a heartbeat window under a second failed on busy CI machines.
+    with Lease.acquire(lock_path, _owner("v-alive", host="other-host"), stale_after=2.0, heartbeat=0.05):
+        time.sleep(2.3)
         with pytest.raises(OutputLocked, match="run v-alive"):
-            Lease.acquire(lock_path, _owner("v-new"), stale_after=0.4)
+            Lease.acquire(lock_path, _owner("v-new"), stale_after=2.0)
     assert _read(lock_path) is None
 
 
@@ -139,7 +141,11 @@ def test_release_after_a_takeover_keeps_the_new_holders_lock(
     new = Lease.acquire(lock_path, _owner("v-taker"))
     taken = _read(lock_path)
     with caplog.at_level(logging.INFO, logger="recordforge.pipelines.lease"):
-        time.sleep(0.3)
+        # Until the old heartbeat has seen the takeover (an event, not a guessed delay).
+        deadline = time.monotonic() + 30
+        while not any("Lost the lock" in r.getMessage() for r in caplog.records):
+            assert time.monotonic() < deadline, "the old run's heartbeat never saw the takeover"
+            time.sleep(0.02)
         old.release()
     assert _read(lock_path) == taken  # neither rewritten by the old heartbeat nor removed
     messages = [
