@@ -110,3 +110,30 @@ def test_a_run_killed_at_each_step_leaves_old_or_new_whole_and_the_rerun_publish
         assert not (out / layout.STATE_DIR / "lock").exists()
         tops = {p.name for p in out.iterdir()} - {layout.STATE_DIR, *versions}
         assert tops <= {layout.METADATA, layout.SUCCESS, *layout.TOP_FILES}, tops
+
+
+def test_a_first_run_killed_at_each_step_is_followed_by_a_plain_run(
+    forked: ForkedRuns, tmp_path: Path
+) -> None:
+    """No bundle before: killed before its commit, the output holds nothing published and a run
+    without --overwrite publishes; killed after it, the output is published, and the next run
+    finishes what the killed one left undone, then refuses to replace it without being asked."""
+    pq.write_table(taxi_table(500, seed=3), tmp_path / "a.parquet")
+    outs = {point: tmp_path / point for point in crashpoints.POINTS}
+
+    def argv(out: Path) -> list[str]:
+        return ["convert", "--source", str(tmp_path / "a.parquet"), "--output", str(out)]
+
+    crashed = forked.together(
+        [(argv(out), 0.0) for out in outs.values()], envs=[{crashpoints.ENV: point} for point in outs]
+    )
+    assert [o.code for o in crashed] == [-9] * len(outs), crashed
+    reruns = forked.together([(argv(out), 0.0) for out in outs.values()])
+    for (point, out), outcome in zip(outs.items(), reruns, strict=True):
+        if point in _BEFORE_COMMIT:
+            assert outcome.code == 0, _report(point, outcome, out)
+        else:
+            assert outcome.code == 1 and "already holds a published dataset" in outcome.stderr, _report(
+                point, outcome, out
+            )
+        assert _whole(out)["num_records"] == 500 and verify(str(out)) == [], _report(point, outcome, out)

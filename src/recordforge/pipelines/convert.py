@@ -56,6 +56,7 @@ from recordforge.pipelines.publishing import (
     check_not_inside,
     check_output_path,
     check_state,
+    finish_interrupted_commit,
     read_state,
 )
 from recordforge.schemas import Plan
@@ -485,6 +486,7 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
     # Read before the lock, so that a refused or up-to-date run touches nothing and a mistake
     # is found before building; Publication reads the state again under the lock.
     state = read_state(config.output)
+    finish_interrupted_commit(state, new_version(), config)
     inputs = None
     if config.if_changed:
         published, inputs = _unchanged(config, state)

@@ -23,7 +23,7 @@ from typing import Any
 from recordforge import crashpoints, layout
 from recordforge.errors import RecordForgeError
 from recordforge.pipelines.config import ConvertConfig
-from recordforge.pipelines.lease import Lease
+from recordforge.pipelines.lease import Lease, OutputLocked
 from recordforge.storage import (
     delete_files,
     delete_tree,
@@ -33,7 +33,7 @@ from recordforge.storage import (
     read_bytes,
     write_atomically,
 )
-from recordforge.transforms.commit import finish_copies, is_temporary
+from recordforge.transforms.commit import committed_versions, finish_copies, is_temporary
 
 __all__ = [
     "OutputState",
@@ -41,6 +41,7 @@ __all__ = [
     "check_not_inside",
     "check_output_path",
     "check_state",
+    "finish_interrupted_commit",
     "read_state",
 ]
 
@@ -121,9 +122,8 @@ def read_state(output: str, *, own: str | None = None) -> OutputState:
             published = meta
     tops = sorted({layout.top_entry(out, p) for p in list_files(out)} - {""})
     ours = {layout.STATE_DIR, *journal, own}
-    # The journal decides whose the top-level files are when metadata.json cannot: a version it
-    # records that holds a metadata.json was committed by RecordForge, which wrote them.
-    damaged = published is None and any(exists(layout.join(out, v, layout.METADATA)) for v in sorted(journal))
+    # The journal decides whose the top-level files are when metadata.json cannot.
+    damaged = published is None and bool(committed_versions(out, sorted(journal)))
     if published is not None or damaged:
         ours |= set(layout.TOP_FILES) | {
             (published or {}).get("version"),
@@ -198,13 +198,7 @@ class Publication:
         self.published: dict[str, Any] | None = None  # this run's metadata.json, once committed
 
     def __enter__(self) -> Publication:
-        owner = {
-            "run_id": self.version,
-            "host": socket.gethostname(),
-            "pid": os.getpid(),
-            "started": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "command": list(self._config.command),
-        }
+        owner = _owner(self.version, self._config)
         self._lease = Lease.acquire(layout.lock_path(self.output), owner)
         try:
             state = read_state(self.output, own=self.version)
@@ -250,15 +244,7 @@ class Publication:
 
     def _finish(self, version: str, whose: str) -> None:
         """Finishes the top-level copies of the published `version` where its commit did not."""
-        done = finish_copies(self.output, version)
-        if done:
-            _LOGGER.warning(
-                "%s: finished the top-level files of version %s that %s left unwritten: %s",
-                self.output,
-                version,
-                whose,
-                ", ".join(done),
-            )
+        _finish_copies(self.output, version, whose)
 
     def _discard(self) -> None:
         """Deletes what this unpublished run wrote. Rejected rows stay (until the next run) so
@@ -283,6 +269,49 @@ class Publication:
             _delete_entry(self.output, version)
             log = _LOGGER.warning if why.startswith("left") else _LOGGER.info
             log("%s: removed version %s (%d files), %s", self.output, version, n, why)
+
+
+def _owner(version: str, config: ConvertConfig) -> dict[str, Any]:
+    """The lock's record of the run holding it."""
+    return {
+        "run_id": version,
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "started": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "command": list(config.command),
+    }
+
+
+def _finish_copies(output: str, version: str, whose: str) -> None:
+    done = finish_copies(output, version)
+    if done:
+        _LOGGER.warning(
+            "%s: finished the top-level files of version %s that %s left unwritten: %s",
+            output,
+            version,
+            whose,
+            ", ".join(done),
+        )
+
+
+def finish_interrupted_commit(state: OutputState, version: str, config: ConvertConfig) -> None:
+    """A version committed by a run killed before it wrote `_SUCCESS` (past the commit point, its
+    copies not written): finished under the lock at once, so that a run refused or up to date
+    still leaves the published bundle whole. While another run holds the lock, that run does it."""
+    if state.version is None or exists(layout.join(state.output, layout.SUCCESS)):
+        return
+    try:
+        lease = Lease.acquire(layout.lock_path(state.output), _owner(version, config))
+    except OutputLocked:
+        return
+    try:
+        now = read_state(state.output)
+        for name in now.temporaries:  # what it staged; no other run writes while the lock is held
+            delete_files([layout.join(now.output, name)])
+        if now.version is not None:
+            _finish_copies(now.output, now.version, "the run that published it")
+    finally:
+        lease.release()
 
 
 def _delete_entry(output: str, version: str) -> None:

@@ -17,6 +17,7 @@ from recordforge.storage import exists, list_files, open_read, read_bytes
 from recordforge.tfrecord import RecordChunk, data_crc_mismatches
 from recordforge.tools.scan import ShardResult, scan_shards
 from recordforge.tools.wire import BYTES, FLOAT, INT64, NONE, Batch, KeyTable, decode_batch, kind_name
+from recordforge.transforms.commit import committed_versions
 
 __all__ = ["verify"]
 
@@ -206,7 +207,7 @@ def _count_problems(meta: dict[str, Any]) -> list[str]:
 def _damaged(out: str, what: str) -> str:
     """The line for a manifest that is gone or unreadable, naming what the journal still knows."""
     journal = sorted(layout.relative(p, layout.journal_dir(out)) for p in list_files(layout.journal_dir(out)))
-    committed = [v for v in journal if exists(layout.join(out, v, layout.METADATA))]
+    committed = committed_versions(out, journal)
     if not committed:
         return f"{what}: the published version cannot be found"
     return (

@@ -11,7 +11,7 @@ from recordforge import crashpoints, layout
 from recordforge.layout import METADATA, SUCCESS, TOP_COPIES
 from recordforge.storage import delete_files, exists, is_local, read_bytes, write_atomically
 
-__all__ = ["commit", "finish_copies", "is_temporary", "replaced_version"]
+__all__ = ["commit", "committed_versions", "finish_copies", "is_temporary", "replaced_version"]
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -23,6 +23,15 @@ def is_temporary(name: str) -> bool:
     """True for a temporary file RecordForge writes beside one of its top-level files."""
     match = _TEMPORARY.match(name)
     return bool(match) and match.group("name") in layout.TOP_FILES
+
+
+def committed_versions(output: str, journal: list[str]) -> list[str]:
+    """The versions of the run journal that were committed here, told without `metadata.json`
+    (when it is lost): a version's own manifest is written before the commit point, so it takes
+    `_SUCCESS` too, which only a commit writes, to say that one of them was published."""
+    if not exists(layout.join(output, SUCCESS)):
+        return []
+    return [v for v in journal if exists(layout.join(output, v, METADATA))]
 
 
 def replaced_version(output: str, version: str) -> str | None:
