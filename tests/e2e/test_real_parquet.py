@@ -198,3 +198,19 @@ def test_parquet_and_csv_forms_of_one_table_give_the_same_records(tmp_path: Path
         spec = json.loads((tmp_path / f"i_{form}" / "feature_spec.json").read_text())
         written[form] = {name: entry["dtype"] for name, entry in spec.items()}
     assert written["csv"] == written["parquet"] and sorted(written["csv"]) == sorted(inferred)
+
+
+def test_times_of_day_as_large_strings_convert_and_a_bad_one_is_rejected(tmp_path: Path) -> None:
+    # Polars writes text as large_string.
+    cells = ["00:00:00", "10:00:01", None, "23:59:59", "25:00:00"]
+    pq.write_table(
+        pa.table({"id": range(5), "tod": pa.array(cells, pa.large_string())}), tmp_path / "t.parquet"
+    )
+    (tmp_path / "s.yaml").write_text(
+        "features:\n  - {name: id, type: int64, nulls: required}\n  - {name: tod, type: time, unit: s}\n"
+    )
+    args = ["--source", str(tmp_path / "t.parquet"), "--schema", str(tmp_path / "s.yaml")]
+    meta = run([*args, "--output", str(tmp_path / "out"), "--max_rejected", "1"])
+    assert (meta["rows_written"], meta["rejected_by_rule"]) == (4, {"type": 1})
+    got = {r["id"][0]: r.get("tod") for r in tf_records(tmp_path / "out")}
+    assert got == {0: [0], 1: [36001], 2: None, 3: [86399]}

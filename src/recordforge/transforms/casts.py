@@ -219,7 +219,8 @@ def _times(arr: pa.Array, f: Feature, file: str, failures: list[Failure]) -> pa.
     if pa.types.is_integer(src):
         return _checked_cast(arr, lambda a: pc.cast(a, pa.int64()), "type", what, failures)
     if _is_text(src):
-        day = pc.binary_join_element_wise(pa.scalar("1970-01-01 "), arr, pa.scalar(""))
+        # The prefix and separator take the column's own string type (large_string from Polars).
+        day = pc.binary_join_element_wise(pa.scalar("1970-01-01 ", src), arr, pa.scalar("", src))
         found: list[Failure] = []
         ts = _checked_cast(day, lambda a: pc.cast(a, pa.timestamp(unit)), "type", what, found)
         failures.extend(Failure(x.indices, x.rule, x.reason.replace("'1970-01-01 ", "'")) for x in found)
