@@ -107,3 +107,18 @@ def test_every_public_name_is_in_its_modules_all() -> None:
             missing.append(f"{path.relative_to(root)}: no __all__")
         missing += [f"{path.relative_to(root)}: {name}" for name in public if listed and name not in listed]
     assert not missing, missing
+
+
+def test_a_callers_failure_after_the_commit_is_raised_not_swallowed(tmp_path: Path) -> None:
+    import apache_beam as beam
+
+    pq.write_table(taxi_table(100, seed=4), tmp_path / "t.parquet")
+    out = str(tmp_path / "out")
+    p = beam.Pipeline()
+    conversion = recordforge.add_conversion(p, str(tmp_path / "t.parquet"), out, "examples/taxi.yaml")
+    with pytest.raises(ValueError, match="the caller's own failure"):
+        with conversion.publishing():
+            p.run().wait_until_finish()
+            raise ValueError("the caller's own failure")
+    # The bundle it committed stands, whole.
+    assert conversion.published()["num_records"] == 100 and recordforge.verify(out) == []

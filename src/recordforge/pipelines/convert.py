@@ -446,7 +446,10 @@ def _run_once(
     """Builds and runs one attempt under the output's lock; returns the metadata it published."""
     try:
         build(pipeline, config, inputs)
-        with Publication(config) as publication, _progress(pipeline.options, inputs):
+        with (
+            Publication(config, published_is_success=True) as publication,
+            _progress(pipeline.options, inputs),
+        ):
             assert publication.state is not None
             # Another run may have published since `state` was read: it decides again.
             if config.if_changed and publication.state.version != state.version:

@@ -187,13 +187,17 @@ class Publication:
     before the lock is released (after it, another run may already have replaced it).
     """
 
-    def __init__(self, config: ConvertConfig) -> None:
+    def __init__(self, config: ConvertConfig, *, published_is_success: bool = False) -> None:
+        """`published_is_success`: a failure after this run's commit is logged, not raised (the
+        run is the whole pipeline, and it has published); a pipeline of the caller's own keeps
+        its failures, whatever our bundle's fate."""
         if config.version is None:
             raise ValueError("a publication needs the run's version")
         self.output = config.output.rstrip("/")
         self.version = config.version
         self._config = config
         self._lease: Lease | None = None
+        self._published_is_success = published_is_success
         self.state: OutputState | None = None  # the output under the lock, before the run
         self.published: dict[str, Any] | None = None  # this run's metadata.json, once committed
 
@@ -232,7 +236,7 @@ class Publication:
             crashpoints.reached("cleaned")
         finally:
             self._lease.release()
-        if exc is not None and isinstance(exc, Exception):
+        if exc is not None and isinstance(exc, Exception) and self._published_is_success:
             _LOGGER.warning(
                 "%s: version %s is published; after its commit the run failed: %s",
                 self.output,
