@@ -202,3 +202,23 @@ def test_a_column_empty_in_the_first_block_takes_the_type_of_its_later_cells(tmp
     assert (meta["rows_written"], meta["rows_rejected"]) == (rows, 0)
     got = {r["id"][0]: r.get("later") for r in records(tmp_path / "out")}
     assert got == {i: None if i < rows - 2 else [i * 2] for i in range(rows)}
+
+
+def test_a_bad_cell_in_a_later_file_is_a_bad_row_not_a_second_run(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Types are inferred from the first file, whose types hold; the second file's bad cell is the
+    # row's fault, as it would be with types read from every row of the first file.
+    (tmp_path / "a.csv").write_text("id,n\n" + "".join(f"{i},{i * 3}\n" for i in range(50)))
+    (tmp_path / "b.csv").write_text("id,n\n50,7\n51,abc\n52,9\n")
+    out = tmp_path / "out"
+    with caplog.at_level("WARNING", logger="recordforge"):
+        meta = run(["--source", str(tmp_path / "*.csv"), "--output", str(out), "--max_rejected", "5"])
+    assert not [r for r in caplog.records if "converts again" in r.getMessage()]
+    assert (meta["rows_written"], meta["rejected_by_rule"]) == (52, {"type": 1})
+    (line,) = [
+        json.loads(x)
+        for p in (published_root(out) / "_rejected").glob("*.jsonl")
+        for x in p.read_text().splitlines()
+    ]
+    assert (line["file"], line["row"], line["column"]) == (str(tmp_path / "b.csv"), 2, "n")

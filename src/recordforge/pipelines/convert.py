@@ -503,9 +503,12 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
     try:
         return _run_once(pipeline, config, inputs, state)
     except Exception as exn:
-        if not inputs.plan.retype or TypesChanged.MARKER not in str(exn):
+        retype_file = inputs.plan.retype_file
+        if not retype_file or TypesChanged.MARKER not in str(exn):
             raise
-        where = re.search(r"[^\s:]+, row \d+, column '.*?': " + TypesChanged.MARKER, str(exn))
+        where = re.search(
+            re.escape(retype_file) + r", row \d+, column '.*?': " + TypesChanged.MARKER, str(exn)
+        )
         _LOGGER.warning(
             "%s; the run published nothing, and converts again with types inferred from every row",
             where.group(0) if where else TypesChanged.MARKER,

@@ -45,7 +45,7 @@ class Inputs:
 def resolve_inputs(config: ConvertConfig, *, first_rows: bool = False) -> Inputs:
     """Expands the patterns (no match is an error) and compiles the declared or inferred schema.
     An inferred CSV schema takes its types from every row of the first file, or with
-    `first_rows` from its first block, to be checked as the run converts (Plan.retype)."""
+    `first_rows` from its first block, to be checked as the run converts (Plan.retype_file)."""
     if config.source_format == "images" and format_from_path(config.sources[0]) is None:
         # A folder of images: labels from folder names.
         folder = list_image_folder(config.sources[0])
@@ -118,4 +118,4 @@ def resolve_plan(
     )
     for note in schema.notes:
         _LOGGER.warning("inferred schema: %s", note)
-    return dataclasses.replace(compile_schema(schema), retype=retype)
+    return dataclasses.replace(compile_schema(schema), retype_file=first_file if retype else None)

@@ -160,9 +160,10 @@ class Plan:
     csv_column_types: dict[str, pa.DataType]
     feature_spec: dict[str, dict[str, Any]]
     fingerprint: str
-    # CSV column types inferred from a file's first rows only: a cell one cannot hold raises
-    # TypesChanged (convert then infers them from every row and runs again) instead of a bad row.
-    retype: bool = False
+    # The CSV file whose column types were inferred from its first rows only: a cell of it that
+    # one cannot hold raises TypesChanged (convert then infers them from every row and runs
+    # again) instead of being a bad row. A bad cell of any other file is a bad row.
+    retype_file: str | None = None
 
     @property
     def features(self) -> tuple[Feature, ...]:

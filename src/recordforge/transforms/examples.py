@@ -33,11 +33,11 @@ NAMESPACE = "recordforge"
 REJECTED = "rejected"
 
 
-def _check_types(rejected: list[Any]) -> None:
-    """A cell of the wrong type, with types inferred from the first rows only: the inference, not
-    the row, is wrong (TypesChanged)."""
+def _check_types(rejected: list[Any], retype_file: str) -> None:
+    """A cell of the wrong type in the file whose types were inferred from its first rows only:
+    the inference, not the row, is wrong (TypesChanged)."""
     for bad in rejected:
-        if bad.rule == "type":
+        if bad.rule == "type" and bad.file == retype_file:
             raise TypesChanged(f"{bad.file}, row {bad.row}, column {bad.column!r}: {TypesChanged.MARKER}")
 
 
@@ -80,8 +80,8 @@ class _ToExamplesFn(beam.DoFn):
             read=element.read,
         )
         if result.rejected:
-            if self._plan.retype:
-                _check_types(result.rejected)
+            if self._plan.retype_file:
+                _check_types(result.rejected, self._plan.retype_file)
             if self._strict:
                 raise result.rejected[0].error()
             self._rows_rejected.inc(len(result.rejected))
