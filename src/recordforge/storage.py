@@ -69,14 +69,23 @@ def delete_tree(folder: str) -> int:
 
 
 def delete_files(paths: list[str]) -> None:
-    """Deletes these files; one already gone is not an error (a retried step deletes it twice)."""
-    fs = _fs()
+    """Deletes these files; one already gone is not an error (a retried step deletes it twice).
+    Object-store files go in one batch, one by one only when some were gone already."""
+    remote = []
     for path in paths:
         if is_local(path):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)
-        elif fs.exists(path):
-            fs.delete([path])
+        else:
+            remote.append(path)
+    if remote:
+        fs = _fs()
+        try:
+            fs.delete(remote)
+        except Exception:  # noqa: BLE001 - some were gone already: delete the rest one by one
+            for path in remote:
+                if fs.exists(path):
+                    fs.delete([path])
 
 
 def exists(path: str) -> bool:

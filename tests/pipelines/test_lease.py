@@ -270,3 +270,21 @@ def test_reclaiming_a_lock_already_reclaimed_never_lets_a_third_run_in(
     assert removed == [False] and (_read(path) or {})["run_id"] == "v-y"
     holder.release()
     assert _read(path) is None
+
+
+def test_without_hard_links_the_lock_is_created_in_place(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import errno
+
+    def no_links(src: str, dst: str) -> None:
+        raise OSError(errno.EPERM, "Operation not permitted")  # as on exFAT and some FUSE mounts
+
+    monkeypatch.setattr(os, "link", no_links)
+    path = f"{tmp_path}/out/_recordforge/lock"
+    with Lease.acquire(path, _owner("v-first-ab12")):
+        with pytest.raises(OutputLocked) as caught:
+            Lease.acquire(path, _owner("v-second-cd34"))
+        assert str(caught.value) == _message(path, "v-first-ab12", os.getpid())
+    assert _read(path) is None
+    assert sorted(p.name for p in (tmp_path / "out" / "_recordforge").iterdir()) == ["lock.guard"]

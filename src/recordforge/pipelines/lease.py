@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import errno
 import fcntl
 import json
 import logging
@@ -95,6 +96,10 @@ def _stale_reason(seen: _Seen, stale_after: float) -> str | None:
     return None
 
 
+# What link(2) answers on a filesystem that has no hard links.
+_NO_HARD_LINKS = {errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS, errno.EXDEV}
+
+
 class _LocalLock:
     """A lock file linked into place once written; heartbeat is its mtime; removals hold a guard."""
 
@@ -121,8 +126,26 @@ class _LocalLock:
                 os.link(aside, self.path)
             except FileExistsError:
                 return False
+            except OSError as exn:
+                if exn.errno not in _NO_HARD_LINKS:
+                    raise
+                return self._create_in_place(content)
         finally:
             os.unlink(aside)
+        self._content = content
+        return True
+
+    def _create_in_place(self, content: bytes) -> bool:
+        """Where the filesystem has no hard links (exFAT, some FUSE and SMB mounts): created
+        exclusively, then written; a run that reads it in between sees a lock being written."""
+        try:
+            fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            return False
+        with os.fdopen(fd, "wb") as f:
+            f.write(content)
+            f.flush()
+            os.fsync(f.fileno())
         self._content = content
         return True
 

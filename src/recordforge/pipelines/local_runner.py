@@ -393,7 +393,9 @@ def _arrow_threads(workers: int) -> int:
     time switching between threads). `OMP_NUM_THREADS`, which Arrow reads, still decides if set."""
     if "OMP_NUM_THREADS" in os.environ:
         return 0
-    return max(1, len(os.sched_getaffinity(0)) // max(1, workers))
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    # Beam reads --direct_num_workers=0 as one worker per core.
+    return max(1, cores // (workers or os.cpu_count() or 1))
 
 
 def _run_beam_worker(env: dict[str, str], arrow_threads: int = 0) -> None:
