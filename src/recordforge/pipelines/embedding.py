@@ -30,7 +30,6 @@ from recordforge.layout import new_version
 from recordforge.pipelines.config import ConvertConfig
 from recordforge.pipelines.options import ConvertOptions, check_flags
 from recordforge.pipelines.publishing import (
-    OutputState,
     Publication,
     check_output_path,
     check_state,
@@ -65,7 +64,6 @@ class Conversion:
     """A conversion added to a pipeline; publish it by running the pipeline inside `publishing()`."""
 
     config: ConvertConfig
-    expected: OutputState  # the output as it was when the conversion was added
     done: beam.PCollection  # the output path, once the bundle is published
     # The metadata.json committed, read under the lock (after it another run may replace it).
     _committed: list[dict[str, Any]] = dataclasses.field(default_factory=list, compare=False, repr=False)
@@ -116,4 +114,4 @@ def add_conversion(
     check_state(state, overwrite=config.overwrite, if_changed=False)
     config = dataclasses.replace(config, version=new_version())
     done = build(pipeline, config, resolve_inputs(config))
-    return Conversion(config, state, done)
+    return Conversion(config, done)
