@@ -1,14 +1,21 @@
-"""read_ahead: a source's items produced on a thread, with the consumer's semantics unchanged."""
+"""The Parquet source: ReadParquet on its own in a TestPipeline, and read_ahead (a source's items
+produced on a thread, with the consumer's semantics unchanged)."""
 
 from __future__ import annotations
 
 import gc
+import json
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 
+import apache_beam as beam
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
+from apache_beam.testing.util import assert_that, equal_to
 
-from recordforge.transforms.sources import read_ahead
+from recordforge.transforms.sources import ReadParquet, read_ahead
 
 
 def _threads() -> list[threading.Thread]:
@@ -58,3 +65,30 @@ def test_a_consumer_that_stops_early_stops_and_closes_the_producer() -> None:
     del reader
     gc.collect()
     assert _threads() == []
+
+
+def test_read_parquet_gives_every_row_once_in_batches_that_know_where_they_start(
+    pipeline: beam.Pipeline, tmp_path: Path
+) -> None:
+    path = tmp_path / "t.parquet"
+    pq.write_table(pa.table({"id": list(range(400))}), path, row_group_size=300)
+    read = pipeline | ReadParquet([str(path)], batch_size=128)
+    spans = read["batches"] | beam.Map(lambda b: (b.file, b.first_row, b.batch.column("id").to_pylist()))
+    starts = [0, 128, 256, 300]  # row group 0 (300 rows) in batches of 128, then row group 1
+    ends = [128, 256, 300, 400]
+    assert_that(
+        spans, equal_to([(str(path), s, list(range(s, e))) for s, e in zip(starts, ends, strict=True)])
+    )
+    pipeline.run().wait_until_finish()
+
+
+def test_read_parquet_lists_an_unreadable_file_when_asked(pipeline: beam.Pipeline, tmp_path: Path) -> None:
+    good, bad = tmp_path / "a.parquet", tmp_path / "b.parquet"
+    pq.write_table(pa.table({"id": [1, 2]}), good)
+    bad.write_bytes(good.read_bytes()[:20])
+    read = pipeline | ReadParquet([str(tmp_path / "*.parquet")], skip_unreadable=True)
+    ids = read["batches"] | beam.FlatMap(lambda b: b.batch.column("id").to_pylist())
+    assert_that(ids, equal_to([1, 2]), label="rows")
+    files = read["unreadable"] | beam.Map(lambda line: json.loads(line)["file"])
+    assert_that(files, equal_to([str(bad)]), label="unreadable")
+    pipeline.run().wait_until_finish()
