@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import glob
 import os
+import shutil
 import uuid
 from typing import IO, Any
 
@@ -20,6 +21,7 @@ __all__ = [
     "literal",
     "open_read",
     "read_bytes",
+    "stage_local",
     "write_atomically",
 ]
 
@@ -55,16 +57,10 @@ def delete_tree(folder: str) -> int:
     """Deletes every file below `folder` and, on local disks, the folders; returns the files
     deleted. Deleting what is already gone is not an error (a retried step does it twice)."""
     files = list_files(folder)
-    fs = _fs()
-    if files:
-        try:
-            fs.delete(files)
-        except Exception:  # noqa: BLE001 - some were gone already: delete the rest one by one
-            for f in files:
-                if fs.exists(f):
-                    fs.delete([f])
+    delete_files(files)
     if is_local(folder) and os.path.isdir(folder):
-        fs.delete([folder])
+        with contextlib.suppress(FileNotFoundError):  # gone already: a retried step
+            shutil.rmtree(folder)
     return len(files)
 
 
@@ -104,6 +100,22 @@ def read_bytes(path: str) -> bytes:
         return f.read()
 
 
+def stage_local(path: str, data: bytes) -> str:
+    """`data` written in full and synced to a temporary name beside the local `path` (the name
+    `{path}.tmp-{32 hex}`), which it returns; nothing is left if writing fails."""
+    tmp = f"{path}.tmp-{uuid.uuid4().hex}"
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return tmp
+
+
 def write_atomically(path: str, data: bytes) -> None:
     """A reader sees the old file or the new one, whole, never part of one. Locally: a temporary
     name beside `path`, then rename(2), which replaces atomically. On an object store an upload
@@ -113,12 +125,8 @@ def write_atomically(path: str, data: bytes) -> None:
             f.write(data)
         return
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    tmp = f"{path}.tmp-{uuid.uuid4().hex}"
+    tmp = stage_local(path, data)
     try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):

@@ -9,7 +9,7 @@ import re
 
 from recordforge import crashpoints, layout
 from recordforge.layout import METADATA, SUCCESS, TOP_COPIES
-from recordforge.storage import delete_files, exists, is_local, read_bytes, write_atomically
+from recordforge.storage import delete_files, exists, is_local, read_bytes, stage_local, write_atomically
 
 __all__ = ["commit", "committed_versions", "finish_copies", "is_temporary", "replaced_version"]
 
@@ -54,21 +54,6 @@ def replaced_version(output: str, version: str) -> str | None:
     return found
 
 
-def _stage(path: str, data: bytes) -> str:
-    """`data` written and synced beside `path` under a temporary name."""
-    tmp = f"{path}.tmp-{os.urandom(16).hex()}"
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    return tmp
-
-
 def commit(output: str, manifest: bytes, files: dict[str, bytes]) -> None:
     """Publishes a version whose files are all in place. The top-level metadata.json is the
     commit point: replaced atomically, it moves readers from the old version to the new one at
@@ -85,7 +70,7 @@ def commit(output: str, manifest: bytes, files: dict[str, bytes]) -> None:
     if is_local(output):
         try:
             for name, data in wanted.items():
-                staged[name] = _stage(layout.join(output, name), data)
+                staged[name] = stage_local(layout.join(output, name), data)
         except BaseException:
             for tmp in staged.values():
                 os.unlink(tmp)
