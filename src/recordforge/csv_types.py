@@ -76,6 +76,22 @@ def promoted(current: pa.DataType, value: str | None) -> pa.DataType:
     return pa.string()
 
 
+class _NotStamps(Exception):
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self.name = name
+
+
+def _check_stamps(text: pa.Array, name: str, t: pa.TimestampType) -> None:
+    # Imported here: the casts import the schema package, which imports this module's importer.
+    from recordforge.transforms.casts import parse_timestamps
+
+    try:
+        parse_timestamps(text, t.unit)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        raise _NotStamps(name) from None
+
+
 def file_types(open_file: Callable[[], IO[bytes]], first: pa.Schema) -> pa.Schema:
     """The types of every column of a CSV file, given `first`, the schema Arrow infers from its
     first block: each column that is not text there is read over every row with its type, and a
@@ -88,16 +104,28 @@ def file_types(open_file: Callable[[], IO[bytes]], first: pa.Schema) -> pa.Schem
     out = {f.name: f.type for f in first}
     names = first.names
     while types:
+        # Timestamp columns are read as text and parsed as the conversion parses them, so that
+        # the types decided here are those it converts with: it takes cells with and without a
+        # zone offset in one column, which Arrow's reader would make text.
+        stamps = {n: t for n, t in types.items() if pa.types.is_timestamp(t)}
+        read_as = {n: pa.string() if n in stamps else t for n, t in types.items()}
         try:
             with open_file() as f:
                 reader = pacsv.open_csv(
                     f,
                     read_options=pacsv.ReadOptions(use_threads=True),
-                    **_options(types, include_columns=list(types)),
+                    **_options(read_as, include_columns=list(types)),
                 )
-                for _ in reader:
-                    pass
+                for batch in reader:
+                    for name, t in stamps.items():
+                        _check_stamps(batch.column(name), name, t)
             break
+        except _NotStamps as exn:
+            # The next rung of Arrow's ladder: nanoseconds for seconds, else no timestamp at all.
+            t = stamps[exn.name]
+            out[exn.name] = types[exn.name] = pa.timestamp("ns", tz=t.tz) if t.unit != "ns" else pa.string()
+            if pa.types.is_string(out[exn.name]):
+                del types[exn.name]
         except pa.ArrowInvalid as exn:
             message = str(exn)
             found = _COLUMN.match(message)

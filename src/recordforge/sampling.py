@@ -134,16 +134,31 @@ def read_sample(path: str, fmt: str, rows: int) -> pa.Table:
                     if rows <= 0:
                         break
                 return pa.Table.from_batches(batches, schema=pf.schema_arrow)
-            reader = csv_reader(f, dict(zip(whole.names, whole.types, strict=True)))
+            # Timestamps as text, parsed as the conversion parses them (zoned and naive cells in
+            # one column, which Arrow's typed read refuses; csv_types.file_types decided so).
+            stamps = {f.name: f.type for f in whole if pa.types.is_timestamp(f.type)}
+            types = {f.name: pa.string() if f.name in stamps else f.type for f in whole}
+            reader = csv_reader(f, types)
             batches = []
             for batch in reader:
                 batches.append(batch)
                 rows -= batch.num_rows
                 if rows <= 0:
                     break
-            return with_json_lists(pa.Table.from_batches(batches, schema=reader.schema))
+            table = pa.Table.from_batches(batches, schema=reader.schema)
+            return with_json_lists(_parsed_stamps(table, stamps))
     except Exception as exn:
         raise SourceError(f"{path}: cannot read a sample as {fmt}: {exn}") from exn
+
+
+def _parsed_stamps(table: pa.Table, stamps: dict[str, pa.DataType]) -> pa.Table:
+    from recordforge.transforms.casts import parse_timestamps
+
+    for name, t in stamps.items():
+        i = table.schema.get_field_index(name)
+        text = table.column(i).combine_chunks()
+        table = table.set_column(i, name, parse_timestamps(text, t.unit).cast(t))
+    return table
 
 
 def read_arrow_schema(path: str, fmt: str, *, every_row: bool = True) -> pa.Schema:

@@ -222,3 +222,27 @@ def test_a_bad_cell_in_a_later_file_is_a_bad_row_not_a_second_run(
         for x in p.read_text().splitlines()
     ]
     assert (line["file"], line["row"], line["column"]) == (str(tmp_path / "b.csv"), 2, "n")
+
+
+def test_a_column_mixing_naive_and_zoned_timestamps_is_one_type_for_convert_and_infer_schema(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    # The first block (1 MiB) holds naive cells only; the zoned one comes after it.
+    rows = 45_000
+    lines = [f"{i},2013-01-01 10:00:{i % 60:02d}" for i in range(rows - 1)] + [
+        f"{rows - 1},2013-01-01 12:00:00+02:00"
+    ]
+    source = tmp_path / "mixed.csv"
+    source.write_text("id,at\n" + "\n".join(lines) + "\n")
+    assert b"+02:00" not in source.read_bytes()[: 1 << 20]
+    with caplog.at_level("WARNING", logger="recordforge"):
+        meta = convert(source, tmp_path / "out")
+    assert not [r for r in caplog.records if "converts again" in r.getMessage()]
+    assert (meta["rows_written"], meta["rows_rejected"]) == (rows, 0)
+    written = {r["id"][0]: r["at"][0] for r in records(tmp_path / "out")}
+    epoch = int(dt.datetime(2013, 1, 1, 10, 0, tzinfo=_UTC).timestamp())
+    assert written[rows - 1] == epoch and written[7] == epoch + 7  # 12:00+02:00 is 10:00 UTC
+    schema = yaml.safe_load((tmp_path / "out" / "schema.yaml").read_text())
+    assert cli_main(["infer-schema", str(source)]) == 0
+    assert yaml.safe_load(capsys.readouterr().out)["features"] == schema["features"]
+    assert {f["name"]: f["type"] for f in schema["features"]}["at"] == "timestamp"

@@ -18,7 +18,7 @@ import pyarrow.compute as pc
 from recordforge.errors import SourceError
 from recordforge.schemas.model import DType, ExampleKind, Feature
 
-__all__ = ["Failure", "cast_values"]
+__all__ = ["Failure", "cast_values", "parse_timestamps"]
 
 _INT64_MAX = 2**63 - 1
 _CONVERSION_ERRORS = (pa.ArrowInvalid, pa.ArrowTypeError)
@@ -208,6 +208,12 @@ def _timestamps(unit: str) -> Callable[[pa.Array], pa.Array]:
         return pc.if_else(has_zone, moved, kept)
 
     return fn
+
+
+def parse_timestamps(text: pa.Array, unit: str) -> pa.Array:
+    """CSV timestamp text as the conversion reads it (empty cells null, a zone offset converted,
+    no offset taken as UTC); raises ArrowInvalid at a cell that is no timestamp in `unit`."""
+    return _timestamps(unit)(_empty_text_to_null(text))
 
 
 def _times(arr: pa.Array, f: Feature, file: str, failures: list[Failure]) -> pa.Array:
