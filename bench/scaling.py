@@ -158,45 +158,44 @@ def _interleaved(plan: dict[str, int]) -> list[str]:
     return order
 
 
+def _measure(
+    log: Log, cases: dict[str, tuple[int, list[str]]], source: str, out: str, rows: int, schema: str
+) -> None:
+    """Each case (runs, flags) converts `source` its number of times, the cases in rounds; then
+    one line per case."""
+    for case in _interleaved({name: runs for name, (runs, _) in cases.items()}):
+        log.add(case, rows, run_once(source, out, rows, ["--schema", schema, *cases[case][1]]))
+    for case in cases:
+        print(log.line(case, rows), flush=True)
+
+
 def _parquet(args: argparse.Namespace, w: str, schema: str, log: Log) -> None:
     rows = args.rows
     source = ensure_table(os.path.join(w, f"table-{rows}.parquet"), rows)
-    flags = {f"parquet {n}w": workers(n) for n in _rounds(args.rounds)}
-    plan = {f"parquet {n}w": k for n, k in _rounds(args.rounds).items()}
+    cases = {f"parquet {n}w": (k, workers(n)) for n, k in _rounds(args.rounds).items()}
     if args.default_rounds:
-        flags["parquet default"] = []
-        plan["parquet default"] = args.default_rounds
+        cases["parquet default"] = (args.default_rounds, [])
     print(f"1. Parquet, {rows:,} rows", flush=True)
-    for case in _interleaved(plan):
-        log.add(
-            case,
-            rows,
-            run_once(source, os.path.join(w, "out-parquet"), rows, ["--schema", schema, *flags[case]]),
-        )
-    one = log.median("parquet 1w") if "parquet 1w" in log.results else None
-    for case in plan:
-        speedup = f"  {one / log.median(case):5.2f}x 1 worker" if one else ""
-        print(log.line(case, rows) + speedup, flush=True)
+    _measure(log, cases, source, os.path.join(w, "out-parquet"), rows, schema)
+    if "parquet 1w" in log.results:
+        one = log.median("parquet 1w")
+        print("vs 1 worker: " + ", ".join(f"{c} {one / log.median(c):.2f}x" for c in cases), flush=True)
     if args.half_rows and args.max_workers in _rounds(args.rounds):
         # Fixed cost per run: T(N) = fixed + N / rate, so fixed = 2 T(N/2) - T(N) at the same workers.
         half = ensure_table(os.path.join(w, f"table-{args.half_rows}.parquet"), args.half_rows)
         case = f"parquet {args.max_workers}w half"
-        for _ in range(2):
-            log.add(
-                case,
-                args.half_rows,
-                run_once(
-                    half,
-                    os.path.join(w, "out-half"),
-                    args.half_rows,
-                    ["--schema", schema, *workers(args.max_workers)],
-                ),
-            )
+        _measure(
+            log,
+            {case: (2, workers(args.max_workers))},
+            half,
+            os.path.join(w, "out-half"),
+            args.half_rows,
+            schema,
+        )
         full = log.median(f"parquet {args.max_workers}w")
         part = log.median(case)
         scale = rows / args.half_rows
         fixed = (scale * part - full) / (scale - 1)
-        print(log.line(case, args.half_rows), flush=True)
         print(
             f"{args.max_workers} workers: fixed cost per run ~{fixed:.2f} s, marginal rate "
             f"~{(rows - args.half_rows) / (full - part):,.0f} rows/s",
@@ -214,16 +213,11 @@ def _csv(args: argparse.Namespace, w: str, schema: str, log: Log) -> None:
         f"(written in {time.perf_counter() - t:.1f} s)",
         flush=True,
     )
-    plan = {"csv 1w": args.csv_one_rounds, f"csv {args.max_workers}w": args.csv_many_rounds}
-    flags = {"csv 1w": workers(1), f"csv {args.max_workers}w": workers(args.max_workers)}
-    for case in _interleaved(plan):
-        log.add(
-            case,
-            rows,
-            run_once(one_file, os.path.join(w, "out-csv"), rows, ["--schema", schema, *flags[case]]),
-        )
-    for case in plan:
-        print(log.line(case, rows), flush=True)
+    cases = {
+        "csv 1w": (args.csv_one_rounds, workers(1)),
+        f"csv {args.max_workers}w": (args.csv_many_rounds, workers(args.max_workers)),
+    }
+    _measure(log, cases, one_file, os.path.join(w, "out-csv"), rows, schema)
     print(
         f"one CSV file, {args.max_workers} workers vs 1: "
         f"{log.median('csv 1w') / log.median(f'csv {args.max_workers}w'):.2f}x",
@@ -284,16 +278,11 @@ def _dask(args: argparse.Namespace, w: str, schema: str, log: Log) -> None:
             client.wait_for_workers(n, timeout=120)
         print(f"3. Dask: {n} single-threaded workers up in {time.perf_counter() - t:.1f} s", flush=True)
         dask = ["--runner", "DaskRunner", "--dask_client_address", address]
-        plan = {f"local {n}w (vs dask)": args.dask_rounds, f"dask {n}w": args.dask_rounds}
-        flags = {f"local {n}w (vs dask)": workers(n), f"dask {n}w": dask}
-        for case in _interleaved(plan):
-            log.add(
-                case,
-                rows,
-                run_once(source, os.path.join(w, "out-dask"), rows, ["--schema", schema, *flags[case]]),
-            )
-        for case in plan:
-            print(log.line(case, rows), flush=True)
+        cases = {
+            f"local {n}w (vs dask)": (args.dask_rounds, workers(n)),
+            f"dask {n}w": (args.dask_rounds, dask),
+        }
+        _measure(log, cases, source, os.path.join(w, "out-dask"), rows, schema)
         print(
             f"Dask / local, {n} workers: "
             f"{log.median(f'dask {n}w') / log.median(f'local {n}w (vs dask)'):.2f}x",
