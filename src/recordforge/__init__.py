@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 # google-cloud-storage fetches each bucket's metadata in a background thread, only to label
@@ -27,27 +28,37 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
+    import apache_beam as beam
     import tensorflow as tf
+
+    from recordforge.pipelines.embedding import Conversion
 
 
 def convert(
-    source: str | list[str], output: str, schema: str | None = None, **options: Any
+    source: str | Sequence[str], output: str, schema: str | None = None, **flags: Any
 ) -> dict[str, Any]:
     """Converts `source` (a pattern, an image folder, or a list of them) to TFRecords and a bundle
-    at `output`, as `recordforge convert` does, and returns the published metadata.json. Options
-    are the CLI's flags by name: `convert("t/*.parquet", "out", num_shards=4, overwrite=True,
-    splits="train=8,eval=2")`; Beam's pipeline options too (`direct_num_workers=2`). A misspelt
-    option raises UsageError, as the CLI refuses it."""
-    from recordforge.pipelines.convert import run
-    from recordforge.pipelines.embedding import flags_argv
+    at `output`, as `recordforge convert` does, and returns the published metadata.json.
 
-    argv = flags_argv(source, output, schema, options)
-    return run(argv)
+    Flags are the CLI's by name, as Python values: `convert("t/*.parquet", "out", num_shards=4,
+    overwrite=True, splits="train=8,eval=2")`; Beam's pipeline options too
+    (`direct_num_workers=2`). A misspelt name or a value of the wrong type raises `UsageError`; a
+    bad row (without --max_rejected) raises `DataError`, a bad schema `SchemaError`, an input that
+    matches nothing `SourceError`: all `recordforge.errors.RecordForgeError`, each with the one
+    line the CLI prints."""
+    from recordforge.pipelines.convert import convert as _convert
+    from recordforge.pipelines.resolve import request_from_kwargs
+
+    return _convert(request_from_kwargs(source, output, schema, flags))[1]
 
 
 def add_conversion(
-    pipeline: Any, source: str | list[str], output: str, schema: str | None = None, **options: Any
-) -> Any:
+    pipeline: beam.Pipeline,
+    source: str | Sequence[str],
+    output: str,
+    schema: str | None = None,
+    **flags: Any,
+) -> Conversion:
     """Adds a conversion to a Beam pipeline of one's own; run that pipeline inside the returned
     conversion's `publishing()` to publish the bundle, then `published()` gives metadata.json:
 
@@ -57,7 +68,7 @@ def add_conversion(
     """
     from recordforge.pipelines.embedding import add_conversion as _add
 
-    return _add(pipeline, source, output, schema, **options)
+    return _add(pipeline, source, output, schema, **flags)
 
 
 def read(

@@ -5,26 +5,21 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import re
 import signal
 import sys
 import threading
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any, NoReturn
 
 from recordforge import __version__, startup
-from recordforge import errors as _errors
 from recordforge.errors import Interrupted, RecordForgeError, SourceError, UsageError
+from recordforge.unwrap import chain, from_worker, strip_step
 
 __all__ = ["console", "main"]
 
 _DEBUG_ENV = "RECORDFORGE_DEBUG"
 _INTERRUPTED = "interrupted: nothing published; the last published bundle is intact"
-# How a RecordForge exception raised in a Beam worker reaches the driver: as text inside a
-# RuntimeError, `recordforge.errors.DataError: <message> [while running 'Step']`.
-_WRAPPED = re.compile(r"recordforge\.errors\.(\w+): (.+)")
-_WHILE_RUNNING = re.compile(r"(?: \[while running '[^']*'\])+$")
 
 _USAGE = """recordforge COMMAND [flags]
 
@@ -87,16 +82,16 @@ def _convert(argv: list[str]) -> int:
         from recordforge.pipelines.options import check_flags
 
         check_flags(argv)  # before the pipeline module is even imported: a typo fails fast
-        from recordforge.pipelines.convert import run
+        from recordforge.pipelines.convert import convert
+        from recordforge.pipelines.resolve import request_from_argv
 
-    meta = run(argv)
-    if meta.get("dry_run"):
+    run, meta = convert(request_from_argv(argv))
+    if run is None:
         from recordforge.pipelines.dryrun import format_summary
 
         print("\n".join(format_summary(meta)))
         return 0
-    out = next((argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--output"), None)
-    out = out or next(a.split("=", 1)[1] for a in argv if a.startswith("--output="))
+    out = run.output  # spans resolved: the folder written, not the pattern given
     print(
         f"wrote {_plural(meta['num_records'], 'record')} in {_plural(len(meta['shards']), 'shard')} to {out}"
     )
@@ -276,19 +271,6 @@ def _drop_beam_errors(record: logging.LogRecord) -> bool:
     return not (record.name.startswith("apache_beam") and record.levelno >= logging.ERROR)
 
 
-def _chain(exn: BaseException) -> Iterator[BaseException]:
-    """The exception, then its causes and contexts, each once."""
-    seen: set[int] = set()
-    todo = [exn]
-    while todo:
-        e = todo.pop(0)
-        if id(e) in seen:
-            continue
-        seen.add(id(e))
-        yield e
-        todo.extend(c for c in (e.__cause__, e.__context__) if c is not None)
-
-
 def _one_line(text: str) -> str:
     """A message as one line: a list of problems (a schema's, say) joined with '; '."""
     lines = [line.strip() for line in str(text).splitlines() if line.strip()]
@@ -300,32 +282,19 @@ def _one_line(text: str) -> str:
     return head + (" " if head.endswith(":") else "; ") + "; ".join(rest)
 
 
-def _strip_step(message: str) -> str:
-    return _WHILE_RUNNING.sub("", message.rstrip())
-
-
 def _describe(exn: BaseException) -> tuple[str, int]:
     """(the one line to print after `error: `, the exit code) for an exception that ended a command."""
-    chain = list(_chain(exn))
-    for e in chain:
-        if isinstance(e, RecordForgeError):
-            return _strip_step(_one_line(str(e))), 2 if isinstance(e, UsageError) else 1
-    for e in chain:
-        # Beam's text holds the worker's traceback too: the wrapped message is the last such line.
-        found = [m for m in map(_WRAPPED.search, str(e).splitlines()) if m]
-        if found:
-            name, message = found[-1].group(1), found[-1].group(2)
-            cls = getattr(_errors, name, None)
-            code = 2 if isinstance(cls, type) and issubclass(cls, UsageError) else 1
-            return _strip_step(message.strip()), code
-    for e in chain:
+    ours = from_worker(exn)
+    if ours is not None:
+        return strip_step(_one_line(str(ours))), 2 if isinstance(ours, UsageError) else 1
+    for e in chain(exn):
         if isinstance(e, OSError):
             if e.filename is not None and e.strerror:
                 return f"{e.filename}: {e.strerror}", 1
             return _one_line(str(e)), 1
         if type(e).__module__.startswith("pyarrow") and isinstance(e, KeyError | ValueError):
             # ArrowKeyError is a KeyError: str() would quote it.
-            return _strip_step(_one_line(str(e.args[0]) if e.args else type(e).__name__)), 1
+            return strip_step(_one_line(str(e.args[0]) if e.args else type(e).__name__)), 1
     first = _one_line(str(exn))
     return (
         f"internal error: {type(exn).__name__}: {first} (run with --debug for the traceback)",

@@ -17,6 +17,7 @@ from conftest import assert_beam_reads, published_root, read_with_tf
 import recordforge
 from recordforge.pipelines.config import ConvertConfig
 from recordforge.pipelines.convert import build
+from recordforge.pipelines.resolve import resolve
 
 SCHEMA = {
     "features": [
@@ -133,7 +134,7 @@ def _run(tmp_path: Any, pipeline: Any, sources: list[str], **kw: Any) -> str:
     schema_path.write_text(yaml.safe_dump(SCHEMA))
     output = str(tmp_path / "out")
     config = ConvertConfig(sources=tuple(sources), output=output, schema_path=str(schema_path), **kw)
-    build(pipeline, config)
+    build(pipeline, resolve(pipeline.options, config, look_at_output=False))
     pipeline.run().wait_until_finish()
     return output
 

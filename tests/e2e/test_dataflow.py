@@ -24,6 +24,7 @@ from recordforge.pipelines.convert import build, run
 from recordforge.pipelines.dryrun import dataflow_preflight
 from recordforge.pipelines.flags import FLAGS
 from recordforge.pipelines.options import ConvertOptions
+from recordforge.pipelines.resolve import resolve
 from recordforge.pipelines.template import template_metadata
 from recordforge.tfrecord import iter_records
 from recordforge.transforms.sources import expand_patterns
@@ -91,7 +92,14 @@ def test_dataflow_dry_run_builds_the_job_graph(parquet_source: str) -> None:
         ]
     )
     p = beam.Pipeline(options=options)
-    build(p, ConvertConfig(sources=(parquet_source,), output="gs://bucket/out"))
+    build(
+        p,
+        resolve(
+            p.options,
+            ConvertConfig(sources=(parquet_source,), output="gs://bucket/out"),
+            look_at_output=False,
+        ),
+    )
     result = p.run()
     assert result.state == "DONE"
     proto = p.runner.proto_pipeline
@@ -146,7 +154,7 @@ def test_dataflow_dry_run_with_tensorflow_transform(parquet_source: str, tmp_pat
         schema_path=str(tmp_path / "s.yaml"),
         splits="train=9,eval=1",
     )
-    build(p, config)
+    build(p, resolve(p.options, config, look_at_output=False))
     assert p.run().state == "DONE"
     names = {t.unique_name for t in p.runner.proto_pipeline.components.transforms.values()}
     for label in [
@@ -165,7 +173,14 @@ def test_dataflow_dry_run_with_tensorflow_transform(parquet_source: str, tmp_pat
 def test_dataflow_dry_run_stages_the_package(parquet_source: str) -> None:
     options = PipelineOptions([*DATAFLOW, "--dry_run=True", f"--setup_file={ROOT / 'setup.py'}"])
     p = beam.Pipeline(options=options)
-    build(p, ConvertConfig(sources=(parquet_source,), output="gs://bucket/out"))
+    build(
+        p,
+        resolve(
+            p.options,
+            ConvertConfig(sources=(parquet_source,), output="gs://bucket/out"),
+            look_at_output=False,
+        ),
+    )
     p.run()
     staged = [
         d.role_payload
@@ -245,7 +260,14 @@ def test_batches_and_records_get_coders_that_size_them_without_pickling(
     from recordforge.transforms.coders import ArrowCoder, SourceBatchCoder
 
     p = beam.Pipeline(options=PipelineOptions(pipeline_type_check=type_check))
-    build(p, ConvertConfig(sources=(parquet_source,), output=str(tmp_path / "out")))
+    build(
+        p,
+        resolve(
+            p.options,
+            ConvertConfig(sources=(parquet_source,), output=str(tmp_path / "out")),
+            look_at_output=False,
+        ),
+    )
     proto, context = p.to_runner_api(return_context=True)
     coders = {}
     for transform in proto.components.transforms.values():

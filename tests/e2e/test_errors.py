@@ -15,6 +15,7 @@ from apache_beam.testing.test_pipeline import TestPipeline
 from recordforge.errors import RecordForgeError, SourceError
 from recordforge.pipelines.config import ConvertConfig
 from recordforge.pipelines.convert import DEFAULT_RUNNER, build, run
+from recordforge.pipelines.resolve import resolve
 
 
 def _convert(tmp_path: Any, source: str, features: list[dict], **kw: Any) -> None:
@@ -24,7 +25,7 @@ def _convert(tmp_path: Any, source: str, features: list[dict], **kw: Any) -> Non
         sources=(source,), output=str(tmp_path / "out"), schema_path=str(schema), batch_size=4, **kw
     )
     p = TestPipeline(runner=DEFAULT_RUNNER)
-    build(p, config)
+    build(p, resolve(p.options, config, look_at_output=False))
     p.run().wait_until_finish()
 
 
@@ -85,7 +86,8 @@ def test_pattern_matching_nothing_fails_at_construction(tmp_path: Any) -> None:
     pattern = str(tmp_path / "nothing-*.parquet")
     config = ConvertConfig(sources=(pattern,), output=str(tmp_path / "out"))
     with pytest.raises(SourceError, match=re.escape(f"{pattern!r} matched no files")):
-        build(TestPipeline(runner=DEFAULT_RUNNER), config)
+        pipeline = TestPipeline(runner=DEFAULT_RUNNER)
+        build(pipeline, resolve(pipeline.options, config, look_at_output=False))
 
 
 def test_multi_threading_is_refused(tmp_path: Any) -> None:

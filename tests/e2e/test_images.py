@@ -238,6 +238,7 @@ def test_workers_convert_the_listing_the_pipeline_was_built_on(tmp_path: Path) -
 
     from recordforge.pipelines.config import ConvertConfig
     from recordforge.pipelines.convert import DEFAULT_RUNNER, build
+    from recordforge.pipelines.resolve import resolve
     from recordforge.transforms import image_folder
 
     written = mnist_folder(str(tmp_path / "digits"), per_class=2)
@@ -250,7 +251,14 @@ def test_workers_convert_the_listing_the_pipeline_was_built_on(tmp_path: Path) -
 
     out = tmp_path / "out"
     p = beam.Pipeline(runner=DEFAULT_RUNNER)
-    build(p, ConvertConfig(sources=(str(tmp_path / "digits"),), output=str(out), source_format="images"))
+    build(
+        p,
+        resolve(
+            p.options,
+            ConvertConfig(sources=(str(tmp_path / "digits"),), output=str(out), source_format="images"),
+            look_at_output=False,
+        ),
+    )
     late = tmp_path / "digits" / "train" / "0" / "late.png"
     Image.fromarray(np.zeros((28, 28), np.uint8), mode="L").save(late)
     image_folder.list_image_folder = counting
@@ -472,6 +480,7 @@ def test_a_folder_image_that_cannot_be_read_or_decoded_is_rejected_by_its_path(t
 
     from recordforge.pipelines.config import ConvertConfig
     from recordforge.pipelines.convert import DEFAULT_RUNNER, build
+    from recordforge.pipelines.resolve import resolve
 
     written = mnist_folder(str(tmp_path / "digits"), per_class=2)
     truncated = tmp_path / "digits" / "train" / "3" / "00000.png"
@@ -481,7 +490,7 @@ def test_a_folder_image_that_cannot_be_read_or_decoded_is_rejected_by_its_path(t
     config = ConvertConfig(
         sources=(str(tmp_path / "digits"),), output=str(out), source_format="images", max_rejected=2
     )
-    build(p, config)
+    build(p, resolve(p.options, config, look_at_output=False))
     gone = tmp_path / "digits" / "test" / "7" / "00000.png"
     gone.unlink()  # after the listing: the worker finds it missing
     p.run().wait_until_finish()

@@ -14,6 +14,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 
 from recordforge.pipelines.config import ConvertConfig
 from recordforge.pipelines.convert import build
+from recordforge.pipelines.resolve import resolve
 
 GBK = "beam:transform:group_by_key:v1"
 DATAFLOW = [
@@ -36,7 +37,7 @@ SMALL = {
 
 def _job(config: ConvertConfig) -> Any:
     p = beam.Pipeline(options=PipelineOptions(DATAFLOW))
-    build(p, config)
+    build(p, resolve(p.options, config, look_at_output=False))
     assert p.run().state == "DONE"
     return p.runner.proto_pipeline.components.transforms
 

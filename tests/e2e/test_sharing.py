@@ -22,7 +22,8 @@ import pytest
 from apache_beam.utils.windowed_value import WindowedValue
 
 from recordforge.pipelines.config import ConvertConfig
-from recordforge.pipelines.convert import _pipeline_options, build, run, worker_mode
+from recordforge.pipelines.convert import build, run, worker_mode
+from recordforge.pipelines.resolve import request_from_argv, resolve
 from recordforge.tfrecord import detect_compression, iter_records
 from recordforge.transforms.csv_ranges import whole
 from recordforge.transforms.csv_source import _ReadCsvFn
@@ -248,10 +249,15 @@ def test_how_workers_get_the_input(parquet_source: str, flags: list[str], mode: 
     """RecordForge's local runner reads row groups listed at construction, known to each worker
     from the start (no stage before the reads, no Reshuffle); any other runner lists them on
     workers and reshuffles them. The readers are given no mode: the runner decides."""
-    options = _pipeline_options(["--source", parquet_source, "--output", "/unused", *flags])
+    options = request_from_argv(["--source", parquet_source, "--output", "/unused", *flags]).options
     assert worker_mode(options) == mode
     pipeline = beam.Pipeline(options=options)
-    build(pipeline, ConvertConfig(sources=(parquet_source,), output="/unused"))
+    build(
+        pipeline,
+        resolve(
+            pipeline.options, ConvertConfig(sources=(parquet_source,), output="/unused"), look_at_output=False
+        ),
+    )
     names = {t.unique_name for t in pipeline.to_runner_api().components.transforms.values()}
     assert ("Read/Spread" in names) == ("Read/Files" in names) == (mode == SPREAD)
     reads: list[Any] = []

@@ -210,6 +210,7 @@ def test_on_dataflow_records_are_grouped_only_per_shard(parquet_source: str) -> 
 
     from recordforge.pipelines.config import ConvertConfig
     from recordforge.pipelines.convert import build
+    from recordforge.pipelines.resolve import resolve
 
     options = PipelineOptions(
         [
@@ -224,7 +225,7 @@ def test_on_dataflow_records_are_grouped_only_per_shard(parquet_source: str) -> 
     config = ConvertConfig(
         sources=(parquet_source,), output="gs://bucket/out", shuffle=True, splits="train=8,eval=2"
     )
-    build(p, config)
+    build(p, resolve(p.options, config, look_at_output=False))
     assert p.run().state == "DONE"
     names = [t.unique_name for t in p.runner.proto_pipeline.components.transforms.values()]
     groups = sorted(n for n in names if n.endswith("GroupShards"))

@@ -8,13 +8,12 @@ from dataclasses import dataclass
 from recordforge.errors import RecordForgeError
 from recordforge.pipelines.flags import FLAGS, FORMATS, default
 from recordforge.pipelines.options import ConvertOptions
-from recordforge.sampling import format_from_path
 from recordforge.schemas.plan import Plan
 from recordforge.tfrecord import Compression
 from recordforge.transforms.rolling import DEFAULT_SHARD_SIZE, parse_size
 from recordforge.transforms.splits import SplitSpec
 
-__all__ = ["ConvertConfig", "format_from_path", "parse_splits"]
+__all__ = ["ConvertConfig", "parse_splits"]
 
 
 def parse_splits(text: str, *, weighted: bool = True) -> tuple[tuple[str, int], ...]:
@@ -65,9 +64,7 @@ class ConvertConfig:
     split_salt: str = default("split_salt")
     preprocessing_fn: str | None = default("preprocessing_fn")
     analyze_split: str | None = default("analyze_split")
-    command: tuple[str, ...] = ()
-    # Set by run() for one run: the version folder it writes.
-    version: str | None = None
+    command: tuple[str, ...] = ()  # as given, for the lock's record of who holds it
 
     def __post_init__(self) -> None:
         problems = []

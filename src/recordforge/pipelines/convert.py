@@ -22,94 +22,58 @@ run() holds the output's lock around the run and deletes what a failed run wrote
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
 import math
 import os
-import re
 import shutil
 import sys
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import apache_beam as beam
 import pyarrow as pa
-from apache_beam.options.pipeline_options import (
-    DirectOptions,
-    GoogleCloudOptions,
-    PipelineOptions,
-    StandardOptions,
-    TestOptions,
-    TypeOptions,
-)
+from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
 
 from recordforge import layout, startup
 from recordforge.errors import RecordForgeError, TypesChanged
-from recordforge.layout import new_version, version_root
 from recordforge.pipelines.config import ConvertConfig
-from recordforge.pipelines.dryrun import dataflow_preflight
-from recordforge.pipelines.inputs import Inputs, input_fingerprint, resolve_inputs
-from recordforge.pipelines.options import ConvertOptions
+from recordforge.pipelines.inputs import Inputs
 from recordforge.pipelines.progress import Watch
-from recordforge.pipelines.publishing import (
-    OutputState,
-    Publication,
-    check_not_inside,
-    check_output_path,
-    check_state,
-    finish_interrupted_commit,
-    read_state,
+from recordforge.pipelines.publishing import Publication
+from recordforge.pipelines.resolve import (
+    DEFAULT_RUNNER,
+    Request,
+    Run,
+    request_from_argv,
+    resolve,
+    retyped,
 )
-from recordforge.schemas import Plan
 from recordforge.storage import is_local, list_files
 from recordforge.transforms.bundle import BundleSpec, RunFacts, WriteBundle, rule_of
 from recordforge.transforms.coders import declare_element_type
 from recordforge.transforms.csv_source import ReadCsv
 from recordforge.transforms.examples import REJECTED, ToExamples
-from recordforge.transforms.image_folder import ReadImageFolder
+from recordforge.transforms.image_folder import ImageFolder, ReadImageFolder
 from recordforge.transforms.rejects import WriteRejected
 from recordforge.transforms.sharing import SPREAD, work_plan
 from recordforge.transforms.sinks import WriteTFRecords
-from recordforge.transforms.sources import UNREADABLE, ReadParquet
-from recordforge.transforms.splits import SplitSpec, in_split
+from recordforge.transforms.sources import UNREADABLE, FileInfo, ReadParquet
+from recordforge.transforms.splits import in_split
+from recordforge.unwrap import from_worker
 
-__all__ = ["DEFAULT_RUNNER", "build", "run", "worker_mode"]
+if TYPE_CHECKING:  # tensorflow-transform is imported only by runs that preprocess
+    from recordforge.transforms.preprocess import Transformed
+
+__all__ = ["DEFAULT_RUNNER", "build", "convert", "run", "worker_mode"]
 
 _LOGGER = logging.getLogger(__name__)
-# A GCS object path as Dataflow takes it: gs://bucket/object, the bucket named as GCS allows.
-_GCS_PATH = re.compile(r"gs://[a-z0-9][-_a-z0-9.]{1,61}[a-z0-9]/.+", re.DOTALL)
-
-# Beam's FnApiRunner (what DirectRunner ends up using for batch pipelines, without first trying,
-# and offline failing, to download the Prism runner binary), with multi_processing workers that
-# are forked rather than started from scratch (pipelines/local_runner.py).
-DEFAULT_RUNNER = "recordforge.pipelines.local_runner.LocalRunner"
 
 
-@dataclasses.dataclass(frozen=True)
-class _Run:
-    """What the graph is built from, resolved and checked before any step is added."""
-
-    config: ConvertConfig
-    inputs: Inputs
-    version: str
-    root: str  # the version folder: everything the run writes goes below it (layout.py)
-    compression: str
-    splits: SplitSpec | None
-    shares: dict[str, float]  # each split's share of the input, where weights do not say it
-    preprocessing: bool  # the schema declares a `transform:`, or --preprocessing_fn is given
-    fit_split: str | None  # the split analyzers are fitted on (None: all rows)
-
-    @property
-    def plan(self) -> Plan:
-        return self.inputs.plan
-
-
-def build(
-    pipeline: beam.Pipeline, config: ConvertConfig, inputs: Inputs | None = None
-) -> beam.PCollection[str]:
-    """Adds the conversion to `pipeline`; returns a PCollection holding the output path once the
-    bundle is published. Input patterns and the schema are resolved now, not at run time (or
-    given: `inputs` as resolve_inputs(config) returned them, so that they are listed once)."""
-    run = _resolve(pipeline.options, config, inputs or resolve_inputs(config))
+def build(pipeline: beam.Pipeline, run: Run) -> beam.PCollection[str]:
+    """Adds the conversion `run` (pipelines/resolve.py) to `pipeline`; returns a PCollection
+    holding the output path once the bundle is published. Adds steps only: every check that can
+    fail before data moves was made when `run` was resolved."""
+    config = run.config
     source = pipeline | "Read" >> _read(run)
     batches = source["batches"]
     # SourceBatch: a pa.RecordBatch with its file and first row   [+ UNREADABLE files, REJECTED rows]
@@ -146,36 +110,7 @@ def build(
     )
 
 
-def _resolve(options: PipelineOptions, config: ConvertConfig, inputs: Inputs) -> _Run:
-    files, plan, folder = inputs.files, inputs.plan, inputs.folder
-    check_not_inside(config.output, [f.path for f in files], "the input")
-    if config.schema_path:
-        check_not_inside(config.output, [config.schema_path], "--schema")
-    version = config.version or new_version()
-    dataflow_preflight(options, config, files)
-    splits = config.split_spec(plan)
-    shares: dict[str, float] = {}
-    if splits is None and folder is not None and folder.splits:
-        # An image folder's split folders (train/, test/...) are its splits: shards apart, as
-        # with --splits, so that a training loop never reads the splits mixed.
-        splits = SplitSpec(tuple(folder.splits), (1,) * len(folder.splits), column="split")
-        for _, names, _, split in folder.groups:  # each split's share of the images, for sizing
-            shares[split] = shares.get(split, 0.0) + len(names) / max(1, folder.count)
-    preprocessing = plan.schema.has_transforms or bool(config.preprocessing_fn)
-    return _Run(
-        config=config,
-        inputs=inputs,
-        version=version,
-        root=version_root(config.output, version),
-        compression=config.resolved_compression(any(f.is_image for f in plan.features)),
-        splits=splits,
-        shares=shares,
-        preprocessing=preprocessing,
-        fit_split=config.fit_split(splits) if preprocessing else None,
-    )
-
-
-def _read(run: _Run) -> beam.PTransform:
+def _read(run: Run) -> beam.PTransform:
     """The source step: an image folder, Parquet or CSV files, each read with the columns the
     schema (and a split column) needs."""
     config, inputs = run.config, run.inputs
@@ -203,7 +138,7 @@ def _read(run: _Run) -> beam.PTransform:
     )
 
 
-def _preprocess(pipeline: beam.Pipeline, run: _Run, rows: beam.PCollection) -> Any:
+def _preprocess(pipeline: beam.Pipeline, run: Run, rows: beam.PCollection) -> Transformed:
     """tensorflow-transform over the conformed rows (transforms/preprocess.py)."""
     # Imported only here: plain conversions never load TensorFlow or tensorflow-transform.
     with startup.heavy_imports():
@@ -225,7 +160,7 @@ def _preprocess(pipeline: beam.Pipeline, run: _Run, rows: beam.PCollection) -> A
     )
 
 
-def _write_shards(run: _Run, examples: beam.PCollection, batches: beam.PCollection) -> beam.PCollection:
+def _write_shards(run: Run, examples: beam.PCollection, batches: beam.PCollection) -> beam.PCollection:
     """One writer per split ({version}/{split}/{split}-SSSSS-of-NNNNN), or one for all records
     ({version}/data-SSSSS-of-NNNNN); returns their ShardInfos."""
     config, splits = run.config, run.splits
@@ -270,7 +205,7 @@ def _write_shards(run: _Run, examples: beam.PCollection, batches: beam.PCollecti
     return written | "AllSplits" >> beam.Flatten()
 
 
-def _bundle_spec(run: _Run, transformed: Any) -> BundleSpec:
+def _bundle_spec(run: Run, transformed: Transformed | None) -> BundleSpec:
     """What the bundle step records: the plans, the sources, and the run's facts."""
     config, splits, folder, files = run.config, run.splits, run.inputs.folder, run.inputs.files
     transform = None
@@ -291,7 +226,7 @@ def _bundle_spec(run: _Run, transformed: Any) -> BundleSpec:
         compression=run.compression,
         command=config.command,
         facts=RunFacts(
-            input_fingerprint=input_fingerprint(files, run.plan, config),
+            input_fingerprint=run.inputs.fingerprint,
             span=config.span or None,
             labels=tuple(folder.labels) if folder is not None else None,
             splits=tuple(folder.splits) if folder is not None else None,
@@ -308,7 +243,9 @@ def _bundle_spec(run: _Run, transformed: Any) -> BundleSpec:
     )
 
 
-def _deterministic_shards(files: list[Any], folder: Any, config: ConvertConfig, share: float) -> int:
+def _deterministic_shards(
+    files: list[FileInfo], folder: ImageFolder | None, config: ConvertConfig, share: float
+) -> int:
     """--deterministic without --num_shards: a shard per --shard_size of input (a split gets its
     share), or per 1,024 images of a folder whose listing gave no sizes. A function of the input
     and the flags alone, as the output's bytes must be."""
@@ -329,43 +266,8 @@ def _nothing(_: object) -> list[str]:
     return []
 
 
-def _with_span(config: ConvertConfig) -> ConvertConfig:
-    """Resolves {YYYY}/{MM}/{DD}/{SPAN} in --source and --output to one span."""
-    from recordforge.pipelines.spans import has_tokens, resolve_span, substitute
-
-    if not any(has_tokens(p) for p in (*config.sources, config.output)):
-        if config.span:
-            raise RecordForgeError("--span given, but no pattern has {YYYY}, {MM}, {DD} or {SPAN}")
-        return config
-    span = resolve_span([p for p in config.sources if has_tokens(p)], config.span or "latest")
-    _LOGGER.warning("span %s: %s", span.label(), span.values)
-    return dataclasses.replace(
-        config,
-        sources=tuple(substitute(p, span) for p in config.sources),
-        output=substitute(config.output, span),
-        span=span.label(),
-    )
-
-
-def _unchanged(config: ConvertConfig, state: OutputState) -> tuple[dict[str, Any] | None, Inputs | None]:
-    """The published metadata when --if_changed finds nothing to do, and the inputs it resolved."""
-    if state.published is None:
-        return None, None
-    inputs = resolve_inputs(config)
-    return _same_inputs(config, state, inputs), inputs
-
-
-def _same_inputs(config: ConvertConfig, state: OutputState, inputs: Inputs) -> dict[str, Any] | None:
-    """The published metadata when it was made from these inputs, schema and settings."""
-    if state.published is None:
-        return None
-    if state.published.get("input_fingerprint") == input_fingerprint(inputs.files, inputs.plan, config):
-        return state.published
-    return None
-
-
-def _up_to_date(config: ConvertConfig, published: dict[str, Any]) -> dict[str, Any]:
-    _LOGGER.warning("%s is up to date (same inputs, schema and settings): nothing to do", config.output)
+def _up_to_date(run: Run, published: dict[str, Any]) -> dict[str, Any]:
+    _LOGGER.warning("%s is up to date (same inputs, schema and settings): nothing to do", run.output)
     return {**published, "skipped": True}
 
 
@@ -398,120 +300,68 @@ def _remove_if_empty(folder: str) -> None:
         shutil.rmtree(folder)
 
 
-def _pipeline_options(argv: list[str]) -> PipelineOptions:
-    from recordforge.errors import UsageError
-
-    options = PipelineOptions(argv)
-    standard = options.view_as(StandardOptions)
-    if standard.runner is None:
-        standard.runner = DEFAULT_RUNNER
-    elif "dask" in str(standard.runner).lower():
-        # Beam's own DaskRunner loses outputs; RecordForge's corrects it (pipelines/dask_runner.py).
-        from recordforge.pipelines.dask_runner import resolve_runner
-
-        standard.runner = resolve_runner(standard.runner) or standard.runner
-    if not any(a.split("=")[0] in ("--pipeline_type_check", "--no_pipeline_type_check") for a in argv):
-        # Beam's construction-time type check is a noticeable part of a small job and checks
-        # nothing here: elements are Arrow batches and dataclasses its hints cannot see.
-        options.view_as(TypeOptions).pipeline_type_check = False
-    if options.view_as(DirectOptions).direct_running_mode == "multi_threading":
-        raise RecordForgeError(
-            "--direct_running_mode=multi_threading is refused: Beam's multi-threaded mode was seen "
-            "to drop rows and still exit 0. Use in_memory (default) or multi_processing"
-        )
-    dataflow = "dataflow" in str(standard.runner).lower()
-    if options.view_as(TestOptions).dry_run and not dataflow:
-        # Only the Dataflow runner reads --dry_run: any other would run the pipeline for real.
-        raise UsageError(
-            "--dry_run=True builds a Dataflow job without submitting it: it needs --runner DataflowRunner"
-        )
-    if dataflow:
-        # Checked before Beam validates the options: without a valid gs:// temp location Beam
-        # tries to create a default bucket, which first waits on credential look-ups (and a dry
-        # run would then need the network).
-        temp = options.view_as(GoogleCloudOptions).temp_location
-        if not temp:
-            raise UsageError("--temp_location is required for Dataflow: a gs://bucket/path")
-        if not _GCS_PATH.fullmatch(temp):
-            raise UsageError(
-                f"--temp_location {temp!r}: not a gs://bucket/path (bucket names are lower-case "
-                "letters, digits, '-', '_' and '.')"
-            )
-    return options
-
-
-def _run_once(
-    pipeline: beam.Pipeline, config: ConvertConfig, inputs: Inputs, state: OutputState
-) -> dict[str, Any]:
-    """Builds and runs one attempt under the output's lock; returns the metadata it published."""
+def _run_once(run: Run) -> dict[str, Any]:
+    """Builds and runs `run` under the output's lock; returns the metadata it published. A
+    RecordForge error raised in a worker reaches the caller as itself (`errors.from_worker`),
+    not as the runner's wrapping of it."""
+    assert run.state is not None
+    pipeline = beam.Pipeline(options=run.options)
     try:
-        build(pipeline, config, inputs)
+        build(pipeline, run)
         with (
-            Publication(config, published_is_success=True) as publication,
-            _progress(pipeline.options, inputs),
+            Publication(run.config, run.version, published_is_success=True) as publication,
+            _progress(run.options, run.inputs),
         ):
             assert publication.state is not None
             # Another run may have published since `state` was read: it decides again.
-            if config.if_changed and publication.state.version != state.version:
-                published = _same_inputs(config, publication.state, inputs)
-                if published is not None:
-                    return _up_to_date(config, published)
-            pipeline.run().wait_until_finish()
+            if run.config.if_changed and publication.state.version != run.state.version:
+                published = publication.state.published
+                if published is not None and published.get("input_fingerprint") == run.inputs.fingerprint:
+                    return _up_to_date(run, published)
+            try:
+                pipeline.run().wait_until_finish()
+            except Exception as exn:
+                raised = from_worker(exn)
+                if raised is None:
+                    raise
+                raise raised from exn
     except BaseException:
-        _remove_if_empty(version_root(config.output, config.version))
+        _remove_if_empty(run.root)
         raise
     if publication.published is None:
-        raise RecordForgeError(f"{config.output.rstrip('/')}: the pipeline finished but published nothing")
+        raise RecordForgeError(f"{run.output}: the pipeline finished but published nothing")
     return publication.published
 
 
-def run(argv: list[str] | None = None) -> dict[str, Any]:
-    """Parses flags, runs the conversion, publishes it (pipelines/publishing.py), returns the
-    published metadata. Nothing in the output is touched until inputs, schema and flags have been
-    checked and the pipeline built. With --dry_run=True (Dataflow only), returns the summary of
-    the job built offline instead (pipelines/dryrun.py) and touches nothing in the output."""
-    from recordforge.errors import UsageError
-    from recordforge.pipelines.dryrun import dry_run
+def convert(request: Request) -> tuple[Run | None, dict[str, Any]]:
+    """Runs the conversion `request` asks for and publishes it (pipelines/publishing.py): the run
+    as resolved (None for a dry run) and the published metadata, or with --dry_run=True (Dataflow
+    only) the summary of the job built offline (pipelines/dryrun.py), the output untouched."""
+    if request.dry_run:
+        from recordforge.pipelines.dryrun import dry_run
 
-    argv = list(sys.argv[1:] if argv is None else argv)
-    options = _pipeline_options(argv)
-    config = _with_span(ConvertConfig.from_options(options.view_as(ConvertOptions), tuple(argv)))
-    check_output_path(config.output)
-    try:
-        pipeline = beam.Pipeline(options=options)  # Beam validates the options here
-    except ValueError as exn:
-        problems = str(exn).splitlines()[1:] or [str(exn)]
-        raise UsageError("invalid pipeline options: " + "; ".join(p.strip() for p in problems)) from exn
-    if options.view_as(TestOptions).dry_run:
         # The job is built offline and summarised; the output is not looked at (on gs:// even a
         # listing would need credentials), so --overwrite and --if_changed are not checked.
-        return dry_run(pipeline, dataclasses.replace(config, version=new_version()), build)
-    # Read before the lock, so that a refused or up-to-date run touches nothing and a mistake
-    # is found before building; Publication reads the state again under the lock.
-    state = read_state(config.output)
-    finish_interrupted_commit(state, new_version(), config)
-    inputs = None
-    if config.if_changed:
-        published, inputs = _unchanged(config, state)
-        if published is not None:
-            return _up_to_date(config, published)
-    check_state(state, overwrite=config.overwrite, if_changed=config.if_changed)
-    config = dataclasses.replace(config, version=new_version())
-    # CSV types from the first rows, checked as the run converts: a file whose types hold (most)
-    # is read once; one whose do not is converted again, with types from every row.
-    inputs = inputs or resolve_inputs(config, first_rows=True)
+        run = resolve(request.options, request.config, look_at_output=False)
+        return None, dry_run(beam.Pipeline(options=run.options), run, build)
+    run = resolve(request.options, request.config)
+    if run.up_to_date is not None:
+        return run, _up_to_date(run, run.up_to_date)
     try:
-        return _run_once(pipeline, config, inputs, state)
-    except Exception as exn:
-        retype_file = inputs.plan.retype_file
-        if not retype_file or TypesChanged.MARKER not in str(exn):
+        return run, _run_once(run)
+    except TypesChanged as exn:
+        if not run.plan.retype_file:
             raise
-        where = re.search(
-            re.escape(retype_file) + r", row \d+, column '.*?': " + TypesChanged.MARKER, str(exn)
-        )
         _LOGGER.warning(
-            "%s; the run published nothing, and converts again with types inferred from every row",
-            where.group(0) if where else TypesChanged.MARKER,
+            "%s; the run published nothing, and converts again with types inferred from every row", exn
         )
-        config = dataclasses.replace(config, version=new_version())
-        return _run_once(beam.Pipeline(options=options), config, resolve_inputs(config), state)
+        run = retyped(run)
+        return run, _run_once(run)
+
+
+def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    """Parses flags, runs the conversion, publishes it; returns the published metadata (or a dry
+    run's summary). Nothing in the output is touched until inputs, schema and flags have been
+    checked and the pipeline built."""
+    request = request_from_argv(sys.argv[1:] if argv is None else argv)
+    return convert(request)[1]

@@ -12,7 +12,7 @@ import logging
 import os
 from collections import Counter
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import apache_beam as beam
 from apache_beam.options.pipeline_options import (
@@ -24,11 +24,12 @@ from apache_beam.options.pipeline_options import (
 from apache_beam.portability import common_urns
 
 from recordforge.errors import RecordForgeError, UsageError
-from recordforge.layout import version_root
 from recordforge.pipelines.config import ConvertConfig
 from recordforge.pipelines.local_runner import dry_run_job, fused_stages
-from recordforge.schemas import load_schema
 from recordforge.storage import delete_tree, is_local
+
+if TYPE_CHECKING:  # resolve.py calls dataflow_preflight
+    from recordforge.pipelines.resolve import Run
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -47,40 +48,29 @@ def _kind(urn: str) -> str:
     return _KINDS.get(urn) or (urn.split(":")[-2] if urn.count(":") >= 2 else urn)
 
 
-def dry_run(
-    pipeline: beam.Pipeline,
-    config: ConvertConfig,
-    build: Callable[[beam.Pipeline, ConvertConfig], Any],
-) -> dict[str, Any]:
-    """Builds the Dataflow job for `config` on `pipeline` (whose options say DataflowRunner and
+def dry_run(pipeline: beam.Pipeline, run: Run, build: Callable[[beam.Pipeline, Run], Any]) -> dict[str, Any]:
+    """Builds the Dataflow job for `run` on `pipeline` (whose options say DataflowRunner and
     --dry_run=True) and returns its summary (`job_summary`, with "dry_run": True, the output and
     the job's name). Inputs and schema are resolved as for a run; the output is not looked at:
     no listing, no lock, and what building writes (tensorflow-transform's analyzers write
     temporary assets into the run's version folder) is deleted again."""
-    output = config.output.rstrip("/")
-    if not is_local(output) and _transforms(config):
+    config, output = run.config, run.output
+    if not is_local(output) and run.preprocessing:
         raise UsageError(
             "a dry run with tensorflow-transform writes the analyzers' temporary assets under "
             "--output while the job is built: give a local --output for the dry run"
         )
     made = _first_missing(output) if is_local(output) else None
     try:
-        build(pipeline, config)
+        build(pipeline, run)
         result = pipeline.run()
     finally:
         if is_local(output):
-            _undo(output, version_root(output, config.version), made)
+            _undo(output, run.root, made)
     proto, job_name = dry_run_job(pipeline, result)
     summary = job_summary(proto)
     summary.update(dry_run=True, output=config.output, job_name=job_name)
     return summary
-
-
-def _transforms(config: ConvertConfig) -> bool:
-    """Whether the job has a tensorflow-transform step (only a declared schema can ask for one)."""
-    if config.preprocessing_fn:
-        return True
-    return bool(config.schema_path) and load_schema(config.schema_path).has_transforms
 
 
 def _first_missing(folder: str) -> str | None:

@@ -7,39 +7,33 @@ import dataclasses
 import hashlib
 import json
 import logging
-from typing import Any
 
 import pyarrow as pa
 from apache_beam.io.filesystems import FileSystems
 
 from recordforge.errors import RecordForgeError
 from recordforge.pipelines.config import ConvertConfig
-from recordforge.sampling import format_from_path, never_null_columns, read_arrow_schema, read_sample
+from recordforge.sampling import format_from_path, never_null_columns, read_arrow_schema
 from recordforge.schemas import Plan, compile_schema, infer_schema, load_schema
 from recordforge.schemas.loader import dump_schema
-from recordforge.transforms.image_folder import folder_schema, list_image_folder
+from recordforge.transforms.image_folder import ImageFolder, folder_schema, list_image_folder
 from recordforge.transforms.sources import FileInfo, expand_patterns
 
-__all__ = [
-    "Inputs",
-    "resolve_inputs",
-    "input_fingerprint",
-    "resolve_plan",
-    "read_sample",
-    "read_arrow_schema",
-]
+__all__ = ["Inputs", "input_fingerprint", "resolve_inputs", "resolve_plan"]
 
 _LOGGER = logging.getLogger("recordforge.pipelines.convert")  # the messages users know
 
 
 @dataclasses.dataclass(frozen=True)
 class Inputs:
-    """The inputs as resolved at construction: files, format, plan, and an image folder."""
+    """The inputs as resolved at construction: files, format, plan, an image folder, and the
+    fingerprint of inputs, schema and output-changing flags (--if_changed compares it)."""
 
     files: list[FileInfo]
     fmt: str
     plan: Plan
-    folder: Any = None
+    fingerprint: str
+    folder: ImageFolder | None = None
 
 
 def resolve_inputs(config: ConvertConfig, *, first_rows: bool = False) -> Inputs:
@@ -55,11 +49,12 @@ def resolve_inputs(config: ConvertConfig, *, first_rows: bool = False) -> Inputs
         # The folder stands as one input: its names' digest, its size where the listing gave it.
         size = sum(folder.sizes) if folder.sizes is not None else None
         info = FileInfo(folder.root, size, folder.modified, digest=folder.digest)
-        return Inputs([info], "images", plan, folder)
+        return Inputs([info], "images", plan, input_fingerprint([info], plan, config), folder)
     files = expand_patterns(config.sources)
     fmt = _detect_format(files[0].path) if config.source_format in (None, "images") else config.source_format
     paths = [f.path for f in files]
-    return Inputs(files, fmt, resolve_plan(config, fmt, files[0].path, paths, first_rows=first_rows))
+    plan = resolve_plan(config, fmt, files[0].path, paths, first_rows=first_rows)
+    return Inputs(files, fmt, plan, input_fingerprint(files, plan, config))
 
 
 def input_fingerprint(files: list[FileInfo], plan: Plan, config: ConvertConfig) -> str:

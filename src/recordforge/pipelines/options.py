@@ -11,9 +11,9 @@ from typing import Any
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from recordforge.errors import UsageError
-from recordforge.pipelines.flags import FORMATS, add_flags
+from recordforge.pipelines.flags import add_flags
 
-__all__ = ["ConvertOptions", "FORMATS", "check_flags"]
+__all__ = ["ConvertOptions", "beam_flag_names", "check_flags"]
 
 
 class ConvertOptions(PipelineOptions):
@@ -109,3 +109,11 @@ def check_flags(argv: list[str]) -> None:
         f"unexpected argument(s) {stray}: each flag takes one value. If the shell expanded an "
         "unquoted pattern such as --source data/*.parquet, quote it: --source 'data/*.parquet'"
     )
+
+
+def beam_flag_names(dask: bool = False) -> set[str]:
+    """Every flag Beam would parse (`--name`), RecordForge's among them; with `dask`, the Dask
+    runner's too (declared only once its module is imported)."""
+    if dask:
+        _load_dask_options()
+    return set(_parser().flag_names)

@@ -187,14 +187,12 @@ class Publication:
     before the lock is released (after it, another run may already have replaced it).
     """
 
-    def __init__(self, config: ConvertConfig, *, published_is_success: bool = False) -> None:
-        """`published_is_success`: a failure after this run's commit is logged, not raised (the
-        run is the whole pipeline, and it has published); a pipeline of the caller's own keeps
-        its failures, whatever our bundle's fate."""
-        if config.version is None:
-            raise ValueError("a publication needs the run's version")
+    def __init__(self, config: ConvertConfig, version: str, *, published_is_success: bool = False) -> None:
+        """`version`: the folder the run writes. `published_is_success`: a failure after this
+        run's commit is logged, not raised (the run is the whole pipeline, and it has published);
+        a pipeline of the caller's own keeps its failures, whatever our bundle's fate."""
         self.output = config.output.rstrip("/")
-        self.version = config.version
+        self.version = version
         self._config = config
         self._lease: Lease | None = None
         self._published_is_success = published_is_success

@@ -1,0 +1,305 @@
+"""A conversion resolved once, before any step is added: the request, the frozen `Run`, and the one
+sequence that turns the first into the second."""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import logging
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from apache_beam.options.pipeline_options import (
+    DirectOptions,
+    GoogleCloudOptions,
+    PipelineOptions,
+    StandardOptions,
+    TestOptions,
+    TypeOptions,
+)
+
+from recordforge.errors import RecordForgeError, UsageError
+from recordforge.layout import new_version, version_root
+from recordforge.pipelines.config import ConvertConfig
+from recordforge.pipelines.dryrun import dataflow_preflight
+from recordforge.pipelines.flags import FLAGS, Flag
+from recordforge.pipelines.inputs import Inputs, resolve_inputs
+from recordforge.pipelines.options import ConvertOptions, beam_flag_names, check_flags
+from recordforge.pipelines.publishing import (
+    OutputState,
+    check_not_inside,
+    check_output_path,
+    check_state,
+    finish_interrupted_commit,
+    read_state,
+)
+from recordforge.schemas import Plan
+from recordforge.transforms.splits import SplitSpec
+
+__all__ = [
+    "DEFAULT_RUNNER",
+    "Request",
+    "Run",
+    "request_from_argv",
+    "request_from_kwargs",
+    "resolve",
+    "retyped",
+]
+
+_LOGGER = logging.getLogger("recordforge.pipelines.convert")  # the messages users know
+# A GCS object path as Dataflow takes it: gs://bucket/object, the bucket named as GCS allows.
+_GCS_PATH = re.compile(r"gs://[a-z0-9][-_a-z0-9.]{1,61}[a-z0-9]/.+", re.DOTALL)
+
+# Beam's FnApiRunner (what DirectRunner ends up using for batch pipelines, without first trying,
+# and offline failing, to download the Prism runner binary), with multi_processing workers that
+# are forked rather than started from scratch (pipelines/local_runner.py).
+DEFAULT_RUNNER = "recordforge.pipelines.local_runner.LocalRunner"
+
+
+@dataclasses.dataclass(frozen=True)
+class Request:
+    """What a caller asked for, checked as flags: Beam's pipeline options and RecordForge's flags,
+    with {YYYY}/{MM}/{DD}/{SPAN} tokens already resolved to one span."""
+
+    options: PipelineOptions
+    config: ConvertConfig
+
+    @property
+    def dry_run(self) -> bool:
+        return bool(self.options.view_as(TestOptions).dry_run)
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+    """One conversion as `build` adds it and `convert` publishes it; nothing in it changes after
+    `resolve`, and every check that can fail before data moves has been made."""
+
+    options: PipelineOptions
+    config: ConvertConfig  # the flags' values
+    inputs: Inputs  # files, format, plan, image folder, fingerprint
+    state: OutputState | None  # the output as read before the lock (None: not looked at)
+    version: str
+    root: str  # the version folder: everything the run writes goes below it (layout.py)
+    compression: str
+    splits: SplitSpec | None
+    shares: dict[str, float]  # each split's share of the input, where weights do not say it
+    preprocessing: bool  # the schema declares a `transform:`, or --preprocessing_fn is given
+    fit_split: str | None  # the split analyzers are fitted on (None: all rows)
+    up_to_date: dict[str, Any] | None = None  # --if_changed: the published metadata, if it is current
+
+    @property
+    def plan(self) -> Plan:
+        return self.inputs.plan
+
+    @property
+    def output(self) -> str:
+        """The output folder, spans resolved."""
+        return self.config.output.rstrip("/")
+
+
+def request_from_argv(argv: Sequence[str]) -> Request:
+    """A command line of `recordforge convert` (or of the Flex Template) as a request; a flag
+    neither RecordForge nor Beam knows is refused with the nearest known name."""
+    argv = list(argv)
+    check_flags(argv)
+    options = _pipeline_options(PipelineOptions(argv), explicit=argv)
+    config = ConvertConfig.from_options(options.view_as(ConvertOptions), tuple(argv))
+    return Request(options, _with_span(config))
+
+
+def request_from_kwargs(
+    source: str | Sequence[str],
+    output: str,
+    schema: str | None,
+    flags: Mapping[str, Any],
+    *,
+    beam_options: bool = True,
+) -> Request:
+    """A request from Python values: RecordForge's flags by name, checked against the flag table
+    (name, type, choices), and (with `beam_options`) Beam's pipeline options by name; no command
+    line is made."""
+    by_name = {f.name: f for f in FLAGS}
+    values: dict[str, Any] = {
+        "sources": (source,) if isinstance(source, str) else tuple(source),
+        "output": output,
+        "schema_path": schema,
+    }
+    beam_values: dict[str, Any] = {}
+    beam_names = beam_flag_names(any("dask" in name for name in flags)) - {f"--{f.name}" for f in FLAGS}
+    for name, value in flags.items():
+        flag = by_name.get(name)
+        if flag is not None and flag.dest not in ("sources", "output", "schema_path"):
+            values[flag.dest] = _typed(flag, value)
+        elif f"--{name}" in beam_names and beam_options:
+            beam_values[name] = value
+        elif f"--{name}" in beam_names:
+            raise UsageError(f"{name} is a Beam pipeline option: set it on the pipeline's own options")
+        else:
+            known = sorted({*by_name, *(n[2:] for n in beam_names)})
+            guesses = difflib.get_close_matches(name.replace("-", "_"), known, n=1)
+            hint = f"; did you mean {guesses[0]}?" if guesses else ""
+            raise UsageError(f"unknown option {name}{hint}")
+    command = ("recordforge.convert", *(f"{k}={v!r}" for k, v in flags.items()))
+    options = _pipeline_options(PipelineOptions([], **beam_values), explicit=list(beam_values))
+    return Request(options, _with_span(ConvertConfig(**values, command=command)))
+
+
+def _typed(flag: Flag, value: Any) -> Any:
+    """`value` for `flag`, checked: the type its parser returns (bool for a switch, int, float,
+    str), one of its choices, a list of them for a repeated flag."""
+    if flag.repeated:
+        items = [value] if isinstance(value, str) else list(value)
+        return tuple(_typed(dataclasses.replace(flag, repeated=False), v) for v in items)
+    if value is None and flag.default is None:
+        return None
+    expected: type | tuple[type, ...] = str
+    if flag.is_bool:
+        expected = bool
+    elif flag.type is int:
+        expected = int
+    elif flag.type is float:
+        expected = (int, float)
+    if not isinstance(value, expected) or (expected is int and isinstance(value, bool)):
+        names = expected.__name__ if isinstance(expected, type) else "a number"
+        raise UsageError(f"{flag.name}={value!r}: expected {names}")
+    if flag.choices is not None and value not in flag.choices:
+        raise UsageError(f"{flag.name}={value!r}: expected one of {', '.join(map(str, flag.choices))}")
+    return float(value) if flag.type is float else value
+
+
+def _pipeline_options(options: PipelineOptions, *, explicit: Sequence[str]) -> PipelineOptions:
+    """Beam's options with RecordForge's defaults (its local runner; no construction-time type
+    check unless asked for) and the combinations refused before Beam would act on them."""
+    standard = options.view_as(StandardOptions)
+    if standard.runner is None:
+        standard.runner = DEFAULT_RUNNER
+    elif "dask" in str(standard.runner).lower():
+        # Beam's own DaskRunner loses outputs; RecordForge's corrects it (pipelines/dask_runner.py).
+        from recordforge.pipelines.dask_runner import resolve_runner
+
+        standard.runner = resolve_runner(standard.runner) or standard.runner
+    if not any("pipeline_type_check" in a.split("=")[0] for a in explicit):
+        # Beam's construction-time type check is a noticeable part of a small job and checks
+        # nothing here: elements are Arrow batches and dataclasses its hints cannot see.
+        options.view_as(TypeOptions).pipeline_type_check = False
+    if options.view_as(DirectOptions).direct_running_mode == "multi_threading":
+        raise UsageError(
+            "--direct_running_mode=multi_threading is refused: Beam's multi-threaded mode can lose "
+            "rows and still succeed. Use in_memory (default) or multi_processing"
+        )
+    dataflow = "dataflow" in str(standard.runner).lower()
+    if options.view_as(TestOptions).dry_run and not dataflow:
+        # Only the Dataflow runner reads --dry_run: any other would run the pipeline for real.
+        raise UsageError(
+            "--dry_run=True builds a Dataflow job without submitting it: it needs --runner DataflowRunner"
+        )
+    if dataflow:
+        # Checked before Beam validates the options: without a valid gs:// temp location Beam
+        # tries to create a default bucket, which first waits on credential look-ups (and a dry
+        # run would then need the network).
+        temp = options.view_as(GoogleCloudOptions).temp_location
+        if not temp:
+            raise UsageError("--temp_location is required for Dataflow: a gs://bucket/path")
+        if not _GCS_PATH.fullmatch(temp):
+            raise UsageError(
+                f"--temp_location {temp!r}: not a gs://bucket/path (bucket names are lower-case "
+                "letters, digits, '-', '_' and '.')"
+            )
+    return options
+
+
+def _with_span(config: ConvertConfig) -> ConvertConfig:
+    """Resolves {YYYY}/{MM}/{DD}/{SPAN} in --source and --output to one span."""
+    from recordforge.pipelines.spans import has_tokens, resolve_span, substitute
+
+    if not any(has_tokens(p) for p in (*config.sources, config.output)):
+        if config.span:
+            raise RecordForgeError("--span given, but no pattern has {YYYY}, {MM}, {DD} or {SPAN}")
+        return config
+    span = resolve_span([p for p in config.sources if has_tokens(p)], config.span or "latest")
+    _LOGGER.warning("span %s: %s", span.label(), span.values)
+    return dataclasses.replace(
+        config,
+        sources=tuple(substitute(p, span) for p in config.sources),
+        output=substitute(config.output, span),
+        span=span.label(),
+    )
+
+
+def resolve(
+    options: PipelineOptions,
+    config: ConvertConfig,
+    *,
+    look_at_output: bool = True,
+    inputs: Inputs | None = None,
+) -> Run:
+    """The run `config` asks for, checked top to bottom before anything is written.
+
+    `look_at_output`: read the output's state (refusing to replace a published bundle unless
+    asked to, finishing a commit a killed run left, deciding --if_changed); a dry run and a test
+    of the graph alone do not. `inputs`: already resolved (a run converted again with every row's
+    types)."""
+    check_output_path(config.output)
+    state = None
+    if look_at_output:
+        # Read before the lock, so that a refused or up-to-date run touches nothing and a mistake
+        # is found before building; the publication reads the state again under the lock.
+        state = read_state(config.output)
+        finish_interrupted_commit(state, new_version(), config)
+        if not config.if_changed:
+            check_state(state, overwrite=config.overwrite, if_changed=False)
+    # CSV types from the first rows, checked as the run converts: a file whose types hold (most)
+    # is read once; one whose do not is converted again, with types from every row (`retyped`).
+    # --if_changed compares fingerprints, so it takes its types from every row at once.
+    if inputs is None:
+        inputs = resolve_inputs(config, first_rows=look_at_output and not config.if_changed)
+    if state is not None and config.if_changed:
+        if state.published is not None and state.published.get("input_fingerprint") == inputs.fingerprint:
+            return _run(options, config, inputs, state, up_to_date=state.published)
+        check_state(state, overwrite=config.overwrite, if_changed=True)
+    return _run(options, config, inputs, state)
+
+
+def retyped(run: Run) -> Run:
+    """`run` again under a new version, its CSV types inferred from every row of the file."""
+    return _run(run.options, run.config, resolve_inputs(run.config), run.state)
+
+
+def _run(
+    options: PipelineOptions,
+    config: ConvertConfig,
+    inputs: Inputs,
+    state: OutputState | None,
+    *,
+    up_to_date: dict[str, Any] | None = None,
+) -> Run:
+    files, plan, folder = inputs.files, inputs.plan, inputs.folder
+    check_not_inside(config.output, [f.path for f in files], "the input")
+    if config.schema_path:
+        check_not_inside(config.output, [config.schema_path], "--schema")
+    dataflow_preflight(options, config, files)
+    splits = config.split_spec(plan)
+    shares: dict[str, float] = {}
+    if splits is None and folder is not None and folder.splits:
+        # An image folder's split folders (train/, test/...) are its splits: shards apart, as
+        # with --splits, so that a training loop never reads the splits mixed.
+        splits = SplitSpec(tuple(folder.splits), (1,) * len(folder.splits), column="split")
+        for _, names, _, split in folder.groups:  # each split's share of the images, for sizing
+            shares[split] = shares.get(split, 0.0) + len(names) / max(1, folder.count)
+    preprocessing = plan.schema.has_transforms or bool(config.preprocessing_fn)
+    version = new_version()
+    return Run(
+        options=options,
+        config=config,
+        inputs=inputs,
+        state=state,
+        version=version,
+        root=version_root(config.output, version),
+        compression=config.resolved_compression(any(f.is_image for f in plan.features)),
+        splits=splits,
+        shares=shares,
+        preprocessing=preprocessing,
+        fit_split=config.fit_split(splits) if preprocessing else None,
+        up_to_date=up_to_date,
+    )
