@@ -86,7 +86,13 @@ def test_every_check_fails_in_resolve_before_anything_is_written(table: str, tmp
     )
     with pytest.raises(RecordForgeError, match="--split_key 'nope' is not a feature"):
         resolve(request.options, request.config)
-    inside = request_from_argv(["--source", table, "--output", str(tmp_path), "--overwrite"])
-    with pytest.raises(RecordForgeError, match="the input"):
-        resolve(inside.options, inside.config)
     assert not out.exists()
+    # A schema where publishing would replace it (a top-level file of the bundle).
+    out.mkdir()
+    (out / "metadata.json").write_text('{"features": [{"name": "x", "type": "int64"}]}')
+    inside = request_from_argv(
+        ["--source", table, "--output", str(out), "--schema", str(out / "metadata.json")]
+    )
+    with pytest.raises(RecordForgeError, match="--schema .* is where RecordForge writes its bundle"):
+        resolve(inside.options, inside.config, look_at_output=False)
+    assert sorted(p.name for p in out.iterdir()) == ["metadata.json"]
