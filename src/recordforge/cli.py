@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any, NoReturn
 
 from recordforge import __version__, startup
-from recordforge.errors import Interrupted, RecordForgeError, SourceError, UsageError
+from recordforge.errors import Interrupted, UsageError
 from recordforge.unwrap import chain, from_worker, strip_step
 
 __all__ = ["console", "main"]
@@ -134,27 +134,19 @@ def _infer_schema(argv: list[str]) -> int:
     # The default since float64 is narrowed by default, as convert infers it; still accepted.
     parser.add_argument("--narrow_float64", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    from recordforge.sampling import format_from_path, local_matches, never_null_columns, read_sample
-    from recordforge.schemas import dump_schema, infer_schema
+    from recordforge.pipelines.inputs import detect_format, inferred_schema
+    from recordforge.sampling import read_sample
+    from recordforge.schemas import dump_schema
     from recordforge.schemas.infer import sample_notes
-    from recordforge.storage import is_local
+    from recordforge.transforms.sources import expand_patterns
 
-    if is_local(args.source):  # without Beam, which object stores need
-        matches = local_matches(args.source)
-        if not matches:
-            raise SourceError(f"input pattern {args.source!r} matched no files")
-    else:
-        from recordforge.transforms.sources import expand_patterns
-
-        matches = [f.path for f in expand_patterns([args.source])]
+    # The files, the first of them and the types as `convert` finds them: pinning the printed
+    # schema with --schema changes nothing.
+    matches = [f.path for f in expand_patterns([args.source])]
     first = matches[0]
-    fmt = args.format or format_from_path(first)
-    if fmt is None:
-        raise RecordForgeError(f"cannot tell the format of {first} from its name; pass --format")
-    sample = read_sample(first, fmt, args.sample_rows)
-    # Dense where no file has a null, as convert infers it: pinning the schema changes nothing.
-    never_null = never_null_columns(matches) if fmt == "parquet" else frozenset()
-    schema = infer_schema(sample.schema, origin=first, lossless=args.lossless_float64, never_null=never_null)
+    fmt = args.format or detect_format(first)
+    schema, _ = inferred_schema(first, fmt, matches, lossless=args.lossless_float64)
+    sample = read_sample(first, fmt, args.sample_rows)  # for the comments (nulls, ranges)
     notes = "".join(f"# note: {n}\n" for n in schema.notes)
     header = f"# inferred from {first}; edit it and pass it with --schema\n{notes}"
     sys.stdout.write(dump_schema(schema, header=header, comments=sample_notes(schema, sample)))

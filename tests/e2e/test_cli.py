@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import subprocess
 import sys
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 import yaml
 
@@ -89,3 +92,22 @@ def test_user_errors_are_one_clear_line(tmp_path: Any) -> None:
     assert proc.returncode == 1
     assert "matched no files" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_infer_schema_prints_the_schema_convert_infers(tmp_path: Any, monkeypatch: Any) -> None:
+    """One inference for both: the same files matched (a pattern without a folder part too), the
+    same first file, the same dense columns (no null in any file) and CSV types from every row."""
+    from recordforge import cli
+
+    monkeypatch.chdir(tmp_path)
+    pq.write_table(pa.table({"a": [1, 2], "b": [None, "x"]}), "p-1.parquet")
+    pq.write_table(pa.table({"a": [3, None], "b": ["y", "z"]}), "p-2.parquet")
+    (tmp_path / "c.csv").write_text("n,t\n" + "1,a\n" * 3 + "2.5,b\n")
+    for pattern in ("p-*.parquet", "c.csv"):
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            assert cli.main(["infer-schema", pattern]) == 0
+        printed = yaml.safe_load(out.getvalue())
+        assert cli.main(["convert", "--source", pattern, "--output", f"out-{pattern[0]}"]) == 0
+        written = yaml.safe_load((tmp_path / f"out-{pattern[0]}" / "schema.yaml").read_text())
+        assert printed["features"] == written["features"], pattern

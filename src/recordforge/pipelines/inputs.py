@@ -14,12 +14,19 @@ from apache_beam.io.filesystems import FileSystems
 from recordforge.errors import RecordForgeError
 from recordforge.pipelines.config import ConvertConfig
 from recordforge.sampling import format_from_path, never_null_columns, read_arrow_schema
-from recordforge.schemas import Plan, compile_schema, infer_schema, load_schema
+from recordforge.schemas import Plan, Schema, compile_schema, infer_schema, load_schema
 from recordforge.schemas.loader import dump_schema
 from recordforge.transforms.image_folder import ImageFolder, folder_schema, list_image_folder
 from recordforge.transforms.sources import FileInfo, expand_patterns
 
-__all__ = ["Inputs", "input_fingerprint", "resolve_inputs", "resolve_plan"]
+__all__ = [
+    "Inputs",
+    "detect_format",
+    "inferred_schema",
+    "input_fingerprint",
+    "resolve_inputs",
+    "resolve_plan",
+]
 
 _LOGGER = logging.getLogger("recordforge.pipelines.convert")  # the messages users know
 
@@ -51,7 +58,7 @@ def resolve_inputs(config: ConvertConfig, *, first_rows: bool = False) -> Inputs
         info = FileInfo(folder.root, size, folder.modified, digest=folder.digest)
         return Inputs([info], "images", plan, input_fingerprint([info], plan, config), folder)
     files = expand_patterns(config.sources)
-    fmt = _detect_format(files[0].path) if config.source_format in (None, "images") else config.source_format
+    fmt = detect_format(files[0].path) if config.source_format in (None, "images") else config.source_format
     paths = [f.path for f in files]
     plan = resolve_plan(config, fmt, files[0].path, paths, first_rows=first_rows)
     return Inputs(files, fmt, plan, input_fingerprint(files, plan, config))
@@ -77,7 +84,8 @@ def input_fingerprint(files: list[FileInfo], plan: Plan, config: ConvertConfig) 
     return digest.hexdigest()
 
 
-def _detect_format(path: str) -> str:
+def detect_format(path: str) -> str:
+    """A source file's format from its name."""
     fmt = format_from_path(path)
     if fmt is None:
         raise RecordForgeError(f"cannot tell the format of {path} from its name; pass --format")
@@ -92,19 +100,12 @@ def resolve_plan(
     *,
     first_rows: bool = False,
 ) -> Plan:
-    """The declared schema, or one inferred from the first input file (and logged as YAML);
-    Parquet columns without a null in any of `files` are dense. A CSV file's types come from
-    every row, or with `first_rows` from its first block where no column there is all empty."""
+    """The declared schema, or one inferred from the input files (`inferred_schema`, logged as
+    YAML); with `first_rows` a CSV file's types from its first block, to be checked as the run
+    converts (Plan.retype_file)."""
     if config.schema_path:
         return compile_schema(load_schema(config.schema_path))
-    retype = False
-    if fmt == "csv" and first_rows:
-        arrow_schema = read_arrow_schema(first_file, fmt, every_row=False)
-        retype = not any(pa.types.is_null(t) for t in arrow_schema.types)
-    if not retype:
-        arrow_schema = read_arrow_schema(first_file, fmt)
-    never_null = never_null_columns(files or [first_file]) if fmt == "parquet" else frozenset()
-    schema = infer_schema(arrow_schema, origin=first_file, never_null=never_null)
+    schema, retype = inferred_schema(first_file, fmt, files or [first_file], first_rows=first_rows)
     _LOGGER.info(
         "No --schema given: inferred from %s (written to the bundle as schema.yaml; save it, edit "
         "it and pass it with --schema to pin it):\n%s",
@@ -114,3 +115,21 @@ def resolve_plan(
     for note in schema.notes:
         _LOGGER.warning("inferred schema: %s", note)
     return dataclasses.replace(compile_schema(schema), retype_file=first_file if retype else None)
+
+
+def inferred_schema(
+    first_file: str, fmt: str, files: list[str], *, lossless: bool = False, first_rows: bool = False
+) -> tuple[Schema, bool]:
+    """The schema inferred for a conversion of `files` (what `convert` without --schema and
+    `infer-schema` both print): types from the first file, every row of a CSV file (or, with
+    `first_rows`, its first block where no column there is all empty: then True, the types to be
+    checked as the run converts); Parquet columns without a null in any of `files` are dense."""
+    retype = False
+    if fmt == "csv" and first_rows:
+        arrow_schema = read_arrow_schema(first_file, fmt, every_row=False)
+        retype = not any(pa.types.is_null(t) for t in arrow_schema.types)
+    if not retype:
+        arrow_schema = read_arrow_schema(first_file, fmt)
+    never_null = never_null_columns(files) if fmt == "parquet" else frozenset()
+    schema = infer_schema(arrow_schema, origin=first_file, lossless=lossless, never_null=never_null)
+    return schema, retype
