@@ -123,14 +123,14 @@ def _read(run: Run) -> beam.PTransform:
         csv_types.setdefault(run.splits.column, pa.string())
     if inputs.fmt == "parquet":
         return ReadParquet(
-            config.sources,
+            list(config.sources),
             columns=columns,
             batch_size=config.batch_size,
             expanded=inputs.files,
             skip_unreadable=config.skip_unreadable_files,
         )
     return ReadCsv(
-        config.sources,
+        list(config.sources),
         column_types=csv_types,
         expanded=inputs.files,
         strict=config.strict,

@@ -77,8 +77,8 @@ def input_fingerprint(files: list[FileInfo], plan: Plan, config: ConvertConfig) 
     module = (config.preprocessing_fn or "").rpartition(":")[0]
     if module.endswith(".py"):  # the preprocessing code is an input too
         try:
-            with FileSystems.open(module) as f:
-                digest.update(f.read())
+            with FileSystems.open(module) as code:
+                digest.update(code.read())
         except OSError as exn:
             raise RecordForgeError(f"--preprocessing_fn: cannot load {module}: {exn}") from exn
     return digest.hexdigest()

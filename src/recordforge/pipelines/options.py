@@ -64,7 +64,8 @@ def _parser() -> _CheckingParser:
     classes = {f"{c.__module__}.{c.__qualname__}": c for c in _option_classes()}
     for cls in classes.values():
         try:
-            cls._add_argparse_args(parser)
+            # Beam types the parser as its own private subclass; any argparse parser serves.
+            cls._add_argparse_args(parser)  # type: ignore[arg-type]
         except argparse.ArgumentError:
             # A user-defined options class re-declaring a flag Beam declares: Beam's own parse
             # would fail on it the same way, later; its flags are not ours to check.

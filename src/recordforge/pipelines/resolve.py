@@ -145,10 +145,12 @@ def request_from_kwargs(
     return Request(options, _with_span(ConvertConfig(**values, command=command)))
 
 
-def _typed(flag: Flag, value: Any) -> Any:
+def _typed(flag: Flag, value: object) -> object:
     """`value` for `flag`, checked: the type its parser returns (bool for a switch, int, float,
     str), one of its choices, a list of them for a repeated flag."""
     if flag.repeated:
+        if not isinstance(value, str | list | tuple):
+            raise UsageError(f"{flag.name}={value!r}: expected a string or a list of them")
         items = [value] if isinstance(value, str) else list(value)
         return tuple(_typed(dataclasses.replace(flag, repeated=False), v) for v in items)
     if value is None and flag.default is None:
@@ -165,7 +167,9 @@ def _typed(flag: Flag, value: Any) -> Any:
         raise UsageError(f"{flag.name}={value!r}: expected {names}")
     if flag.choices is not None and value not in flag.choices:
         raise UsageError(f"{flag.name}={value!r}: expected one of {', '.join(map(str, flag.choices))}")
-    return float(value) if flag.type is float else value
+    if flag.type is float and isinstance(value, int | float):
+        return float(value)
+    return value
 
 
 def _pipeline_options(options: PipelineOptions, *, explicit: Sequence[str]) -> PipelineOptions:

@@ -4,6 +4,7 @@ to one span as TFX's ExampleGen does, without TFX."""
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from apache_beam.io.filesystems import FileSystems
@@ -88,7 +89,7 @@ def resolve_span(patterns: list[str], span: str) -> Span:
     if not found:
         raise SourceError(f"no span found: nothing matches {', '.join(patterns)}")
 
-    def order(values: tuple[tuple[str, str], ...]) -> tuple[int, ...]:
+    def order(values: Iterable[tuple[str, str]]) -> tuple[int, ...]:
         d = dict(values)
         return (int(d.get("SPAN", 0)), int(d.get("YYYY", 0)), int(d.get("MM", 0)), int(d.get("DD", 0)))
 
