@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any, NoReturn
 
 from recordforge import __version__, startup
-from recordforge.errors import Interrupted, UsageError
+from recordforge.errors import Interrupted, RecordForgeError, SourceError, UsageError
 from recordforge.unwrap import chain, from_worker, strip_step
 
 __all__ = ["console", "main"]
@@ -134,17 +134,27 @@ def _infer_schema(argv: list[str]) -> int:
     # The default since float64 is narrowed by default, as convert infers it; still accepted.
     parser.add_argument("--narrow_float64", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    from recordforge.pipelines.inputs import detect_format, inferred_schema
-    from recordforge.sampling import read_sample
+    from recordforge.sampling import format_from_path, read_sample
     from recordforge.schemas import dump_schema
-    from recordforge.schemas.infer import sample_notes
-    from recordforge.transforms.sources import expand_patterns
+    from recordforge.schemas.infer import inferred_schema, sample_notes
+    from recordforge.storage import is_local
 
     # The files, the first of them and the types as `convert` finds them: pinning the printed
-    # schema with --schema changes nothing.
-    matches = [f.path for f in expand_patterns([args.source])]
+    # schema with --schema changes nothing. Local patterns are matched without Beam, by its rules.
+    if is_local(args.source):
+        from recordforge.patterns import local_matches
+
+        matches = local_matches(os.path.abspath(args.source))
+        if not matches:
+            raise SourceError(f"input pattern {args.source!r} matched no files")
+    else:
+        from recordforge.transforms.sources import expand_patterns
+
+        matches = [f.path for f in expand_patterns([args.source])]
     first = matches[0]
-    fmt = args.format or detect_format(first)
+    fmt = args.format or format_from_path(first)
+    if fmt is None:
+        raise RecordForgeError(f"cannot tell the format of {first} from its name; pass --format")
     schema, _ = inferred_schema(first, fmt, matches, lossless=args.lossless_float64)
     sample = read_sample(first, fmt, args.sample_rows)  # for the comments (nulls, ranges)
     notes = "".join(f"# note: {n}\n" for n in schema.notes)

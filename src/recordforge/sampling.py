@@ -6,10 +6,8 @@ through Beam's filesystems (imported on first use)."""
 from __future__ import annotations
 
 import bz2
-import glob
 import gzip
 import json
-import os
 import posixpath
 from typing import IO, Any
 
@@ -25,7 +23,6 @@ __all__ = [
     "csv_reader",
     "csv_schema",
     "format_from_path",
-    "local_matches",
     "never_null_columns",
     "open_source",
     "read_arrow_schema",
@@ -43,11 +40,6 @@ def format_from_path(path: str) -> str | None:
     for suffix in (".gz", ".bz2", ".zst"):
         base = base.removesuffix(suffix)
     return _EXTENSIONS.get(posixpath.splitext(base)[1])
-
-
-def local_matches(pattern: str) -> list[str]:
-    """The files a local pattern matches, sorted, as absolute paths (as the pipeline lists them)."""
-    return sorted(p for p in glob.glob(os.path.abspath(pattern)) if os.path.isfile(p))
 
 
 def open_source(path: str) -> IO[bytes]:

@@ -35,7 +35,7 @@ import pyarrow as pa
 from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
 
 from recordforge import layout, startup
-from recordforge.errors import RecordForgeError, TypesChanged
+from recordforge.errors import RecordForgeError, TypesChanged, UsageError
 from recordforge.pipelines.config import ConvertConfig
 from recordforge.pipelines.inputs import Inputs
 from recordforge.pipelines.progress import Watch
@@ -300,12 +300,20 @@ def _remove_if_empty(folder: str) -> None:
         shutil.rmtree(folder)
 
 
-def _run_once(run: Run) -> dict[str, Any]:
-    """Builds and runs `run` under the output's lock; returns the metadata it published. A
-    RecordForge error raised in a worker reaches the caller as itself (`errors.from_worker`),
-    not as the runner's wrapping of it."""
+def _pipeline(options: PipelineOptions) -> beam.Pipeline:
+    """A pipeline for `options`, which Beam validates here: a problem is one UsageError line."""
+    try:
+        return beam.Pipeline(options=options)
+    except ValueError as exn:
+        problems = str(exn).splitlines()[1:] or [str(exn)]
+        raise UsageError("invalid pipeline options: " + "; ".join(p.strip() for p in problems)) from exn
+
+
+def _run_once(pipeline: beam.Pipeline, run: Run) -> dict[str, Any]:
+    """Builds `run` on `pipeline` and runs it under the output's lock; returns the metadata it
+    published. A RecordForge error raised in a worker reaches the caller as itself
+    (`unwrap.from_worker`), not as the runner's wrapping of it."""
     assert run.state is not None
-    pipeline = beam.Pipeline(options=run.options)
     try:
         build(pipeline, run)
         with (
@@ -337,18 +345,19 @@ def convert(request: Request) -> tuple[Run | None, dict[str, Any]]:
     """Runs the conversion `request` asks for and publishes it (pipelines/publishing.py): the run
     as resolved (None for a dry run) and the published metadata, or with --dry_run=True (Dataflow
     only) the summary of the job built offline (pipelines/dryrun.py), the output untouched."""
+    pipeline = _pipeline(request.options)
     if request.dry_run:
         from recordforge.pipelines.dryrun import dry_run
 
         # The job is built offline and summarised; the output is not looked at (on gs:// even a
         # listing would need credentials), so --overwrite and --if_changed are not checked.
         run = resolve(request.options, request.config, look_at_output=False)
-        return None, dry_run(beam.Pipeline(options=run.options), run, build)
+        return None, dry_run(pipeline, run, build)
     run = resolve(request.options, request.config)
     if run.up_to_date is not None:
         return run, _up_to_date(run, run.up_to_date)
     try:
-        return run, _run_once(run)
+        return run, _run_once(pipeline, run)
     except TypesChanged as exn:
         if not run.plan.retype_file:
             raise
@@ -356,7 +365,7 @@ def convert(request: Request) -> tuple[Run | None, dict[str, Any]]:
             "%s; the run published nothing, and converts again with types inferred from every row", exn
         )
         run = retyped(run)
-        return run, _run_once(run)
+        return run, _run_once(_pipeline(run.options), run)
 
 
 def run(argv: Sequence[str] | None = None) -> dict[str, Any]:

@@ -8,13 +8,13 @@ import hashlib
 import json
 import logging
 
-import pyarrow as pa
 from apache_beam.io.filesystems import FileSystems
 
 from recordforge.errors import RecordForgeError
 from recordforge.pipelines.config import ConvertConfig
-from recordforge.sampling import format_from_path, never_null_columns, read_arrow_schema
-from recordforge.schemas import Plan, Schema, compile_schema, infer_schema, load_schema
+from recordforge.sampling import format_from_path
+from recordforge.schemas import Plan, compile_schema, load_schema
+from recordforge.schemas.infer import inferred_schema
 from recordforge.schemas.loader import dump_schema
 from recordforge.transforms.image_folder import ImageFolder, folder_schema, list_image_folder
 from recordforge.transforms.sources import FileInfo, expand_patterns
@@ -115,21 +115,3 @@ def resolve_plan(
     for note in schema.notes:
         _LOGGER.warning("inferred schema: %s", note)
     return dataclasses.replace(compile_schema(schema), retype_file=first_file if retype else None)
-
-
-def inferred_schema(
-    first_file: str, fmt: str, files: list[str], *, lossless: bool = False, first_rows: bool = False
-) -> tuple[Schema, bool]:
-    """The schema inferred for a conversion of `files` (what `convert` without --schema and
-    `infer-schema` both print): types from the first file, every row of a CSV file (or, with
-    `first_rows`, its first block where no column there is all empty: then True, the types to be
-    checked as the run converts); Parquet columns without a null in any of `files` are dense."""
-    retype = False
-    if fmt == "csv" and first_rows:
-        arrow_schema = read_arrow_schema(first_file, fmt, every_row=False)
-        retype = not any(pa.types.is_null(t) for t in arrow_schema.types)
-    if not retype:
-        arrow_schema = read_arrow_schema(first_file, fmt)
-    never_null = never_null_columns(files) if fmt == "parquet" else frozenset()
-    schema = infer_schema(arrow_schema, origin=first_file, lossless=lossless, never_null=never_null)
-    return schema, retype

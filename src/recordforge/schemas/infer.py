@@ -9,6 +9,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from recordforge.errors import SchemaError
+from recordforge.sampling import never_null_columns, read_arrow_schema
 from recordforge.schemas.model import (
     RAGGED,
     VARIABLE,
@@ -19,7 +20,7 @@ from recordforge.schemas.model import (
     normalize_name,
 )
 
-__all__ = ["infer_schema", "sample_notes"]
+__all__ = ["infer_schema", "inferred_schema", "sample_notes"]
 
 _UNITS = {"s", "ms", "us", "ns"}
 
@@ -224,3 +225,21 @@ def _column(table: pa.Table, path: str) -> pa.Array | None:
     for part in rest:
         col = pc.struct_field(col, part)
     return col
+
+
+def inferred_schema(
+    first_file: str, fmt: str, files: list[str], *, lossless: bool = False, first_rows: bool = False
+) -> tuple[Schema, bool]:
+    """The schema inferred for a conversion of `files` (what `convert` without --schema and
+    `infer-schema` both print): types from the first file, every row of a CSV file (or, with
+    `first_rows`, its first block where no column there is all empty: then True, the types to be
+    checked as the run converts); Parquet columns without a null in any of `files` are dense."""
+    retype = False
+    if fmt == "csv" and first_rows:
+        arrow_schema = read_arrow_schema(first_file, fmt, every_row=False)
+        retype = not any(pa.types.is_null(t) for t in arrow_schema.types)
+    if not retype:
+        arrow_schema = read_arrow_schema(first_file, fmt)
+    never_null = never_null_columns(files) if fmt == "parquet" else frozenset()
+    schema = infer_schema(arrow_schema, origin=first_file, lossless=lossless, never_null=never_null)
+    return schema, retype
