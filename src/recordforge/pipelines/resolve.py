@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import logging
+import os
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -39,6 +40,7 @@ from recordforge.transforms.splits import SplitSpec
 
 __all__ = [
     "DEFAULT_RUNNER",
+    "cores",
     "Request",
     "Run",
     "request_from_argv",
@@ -178,6 +180,13 @@ def _pipeline_options(options: PipelineOptions, *, explicit: Sequence[str]) -> P
     standard = options.view_as(StandardOptions)
     if standard.runner is None:
         standard.runner = DEFAULT_RUNNER
+        direct = options.view_as(DirectOptions)
+        given = {a.lstrip("-").split("=")[0] for a in explicit}
+        if not given & {"direct_num_workers", "direct_running_mode"} and cores() > 1:
+            # Every core the process may use, one forked worker each: what a user with a bigger
+            # machine expects of a plain `convert` (the flags still choose otherwise).
+            direct.direct_running_mode = "multi_processing"
+            direct.direct_num_workers = cores()
     elif "dask" in str(standard.runner).lower():
         # Beam's own DaskRunner loses outputs; RecordForge's corrects it (pipelines/dask_runner.py).
         from recordforge.pipelines.dask_runner import resolve_runner
@@ -211,6 +220,11 @@ def _pipeline_options(options: PipelineOptions, *, explicit: Sequence[str]) -> P
                 "letters, digits, '-', '_' and '.')"
             )
     return options
+
+
+def cores() -> int:
+    """The cores this process may run on (its CPU affinity, not the machine's count)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def _with_span(config: ConvertConfig) -> ConvertConfig:
