@@ -17,6 +17,8 @@ import sys
 from pathlib import Path
 
 TWO_WORKERS = ["--direct_running_mode", "multi_processing", "--direct_num_workers", "2"]
+# A plain `convert` runs a worker per core: the one-worker rows say so.
+ONE_WORKER = ["--direct_num_workers", "1"]
 
 
 def ensure_table(path: str, rows: int) -> str:
@@ -212,7 +214,11 @@ def main() -> None:
         ),
         "rf": (
             "recordforge, Parquet, GZIP, 1 worker",
-            ["recordforge", source, f"{w}/rf", n, "--schema", schema],
+            ["recordforge", source, f"{w}/rf", n, "--schema", schema, *ONE_WORKER],
+        ),
+        "rf_default": (
+            "recordforge, Parquet, GZIP, the default (a worker per core)",
+            ["recordforge", source, f"{w}/rf_default", n, "--schema", schema],
         ),
         # Right after the conversion, in every round: reading the bundle it wrote.
         "rf_verify": (
@@ -241,11 +247,26 @@ def main() -> None:
         ),
         "rf_shuffle": (
             "recordforge --shuffle (seeded global order), Parquet, GZIP, 1 worker",
-            ["recordforge", source, f"{w}/rf_shuffle", n, "--schema", schema, "--shuffle"],
+            ["recordforge", source, f"{w}/rf_shuffle", n, "--schema", schema, "--shuffle", *ONE_WORKER],
+        ),
+        "rf_det": (
+            "recordforge --deterministic --splits train=8,eval=2, Parquet, GZIP, 1 worker",
+            [
+                "recordforge",
+                source,
+                f"{w}/rf_det",
+                n,
+                "--schema",
+                schema,
+                "--deterministic",
+                "--splits",
+                "train=8,eval=2",
+                *ONE_WORKER,
+            ],
         ),
         "rf_csv": (
             "recordforge, CSV, GZIP, 1 worker",
-            ["recordforge", csv, f"{w}/rf_csv", n, "--schema", schema],
+            ["recordforge", csv, f"{w}/rf_csv", n, "--schema", schema, *ONE_WORKER],
         ),
         "tft_census": (
             "TFT census-style: instance dicts, vocab + z-score, per-row coder",
@@ -253,7 +274,7 @@ def main() -> None:
         ),
         "rf_tft": (
             "recordforge, same vocab + z-score schema (TFT, record batches)",
-            ["recordforge", source, f"{w}/rf_tft", n, "--schema", tft_schema],
+            ["recordforge", source, f"{w}/rf_tft", n, "--schema", tft_schema, *ONE_WORKER],
         ),
     }
     if args.images:
@@ -277,7 +298,7 @@ def main() -> None:
         )
         runs["rf_images"] = (
             "recordforge --format images (folder of small PNGs), 1 worker",
-            ["recordforge", folder, f"{w}/rf_images", "0", "--format", "images"],
+            ["recordforge", folder, f"{w}/rf_images", "0", "--format", "images", *ONE_WORKER],
         )
         runs["rf_images_2w"] = (
             "recordforge --format images, 2 workers (multi_processing)",
@@ -299,7 +320,7 @@ def main() -> None:
     # Rounds: every approach once per round, so that a slow spell of this shared machine weighs on
     # all approaches alike instead of on whichever ran during it; ratios are also given per round.
     samples: dict[str, list[dict]] = {key: [] for key in runs}
-    paired = [key for key in ("rf", "rf_2w") if key in runs]
+    paired = [key for key in ("rf", "rf_2w", "rf_default") if key in runs]
     # With --against: REF's run of the same conversion (own output folder), in the same round.
     ref = worktree(args.against, Path(w)) if args.against else None
     compared = [key for key, (_, cmd) in runs.items() if cmd[0] == "recordforge"] if ref else []
@@ -355,6 +376,7 @@ def main() -> None:
             )
         print()
     ratio("rf_2w", "rf", "2 workers vs 1")
+    ratio("rf_default", "rf", f"The default ({os.cpu_count()} cores) vs 1 worker")
     for key, workers in (("rf_images", "1 worker"), ("rf_images_2w", "2 workers")):
         if key in results:  # the folder's real count (the generator rounds per class)
             count = results[key][1]["rows"]
@@ -384,7 +406,7 @@ def main() -> None:
         # At 5M rows the fixed costs (pipeline start-up, worker processes importing Beam) weigh
         # less: the same comparisons of memory and of one against two workers.
         big = ensure_table(os.path.join(w, f"table-{args.memory_rows}.parquet"), args.memory_rows)
-        cmd = ["recordforge", big, f"{w}/rf_big", str(args.memory_rows), "--schema", schema]
+        cmd = ["recordforge", big, f"{w}/rf_big", str(args.memory_rows), "--schema", schema, *ONE_WORKER]
         big_samples: tuple[list[dict], list[dict]] = ([], [])
         for _ in range(args.repeats):
             big_samples[0].append(_run_child(cmd))
