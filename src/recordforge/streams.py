@@ -20,8 +20,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from apache_beam.io.filesystem import CompressionTypes
-from apache_beam.io.filesystems import FileSystems
+from recordforge.storage import create_file, open_read
 
 __all__ = ["Segment", "HashingFile", "StreamWriter", "splice", "combine_checks"]
 
@@ -156,7 +155,7 @@ def splice(
 ) -> tuple[int, int, str, tuple[Segment, ...]]:
     """Writes the segments `pieces` ((file, segment), in order) as one new stream at `path`.
     Returns its records, bytes, sha256 and segments."""
-    out = HashingFile(FileSystems.create(path, compression_type=CompressionTypes.UNCOMPRESSED))
+    out = HashingFile(create_file(path))
     out.write(_header(compression))
     check, raw, records, segments = _EMPTY_CHECK[compression], 0, 0, []
     runs: list[tuple[str, int, int]] = []  # contiguous byte ranges to copy, file by file
@@ -172,7 +171,7 @@ def splice(
         raw += seg.raw
         records += seg.records
     for source, start, end in runs:
-        with FileSystems.open(source, compression_type=CompressionTypes.UNCOMPRESSED) as f:
+        with open_read(source) as f:
             f.seek(start)
             left = end - start
             while left:

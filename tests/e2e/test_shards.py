@@ -10,10 +10,10 @@ import pytest
 from conftest import example_to_dict, published_root
 
 from recordforge.errors import RecordForgeError
+from recordforge.pipelines import convert
 from recordforge.pipelines.convert import run
 from recordforge.sampledata import taxi_table
 from recordforge.tfrecord import iter_records
-from recordforge.transforms import sinks
 
 
 @pytest.fixture
@@ -192,7 +192,7 @@ def test_deterministic_shards_are_balanced_runs_of_the_input_whoever_writes_them
     # The local runner spills the batches to files (deleted once the shards are written) so that
     # its grouping holds names, not records; other runners group the records: the same bytes.
     assert not list((tmp_path / "one").rglob("_tmp-*"))
-    monkeypatch.setattr(sinks, "holds_in_memory", lambda _: False)
+    monkeypatch.setattr(convert, "holds_in_memory", lambda _: False)
     run([*common, "--output", str(tmp_path / "grouped")])
     assert _shard_files(tmp_path / "grouped") == one
 

@@ -24,7 +24,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-import math
 import os
 import re
 import shutil
@@ -45,7 +44,7 @@ from apache_beam.options.pipeline_options import (
 from recordforge import layout, startup
 from recordforge.errors import RecordForgeError, TypesChanged
 from recordforge.layout import new_version, version_root
-from recordforge.pipelines.config import ConvertConfig
+from recordforge.pipelines.config import ConvertConfig, shard_spec
 from recordforge.pipelines.dryrun import dataflow_preflight
 from recordforge.pipelines.inputs import Inputs, input_fingerprint, resolve_inputs
 from recordforge.pipelines.options import ConvertOptions
@@ -67,7 +66,7 @@ from recordforge.transforms.csv_source import ReadCsv
 from recordforge.transforms.examples import REJECTED, ToExamples
 from recordforge.transforms.image_folder import ReadImageFolder
 from recordforge.transforms.rejects import WriteRejected
-from recordforge.transforms.sharing import SPREAD, work_plan
+from recordforge.transforms.sharing import SPREAD, holds_in_memory, work_plan
 from recordforge.transforms.sinks import WriteTFRecords
 from recordforge.transforms.sources import UNREADABLE, ReadParquet
 from recordforge.transforms.splits import SplitSpec, in_split
@@ -134,7 +133,7 @@ def build(
         rejected_files = rejected_lines | "NoRejectedFiles" >> beam.FlatMap(_nothing)
     else:
         rejected_files = rejected_lines | "WriteRejected" >> WriteRejected(run.root)
-    shards = _write_shards(run, examples, batches)
+    shards = _write_shards(run, examples)
     # ShardInfo: path, records, bytes, sha256 of each shard as written
     return shards | "WriteBundle" >> WriteBundle(
         _bundle_spec(run, transformed),
@@ -225,40 +224,19 @@ def _preprocess(pipeline: beam.Pipeline, run: _Run, rows: beam.PCollection) -> A
     )
 
 
-def _write_shards(run: _Run, examples: beam.PCollection, batches: beam.PCollection) -> beam.PCollection:
+def _write_shards(run: _Run, examples: beam.PCollection) -> beam.PCollection:
     """One writer per split ({version}/{split}/{split}-SSSSS-of-NNNNN), or one for all records
     ({version}/data-SSSSS-of-NNNNN); returns their ShardInfos."""
     config, splits = run.config, run.splits
-    file_rows = None
-    if config.deterministic and not config.shuffle:
-        # Where each file ends, in rows: the deterministic sink places every batch by it.
-        file_rows = (
-            batches
-            | "BatchEnds" >> beam.Map(lambda b: (b.file, b.first_row + b.batch.num_rows))
-            | "FileRows" >> beam.CombinePerKey(max)
-        )
+    # Beam's local runners hold a grouping's input in memory: the placed writer spills there.
+    spill = holds_in_memory(examples.pipeline)
 
     def write(records: beam.PCollection, into: str, name: str, label: str) -> beam.PCollection:
-        num_shards = config.num_shards
-        if not num_shards and config.fixed_shards:
-            share = 1.0 if splits is None else splits.weights[splits.names.index(name)] / sum(splits.weights)
-            num_shards = _deterministic_shards(
-                run.inputs.files, run.inputs.folder, config, run.shares.get(name, share)
-            )
-        return records | label >> WriteTFRecords(
-            into,
-            compression=run.compression,
-            num_shards=num_shards,
-            file_rows=file_rows,
-            sink=config.sink,
-            compression_level=config.compression_level,
-            deterministic=config.deterministic,
-            shard_size=config.shard_bytes,
-            records_per_shard=config.records_per_shard,
-            name=name,
-            shuffle=config.shuffle,
-            seed=config.seed,
+        share = 1.0 if splits is None else splits.weights[splits.names.index(name)] / sum(splits.weights)
+        spec = shard_spec(
+            config, run.inputs, name=name, compression=run.compression, share=run.shares.get(name, share)
         )
+        return records | label >> WriteTFRecords(into, spec, spill=spill)
 
     if splits is None:
         return write(examples, run.root, "data", "WriteTFRecords")
@@ -306,16 +284,6 @@ def _bundle_spec(run: _Run, transformed: Any) -> BundleSpec:
         max_rejected=config.max_rejected,
         max_rejected_fraction=config.max_rejected_fraction,
     )
-
-
-def _deterministic_shards(files: list[Any], folder: Any, config: ConvertConfig, share: float) -> int:
-    """--deterministic without --num_shards: a shard per --shard_size of input (a split gets its
-    share), or per 1,024 images of a folder whose listing gave no sizes. A function of the input
-    and the flags alone, as the output's bytes must be."""
-    sizes = [f.size for f in files if f.size is not None]
-    if folder is not None and folder.sizes is None:
-        return max(1, math.ceil(folder.count * share / 1024))
-    return max(1, math.ceil(sum(sizes) * share / config.shard_bytes))
 
 
 def worker_mode(options: PipelineOptions) -> str:

@@ -1,17 +1,10 @@
-"""Shards by size, whatever the runner's bundles: each worker streams its batches into temporary
-parts, starting a new one at the target size or record count. A bundle's last part is usually
-short, and runners that make many small bundles (Dataflow) make many such parts: those are joined
-into shards of the target size, by copying their compressed segments (streams.py) or, when shards
-are counted in records, by rewriting them. For a fixed number of shards every part is cut, by its
-segments, into that many joins of about equal bytes. A final step names every shard
-`data-SSSSS-of-NNNNN` and moves it into place. Temporary names, publishing and cleanup are those
-of every writer (shard_files.py)."""
+"""The rolling writer: shards cut by size, by record count, or into a fixed count, whatever the
+runner's bundles (the three planners; design in docs/architecture.md, "The rolling writer")."""
 
 from __future__ import annotations
 
 import logging
-import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,30 +24,11 @@ from recordforge.transforms.shard_files import (
     temp_path,
     write_shard,
 )
+from recordforge.transforms.shard_spec import ShardSpec, Sizing
 
-__all__ = ["DEFAULT_SHARD_SIZE", "Limits", "WriteShardsBySize", "parse_size"]
+__all__ = ["Limits", "WriteRollingShards"]
 
 _LOGGER = logging.getLogger(__name__)
-DEFAULT_SHARD_SIZE = 128 << 20  # TensorFlow's guidance: 100-200 MB per shard
-_UNITS = {
-    "": 1,
-    "B": 1,
-    "KB": 10**3,
-    "MB": 10**6,
-    "GB": 10**9,
-    "KIB": 1 << 10,
-    "MIB": 1 << 20,
-    "GIB": 1 << 30,
-}
-
-
-def parse_size(text: str) -> int:
-    """`128MB`, `1.5GB`, `64MiB` or a number of bytes."""
-    m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*", text)
-    if not m or m.group(2).upper() not in _UNITS:
-        raise ValueError(f"not a size: {text!r} (examples: 128MB, 1GB, 64MiB)")
-    return int(float(m.group(1)) * _UNITS[m.group(2).upper()])
-
 
 # A part at least this fraction of the target size is a shard as it is; smaller parts are joined.
 FULL_FRACTION = 0.75
@@ -74,6 +48,16 @@ class Limits:
     max_bytes: int
     max_records: int
     num_shards: int = 0
+
+    @classmethod
+    def of(cls, spec: ShardSpec) -> Limits:
+        return cls(spec.max_bytes, spec.max_records, spec.count if spec.sizing is Sizing.COUNT else 0)
+
+    @property
+    def sizing(self) -> Sizing:
+        if self.num_shards:
+            return Sizing.COUNT
+        return Sizing.RECORDS if self.max_records else Sizing.BYTES
 
     @property
     def slice_bytes(self) -> int:
@@ -223,23 +207,19 @@ def _plan_count(parts: list[_Part], count: int) -> Iterator[_Join]:
         yield _Join(index, ())
 
 
-def _plan(_: bytes, parts: list[_Part], limits: Limits) -> Iterator[_Join]:
-    """Groups the short parts, in input order, into joins. By bytes: segments are taken in order
-    and a join closes once it reaches the target, so every joined shard but the last is within a
-    segment of the target. By records, all short parts are rewritten by one join, which cuts at
-    exact record counts."""
-    short = _short(parts, limits)
-    if limits.num_shards:
-        yield from _plan_count(short, limits.num_shards)
-        return
-    if not short:
-        return
-    if limits.max_records:
-        yield _Join(0, tuple((p, p.segments) for p in short))
-        return
+def _plan_records(parts: list[_Part], limits: Limits) -> Iterator[_Join]:
+    """All short parts rewritten by one join, which cuts at exact record counts: every shard but
+    one holds `max_records`, however many workers wrote parts."""
+    if parts:
+        yield _Join(0, tuple((p, p.segments) for p in parts))
+
+
+def _plan_bytes(parts: list[_Part], limits: Limits) -> Iterator[_Join]:
+    """Segments taken in input order, a join closed once it reaches `max_bytes`: every joined
+    shard but the last is within a segment of the target."""
     pieces: list[tuple[_Part, tuple[Segment, ...]]] = []
     size, index = 0, 0
-    for part in short:
+    for part in parts:
         taken: list[Segment] = []
         for seg in part.segments:
             taken.append(seg)
@@ -251,6 +231,18 @@ def _plan(_: bytes, parts: list[_Part], limits: Limits) -> Iterator[_Join]:
             pieces.append((part, tuple(taken)))
     if pieces:
         yield _Join(index, tuple(pieces))
+
+
+_PLANNERS: dict[Sizing, Callable[[list[_Part], Limits], Iterator[_Join]]] = {
+    Sizing.BYTES: _plan_bytes,
+    Sizing.RECORDS: _plan_records,
+    Sizing.COUNT: lambda parts, limits: _plan_count(parts, limits.num_shards),
+}
+
+
+def _plan(_: bytes, parts: list[_Part], limits: Limits) -> Iterator[_Join]:
+    """Groups the short parts, in input order, into joins, by the sizing's planner."""
+    return _PLANNERS[limits.sizing](_short(parts, limits), limits)
 
 
 def _join(join: _Join, tmp_dir: str, compression: str, level: int, limits: Limits) -> list[_Part]:
@@ -306,32 +298,22 @@ def _publish(
     return ShardFiles(prefix, suffix, tmp_dir).publish(shards)
 
 
-class WriteShardsBySize(beam.PTransform):
+class WriteRollingShards(beam.PTransform):
     """In: `(key, records)` batches. Out: a `ShardInfo` per shard, from the bytes as written.
 
-    Every shard but one holds `max_records` records exactly, when that is set, and otherwise
-    between 75% of `max_bytes` and a few percent above it, however the runner cut its bundles.
-    With `num_shards`, exactly that many shards, their compressed sizes within a segment of each
-    other (a batch, or 4 MiB of records).
+    Each worker streams its batches into parts, a new one when a part is full; the short parts
+    are then joined by the spec's planner. Sized by records, every shard but one holds
+    `max_records` records exactly; by bytes, every shard but one between 75% of `max_bytes` and a
+    few percent above it; by count, exactly `count` shards whose compressed sizes differ by less
+    than a segment (a batch, or 4 MiB of records).
     """
 
-    def __init__(
-        self,
-        files: ShardFiles,
-        *,
-        compression: str,
-        level: int,
-        max_bytes: int = 0,
-        max_records: int = 0,
-        num_shards: int = 0,
-    ) -> None:
+    def __init__(self, files: ShardFiles, spec: ShardSpec) -> None:
         super().__init__()
-        if num_shards and (max_bytes or max_records):
-            raise ValueError("a fixed num_shards does not combine with max_bytes or max_records")
         self._files = files
-        self._compression = compression
-        self._level = level
-        self._limits = Limits(max_bytes, max_records, num_shards)
+        self._compression = spec.compression
+        self._level = spec.level
+        self._limits = Limits.of(spec)
 
     def expand(self, batches: beam.PCollection[tuple[Any, pa.Array]]) -> beam.PCollection[ShardInfo]:
         tmp, limits = self._files.temp_dir, self._limits
