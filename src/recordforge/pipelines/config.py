@@ -103,7 +103,8 @@ class ConvertConfig:
             problems.append("--records_per_shard must be 0 (no limit) or more")
         if self.shard_size is not None:
             try:
-                parse_size(self.shard_size)
+                if parse_size(self.shard_size) < 1:
+                    problems.append("--shard_size must be at least 1 byte")
             except ValueError as exn:
                 problems.append(f"--shard_size: {exn}")
         if (self.split_key or self.split_column) and not self.splits:
