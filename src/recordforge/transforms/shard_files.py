@@ -1,6 +1,6 @@
 """Shard files: the one scheme by which every TFRecord writer names, publishes and cleans up.
 
-A writer (rolling.py, sinks.py) owns one temporary folder beside its shards,
+A writer (rolling.py, placed.py) owns one temporary folder beside its shards,
 `{folder}/_tmp-<12 hex>/`, and writes nothing else until it publishes: every file it makes on the
 way (parts, joined parts, whole shards, spilled batches) is `<kind>-<32 hex><ext>` in that folder,
 a fresh name per attempt, so that a retried step never meets a file of the attempt it replaces.
