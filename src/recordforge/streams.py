@@ -1,16 +1,4 @@
-"""Compressed shard files written in segments that can be spliced without recompressing.
-
-A shard is one gzip member or one zlib stream (or plain bytes), as every reader expects. The
-writer deflates with ISA-L and, at record boundaries every so often, resets deflate's dictionary
-(a full flush): the compressed bytes between two such points (a segment) then decode on their
-own. It records each segment's extent, uncompressed length, checksum and record count. Segments
-of several files copied byte for byte behind a fresh header, followed by a final empty block and
-a trailer whose checksum is combined arithmetically from the segments', form one valid stream.
-So parts written by many small bundles become shards of the target size by copying compressed
-bytes, never by inflating and deflating them again (transforms/rolling.py).
-
-The header carries no name and no time, so the same records and settings give the same bytes.
-"""
+"""Compressed shard files written in segments that are spliced without recompressing them."""
 
 from __future__ import annotations
 

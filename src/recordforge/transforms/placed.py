@@ -1,5 +1,4 @@
-"""The placed writer: every record given a global place, shard s of S holding places
-[s*N/S, (s+1)*N/S) of the N records, each shard written whole by one worker."""
+"""The placed writer: every record given a global place, shard s of S holding [sN/S, (s+1)N/S)."""
 
 from __future__ import annotations
 

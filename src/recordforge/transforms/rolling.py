@@ -1,5 +1,4 @@
-"""The rolling writer: shards cut by size, by record count, or into a fixed count, whatever the
-runner's bundles (the three planners; design in docs/architecture.md, "The rolling writer")."""
+"""The rolling writer: shards cut by size, by record count or into a fixed count, whatever the bundles."""
 
 from __future__ import annotations
 

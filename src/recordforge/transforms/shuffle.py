@@ -1,5 +1,4 @@
-"""Global places for the records of a split: their positions in the input, as they are
-(`--deterministic`) or permuted by a seed (`--shuffle`); design in docs/architecture.md."""
+"""Global places for a split's records: their input positions, as they are or permuted by a seed."""
 
 from __future__ import annotations
 

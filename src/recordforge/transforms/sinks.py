@@ -1,5 +1,4 @@
-"""`WriteTFRecords`: sharded TFRecord files from batches of serialized examples, by one of the
-two writers (rolling.py, placed.py) as the `ShardSpec` says."""
+"""`WriteTFRecords`: sharded TFRecord files of serialized examples, by the writer its spec names."""
 
 from __future__ import annotations
 
