@@ -89,3 +89,12 @@ def test_by_seed_the_records_are_a_balanced_permutation_and_the_same_bytes_spill
     assert one == _digests(_write(tmp_path / "b", spec, check, spill=False))
     other = ShardSpec(Sizing.PLACED, "gzip", count=4, seed=8)
     assert one != _digests(_write(tmp_path / "c", other, seen.append, spill=False))
+
+
+def test_the_placed_writer_refuses_a_rolling_spec(tmp_path: Path) -> None:
+    from recordforge.transforms.placed import write_placed
+    from recordforge.transforms.shard_files import ShardFiles
+
+    files = ShardFiles.beside(str(tmp_path / "data"), ".tfrecord")
+    with test_pipeline.TestPipeline(runner=DEFAULT_RUNNER) as p, pytest.raises(ValueError, match="not count"):
+        write_placed(p | beam.Create([]), files, ShardSpec(Sizing.COUNT, "none", count=2), spill=False)

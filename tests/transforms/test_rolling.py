@@ -238,3 +238,12 @@ def test_the_writer_by_count_makes_that_many_shards_in_input_order(tmp_path: Pat
             raise BeamAssertException(f"{len(shards)} shards, or not the input in order")
 
     _write(tmp_path, ShardSpec(Sizing.COUNT, "gzip", count=count), check)
+
+
+def test_the_rolling_writer_refuses_a_placed_spec(tmp_path: Path) -> None:
+    from recordforge.transforms.rolling import WriteRollingShards
+    from recordforge.transforms.shard_files import ShardFiles
+
+    files = ShardFiles.beside(str(tmp_path / "data"), ".tfrecord")
+    with pytest.raises(ValueError, match="not placed"):
+        WriteRollingShards(files, ShardSpec(Sizing.PLACED, "none", count=2))

@@ -309,6 +309,8 @@ class WriteRollingShards(beam.PTransform):
 
     def __init__(self, files: ShardFiles, spec: ShardSpec) -> None:
         super().__init__()
+        if not spec.sizing.rolling:
+            raise ValueError(f"the rolling writer takes a rolling sizing, not {spec.sizing.value}")
         self._files = files
         self._compression = spec.compression
         self._level = spec.level
