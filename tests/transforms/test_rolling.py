@@ -247,3 +247,33 @@ def test_the_rolling_writer_refuses_a_placed_spec(tmp_path: Path) -> None:
     files = ShardFiles.beside(str(tmp_path / "data"), ".tfrecord")
     with pytest.raises(ValueError, match="not placed"):
         WriteRollingShards(files, ShardSpec(Sizing.PLACED, "none", count=2))
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        ShardSpec(Sizing.RECORDS, "gzip", max_records=90, max_bytes=1 << 30),
+        ShardSpec(Sizing.BYTES, "none", max_bytes=8_000),
+        ShardSpec(Sizing.COUNT, "gzip", count=5),
+    ],
+    ids=["records", "bytes", "count"],
+)
+def test_parts_cut_from_one_batch_are_shards_in_input_order(tmp_path: Path, spec: ShardSpec) -> None:
+    """One large batch, and a small one after it: the parts that start in the large batch share
+    its key, and follow each other by where in it they start (their file names are random)."""
+    records = _records(1000, 0) + _records(10, 1)
+
+    def check(shards: list[ShardInfo]) -> None:
+        got = _read(shards, spec.compression)
+        if len(shards) < 4 or [r for shard in got for r in shard] != records:
+            raise BeamAssertException(f"{len(shards)} shards, or not the input in order")
+
+    with test_pipeline.TestPipeline(runner=DEFAULT_RUNNER) as p:
+        batches = p | beam.Create(
+            [
+                (("data", "f.parquet", 0), pa.array(records[:1000], pa.large_binary())),
+                (("data", "f.parquet", 1000), pa.array(records[1000:], pa.large_binary())),
+            ]
+        )
+        shards = batches | WriteTFRecords(str(tmp_path / "out"), spec, spill=False)
+        assert_that(shards | beam.combiners.ToList(), lambda got: check(sorted(got[0], key=lambda s: s.path)))

@@ -83,6 +83,9 @@ class _Part:
     sha256: str
     first_key: Any
     segments: tuple[Segment, ...] = ()
+    # Where in its first batch the part starts (records before it there): parts that start in
+    # one batch (cut by a full part, or joins cut from one part) follow each other by it.
+    first_record: int = 0
 
 
 class _Roller:
@@ -95,11 +98,11 @@ class _Roller:
         self._limits = limits
         self._writer: StreamWriter | None = None
 
-    def _open(self, key: Any) -> StreamWriter:
+    def _open(self, key: Any, first_record: int) -> StreamWriter:
         self._tmp = temp_path(self._tmp_dir, "part")
         self._writer = open_stream(self._tmp, self._compression, self._level)
         self._records = 0
-        self._first_key = key
+        self._first_key, self._first_record = key, first_record
         return self._writer
 
     def close(self, *, full: bool = False) -> _Part | None:
@@ -110,7 +113,9 @@ class _Roller:
         writer, self._writer = self._writer, None
         temp, segments = close_stream(self._tmp, writer, self._records)
         kept = () if full else segments
-        return _Part(temp.tmp, temp.records, temp.bytes, temp.sha256, self._first_key, kept)
+        return _Part(
+            temp.tmp, temp.records, temp.bytes, temp.sha256, self._first_key, kept, self._first_record
+        )
 
     def abandon(self) -> None:
         """Deletes the part being written (its step failed)."""
@@ -118,19 +123,20 @@ class _Roller:
             writer, self._writer = self._writer, None
             abandon(self._tmp, writer)
 
-    def add(self, key: Any, records: pa.Array) -> Iterator[_Part]:
+    def add(self, key: Any, records: pa.Array, first_record: int = 0) -> Iterator[_Part]:
+        """Writes `records`, the batch `key`'s from its `first_record` on."""
         try:
-            yield from self._add(key, records)
+            yield from self._add(key, records, first_record)
         except Exception:  # not GeneratorExit: a caller that stops reading leaves the part be
             self.abandon()
             raise
 
-    def _add(self, key: Any, records: pa.Array) -> Iterator[_Part]:
+    def _add(self, key: Any, records: pa.Array, first_record: int) -> Iterator[_Part]:
         limits = self._limits
         offsets, data = binary_parts(frame_records(records))
         start, n = 0, len(records)
         while start < n:
-            writer = self._writer or self._open(key)
+            writer = self._writer or self._open(key, first_record + start)
             end = n if not limits.max_records else min(n, start + limits.max_records - self._records)
             # At most one slice's bytes, at least one record.
             fits = int(np.searchsorted(offsets, offsets[start] + limits.slice_bytes, side="right")) - 1
@@ -172,10 +178,11 @@ class _Join:
         return sum(seg.records for _, segs in self.pieces for seg in segs)
 
 
-def _order(part: _Part) -> tuple[bool, Any, str]:
-    """Input order; the empty shards of a fixed count (no first key) last. Joins cut from one
-    part share its first key and follow each other by the index in their names."""
-    return (part.first_key is None, () if part.first_key is None else part.first_key, part.tmp)
+def _order(part: _Part) -> tuple[bool, Any, int, str]:
+    """Input order: by first batch, then where in it the part starts (never by the temporary
+    names, which are random); the empty shards of a fixed count (no first key) last."""
+    first = () if part.first_key is None else part.first_key
+    return (part.first_key is None, first, part.first_record, part.tmp)
 
 
 def _short(parts: Iterable[_Part], limits: Limits) -> list[_Part]:
@@ -253,7 +260,10 @@ def _join(join: _Join, tmp_dir: str, compression: str, level: int, limits: Limit
     if not join.pieces:
         empty, segments = write_shard(tmp, [], compression, level)
         return [_Part(empty.tmp, 0, empty.bytes, empty.sha256, None, segments)]
-    first_key = join.pieces[0][0].first_key
+    first_part, first_segments = join.pieces[0]
+    first_key = first_part.first_key
+    skipped = first_part.segments[: first_part.segments.index(first_segments[0])] if first_segments else ()
+    first_record = first_part.first_record + sum(seg.records for seg in skipped)
     if len(join.pieces) == 1 and join.pieces[0][1] == join.pieces[0][0].segments:
         return [join.pieces[0][0]]
     if not limits.max_records:
@@ -263,18 +273,19 @@ def _join(join: _Join, tmp_dir: str, compression: str, level: int, limits: Limit
         except BaseException:
             abandon(tmp)
             raise
-        return [_Part(tmp, records, size, sha, first_key, segments)]
+        return [_Part(tmp, records, size, sha, first_key, segments, first_record)]
     roller = _Roller(tmp_dir, compression, level, limits)
     out: list[_Part] = []
     for part, _ in join.pieces:
         batch: list[bytes] = []
+        at = part.first_record
         for _, record in read_records(part.tmp, compression, check_crc=False):
             batch.append(record)
             if len(batch) == _REWRITE_BATCH:
-                out.extend(roller.add(part.first_key, pa.array(batch, pa.large_binary())))
-                batch = []
+                out.extend(roller.add(part.first_key, pa.array(batch, pa.large_binary()), at))
+                at, batch = at + len(batch), []
         if batch:
-            out.extend(roller.add(part.first_key, pa.array(batch, pa.large_binary())))
+            out.extend(roller.add(part.first_key, pa.array(batch, pa.large_binary()), at))
     last = roller.close()
     return [*out, last] if last is not None else out
 
