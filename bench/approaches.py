@@ -202,6 +202,39 @@ def recordforge(source: str, output: str, rows: int, *extra: str) -> dict:
     return {"rows": meta["num_records"], "seconds": seconds, "bytes": sum(s["bytes"] for s in meta["shards"])}
 
 
+def beam_sink(source: str, output: str, rows: int, schema: str) -> dict:
+    """RecordForge's Parquet reader and encoder, written by Beam's own `WriteToTFRecord` (one
+    element and one Python call per record, zlib level 6, Beam's temporary files): the sink
+    RecordForge's writers are measured against, on RecordForge's local runner, one worker."""
+    import apache_beam as beam
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    from recordforge.pipelines.config import ConvertConfig
+    from recordforge.pipelines.convert import DEFAULT_RUNNER
+    from recordforge.pipelines.inputs import resolve_inputs
+    from recordforge.transforms.examples import ToExamples
+    from recordforge.transforms.sources import ReadParquet
+
+    config = ConvertConfig(sources=(source,), output=output, schema_path=schema)
+    start = time.perf_counter()
+    inputs = resolve_inputs(config)
+    columns = list(inputs.plan.schema.source_columns)
+    with beam.Pipeline(options=PipelineOptions([], runner=DEFAULT_RUNNER)) as p:
+        read = p | "Read" >> ReadParquet(
+            config.sources, columns=columns, batch_size=config.batch_size, expanded=inputs.files
+        )
+        encoded = read["batches"] | "ToExamples" >> ToExamples(inputs.plan, strict=True)
+        _ = (
+            encoded.examples
+            # ((split, file, first_row), records): WriteToTFRecord takes one element per record
+            | "Records" >> beam.FlatMap(lambda keyed: keyed[1].to_pylist())
+            | "Write"
+            >> beam.io.WriteToTFRecord(os.path.join(output, "data"), file_name_suffix=".tfrecord.gz")
+        )
+    seconds = time.perf_counter() - start
+    return {"rows": rows, "seconds": seconds, "bytes": _size(os.path.join(output, "data*.tfrecord.gz"))}
+
+
 def _bundle_bytes(bundle: str) -> int:
     with open(os.path.join(bundle, "metadata.json")) as f:
         return sum(s["bytes"] for s in json.load(f)["shards"])
@@ -237,6 +270,7 @@ APPROACHES = {
     "tutorial": tutorial,
     "tfx": tfx_style,
     "recordforge": recordforge,
+    "beam_sink": beam_sink,
     "tutorial_images": tutorial_images,
     "tft_census": tft_census,
 }

@@ -242,8 +242,8 @@ def main() -> None:
             ],
         ),
         "rf_beam_sink": (
-            "recordforge --sink beam (WriteToTFRecord), Parquet, GZIP",
-            ["recordforge", source, f"{w}/rf_beam", n, "--schema", schema, "--sink", "beam"],
+            "recordforge's reader + Beam's WriteToTFRecord, Parquet, GZIP",
+            ["beam_sink", source, f"{w}/rf_beam", n, schema],
         ),
         "rf_shuffle": (
             "recordforge --shuffle (seeded global order), Parquet, GZIP, 1 worker",

@@ -13,6 +13,7 @@ import uuid
 from typing import IO, Any
 
 __all__ = [
+    "create_file",
     "delete_files",
     "delete_tree",
     "exists",
@@ -131,3 +132,12 @@ def write_atomically(path: str, data: bytes) -> None:
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+
+
+def create_file(path: str) -> IO[bytes]:
+    """A new file at `path` (replacing any), its bytes stored as given: never compressed on the
+    way, whatever its suffix. A local file's folder is made if missing."""
+    if is_local(path):
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        return open(path, "wb")  # noqa: SIM115 - the caller closes it
+    return _fs().create(path, compression_type="uncompressed")

@@ -1,16 +1,4 @@
-"""Compressed shard files written in segments that can be spliced without recompressing.
-
-A shard is one gzip member or one zlib stream (or plain bytes), as every reader expects. The
-writer deflates with ISA-L and, at record boundaries every so often, resets deflate's dictionary
-(a full flush): the compressed bytes between two such points (a segment) then decode on their
-own. It records each segment's extent, uncompressed length, checksum and record count. Segments
-of several files copied byte for byte behind a fresh header, followed by a final empty block and
-a trailer whose checksum is combined arithmetically from the segments', form one valid stream.
-So parts written by many small bundles become shards of the target size by copying compressed
-bytes, never by inflating and deflating them again (transforms/rolling.py).
-
-The header carries no name and no time, so the same records and settings give the same bytes.
-"""
+"""Compressed shard files written in segments that are spliced without recompressing them."""
 
 from __future__ import annotations
 
@@ -20,8 +8,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from apache_beam.io.filesystem import CompressionTypes
-from apache_beam.io.filesystems import FileSystems
+from recordforge.storage import create_file, open_read
 
 __all__ = ["Segment", "HashingFile", "StreamWriter", "splice", "combine_checks"]
 
@@ -156,7 +143,7 @@ def splice(
 ) -> tuple[int, int, str, tuple[Segment, ...]]:
     """Writes the segments `pieces` ((file, segment), in order) as one new stream at `path`.
     Returns its records, bytes, sha256 and segments."""
-    out = HashingFile(FileSystems.create(path, compression_type=CompressionTypes.UNCOMPRESSED))
+    out = HashingFile(create_file(path))
     out.write(_header(compression))
     check, raw, records, segments = _EMPTY_CHECK[compression], 0, 0, []
     runs: list[tuple[str, int, int]] = []  # contiguous byte ranges to copy, file by file
@@ -172,7 +159,7 @@ def splice(
         raw += seg.raw
         records += seg.records
     for source, start, end in runs:
-        with FileSystems.open(source, compression_type=CompressionTypes.UNCOMPRESSED) as f:
+        with open_read(source) as f:
             f.seek(start)
             left = end - start
             while left:

@@ -118,7 +118,6 @@ CASES: dict[str, Case] = {
     "shard_size": lambda i: _pair(i, i.parquet, [], ["--shard_size", "2KB"]),
     "records_per_shard": lambda i: _pair(i, i.parquet, [], ["--records_per_shard", "150"]),
     "num_shards": lambda i: _pair(i, i.parquet, [], ["--num_shards", "3"]),
-    "sink": lambda i: _pair(i, i.parquet, [], ["--sink", "beam"]),
     # Batches are compressed apart: their boundaries are in the bytes, and in where shards roll.
     "batch_size": lambda i: _pair(
         i, i.parquet, ["--shard_size", "2KB"], ["--shard_size", "2KB", "--batch_size", "64"]

@@ -10,10 +10,10 @@ import pytest
 from conftest import example_to_dict, published_root
 
 from recordforge.errors import RecordForgeError
+from recordforge.pipelines import convert
 from recordforge.pipelines.convert import run
 from recordforge.sampledata import taxi_table
 from recordforge.tfrecord import iter_records
-from recordforge.transforms import sinks
 
 
 @pytest.fixture
@@ -64,6 +64,8 @@ def test_shard_size_is_a_target(tmp_path: Path, source: str) -> None:
             "500",
             "--compression",
             "none",
+            "--direct_num_workers",
+            "1",  # one worker: its parts in input order, the short one last
         ]
     )
     shards = _shards(tmp_path / "out")
@@ -192,7 +194,7 @@ def test_deterministic_shards_are_balanced_runs_of_the_input_whoever_writes_them
     # The local runner spills the batches to files (deleted once the shards are written) so that
     # its grouping holds names, not records; other runners group the records: the same bytes.
     assert not list((tmp_path / "one").rglob("_tmp-*"))
-    monkeypatch.setattr(sinks, "holds_in_memory", lambda _: False)
+    monkeypatch.setattr(convert, "holds_in_memory", lambda _: False)
     run([*common, "--output", str(tmp_path / "grouped")])
     assert _shard_files(tmp_path / "grouped") == one
 
@@ -221,7 +223,11 @@ def test_num_shards_is_exact_and_the_shards_are_about_equal(tmp_path: Path, sour
     """Without --deterministic the parts the workers wrote are joined into exactly that many
     shards, cut between segments (a batch here), the input in order; nothing else stays."""
     out = tmp_path / "out"
-    run(["--source", source, "--output", str(out), "--num_shards", str(count), "--batch_size", "1000"])
+    # One worker, so that the records are in input order across the shards.
+    run(
+        ["--source", source, "--output", str(out), "--num_shards", str(count), "--batch_size", "1000"]
+        + ["--direct_num_workers", "1"]
+    )
     shards = _shards(out)
     assert [s["file"].split("/", 1)[1] for s in shards] == [
         f"data-{i:05d}-of-{count:05d}.tfrecord.gz" for i in range(count)

@@ -14,11 +14,11 @@ import pytest
 from conftest import published_root
 
 from recordforge.errors import RecordForgeError
+from recordforge.pipelines import convert
 from recordforge.pipelines.convert import run
 from recordforge.sampledata import taxi_table
 from recordforge.tfrecord import iter_records
 from recordforge.tools.records import parse_example
-from recordforge.transforms import sinks
 from recordforge.transforms.shuffle import DEFAULT_SEED, Permutation
 
 ROWS = 4000
@@ -91,7 +91,7 @@ def test_shuffled_shards_are_the_same_bytes_whoever_writes_them(
     # The local runner spills batches and pieces to files, deleted once the shards are written;
     # other runners group the pieces themselves: the same bytes.
     assert not list((tmp_path / "one").rglob("_tmp-*"))
-    monkeypatch.setattr(sinks, "holds_in_memory", lambda _: False)
+    monkeypatch.setattr(convert, "holds_in_memory", lambda _: False)
     run([*common, "--output", str(tmp_path / "grouped")])
     assert _shard_bytes(tmp_path / "grouped") == expected
 
@@ -190,7 +190,6 @@ def test_a_transform_schema_is_shuffled_after_the_transform(tmp_path: Path) -> N
 @pytest.mark.parametrize(
     ("flags", "message"),
     [
-        (["--shuffle", "--sink", "beam"], "--shuffle needs --sink fast"),
         (["--seed", "3"], "--seed is the seed of --shuffle"),
         (["--shuffle", "--records_per_shard", "10"], "does not combine with --shuffle"),
     ],

@@ -33,7 +33,6 @@ _OTHER: dict[str, dict[str, Any]] = {
     "shard_size": {"shard_size": "64MB"},
     "records_per_shard": {"records_per_shard": 10},
     "num_shards": {"num_shards": 4},
-    "sink": {"sink": "beam"},
     "batch_size": {"batch_size": 100},
     "deterministic": {"deterministic": True},
     "shuffle": {"shuffle": True},

@@ -22,6 +22,7 @@ from recordforge.tfrecord import ShardInfo, describe_shard, iter_records
 from recordforge.transforms import rolling, shard_files, shuffle
 from recordforge.transforms.rolling import Limits, _Roller
 from recordforge.transforms.shard_files import ShardFiles, TempShard
+from recordforge.transforms.shard_spec import DEFAULT_SHARD_SIZE, ShardSpec, Sizing
 from recordforge.transforms.sinks import WriteTFRecords
 
 SUFFIX = {"gzip": ".tfrecord.gz", "zlib": ".tfrecord.deflate", "none": ".tfrecord"}
@@ -181,13 +182,12 @@ def test_a_failed_spill_leaves_no_file(target: Path, monkeypatch: pytest.MonkeyP
 
 # Every writer of WriteTFRecords, through a pipeline: what it leaves is the shards, nothing else.
 WRITERS = {
-    "by_size": {"shard_size": 3000},
-    "by_records": {"records_per_shard": 70},
-    "count": {"num_shards": 3},
-    "count_more_than_batches": {"num_shards": 9},
-    "deterministic": {"num_shards": 3, "deterministic": True},
-    "shuffle": {"num_shards": 3, "shuffle": True},
-    "beam_comparison": {"num_shards": 2, "sink": "beam"},
+    "by_size": {"sizing": Sizing.BYTES, "max_bytes": 3000},
+    "by_records": {"sizing": Sizing.RECORDS, "max_records": 70, "max_bytes": DEFAULT_SHARD_SIZE},
+    "count": {"sizing": Sizing.COUNT, "count": 3},
+    "count_more_than_batches": {"sizing": Sizing.COUNT, "count": 9},
+    "deterministic": {"sizing": Sizing.PLACED, "count": 3},
+    "shuffle": {"sizing": Sizing.PLACED, "count": 3, "seed": 42},
 }
 FILES = {"a.parquet": [0, 100, 200], "b.parquet": [0, 50]}  # first rows of each file's batches
 
@@ -230,9 +230,9 @@ def test_every_writer_leaves_its_shards_and_nothing_else(target: Path, writer: s
     before = _snapshot(target.parent)
     with test_pipeline.TestPipeline(runner=DEFAULT_RUNNER) as p:
         pcoll = p | "Batches" >> beam.Create(batches)
-        file_rows = p | "FileRows" >> beam.Create([(name, starts[-1] + 50) for name, starts in FILES.items()])
-        shards = pcoll | WriteTFRecords(str(target), compression=compression, file_rows=file_rows, **flags)
-        count = flags.get("num_shards") or None
+        spec = ShardSpec(compression=compression, **flags)
+        shards = pcoll | WriteTFRecords(str(target), spec, spill=True)
+        count = flags.get("count") or None
         expected = [r for _, a in batches for r in a.to_pylist()]
         assert_that(
             shards | beam.combiners.ToList(), lambda got: _check(expected, compression, count)(got[0])
@@ -248,8 +248,8 @@ def test_every_writer_leaves_its_shards_and_nothing_else(target: Path, writer: s
 def test_the_shuffled_and_deterministic_writers_write_the_same_bytes_twice(tmp_path: Path) -> None:
     def write(folder: Path, flags: dict) -> dict[str, bytes]:
         with test_pipeline.TestPipeline(runner=DEFAULT_RUNNER) as p:
-            file_rows = p | "FileRows" >> beam.Create([(n, s[-1] + 50) for n, s in FILES.items()])
-            _ = p | beam.Create(_batches()) | WriteTFRecords(str(folder), file_rows=file_rows, **flags)
+            spec = ShardSpec(compression="gzip", **flags)
+            _ = p | beam.Create(_batches()) | WriteTFRecords(str(folder), spec, spill=False)
         return {f.name: f.read_bytes() for f in sorted(folder.iterdir())}
 
     for name in ("deterministic", "shuffle"):

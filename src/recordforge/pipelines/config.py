@@ -2,18 +2,23 @@
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from recordforge.errors import RecordForgeError
 from recordforge.pipelines.flags import FLAGS, FORMATS, default
 from recordforge.pipelines.options import ConvertOptions
 from recordforge.schemas.plan import Plan
 from recordforge.tfrecord import Compression
-from recordforge.transforms.rolling import DEFAULT_SHARD_SIZE, parse_size
+from recordforge.transforms.shard_spec import DEFAULT_SHARD_SIZE, ShardSpec, Sizing, parse_size
 from recordforge.transforms.splits import SplitSpec
 
-__all__ = ["ConvertConfig", "parse_splits"]
+if TYPE_CHECKING:  # inputs.py imports this module
+    from recordforge.pipelines.inputs import Inputs
+
+__all__ = ["ConvertConfig", "parse_splits", "shard_spec"]
 
 
 def parse_splits(text: str, *, weighted: bool = True) -> tuple[tuple[str, int], ...]:
@@ -45,7 +50,6 @@ class ConvertConfig:
     compression: str | None = default("compression")  # None: gzip, or none when the schema holds images
     num_shards: int = default("num_shards")
     batch_size: int = default("batch_size")
-    sink: str = default("sink")
     shard_size: str | None = default("shard_size")
     records_per_shard: int = default("records_per_shard")
     compression_level: int = default("compression_level")
@@ -78,21 +82,14 @@ class ConvertConfig:
             problems.append(f"--compression must be one of {', '.join(Compression.CHOICES)}")
         if self.num_shards < 0:
             problems.append("--num_shards must be 0 (as many as --shard_size makes) or more")
-        if self.deterministic and self.sink != "fast":
-            problems.append("--deterministic needs --sink fast")
-        if self.shuffle and self.sink != "fast":
-            problems.append("--shuffle needs --sink fast")
         if self.seed != default("seed") and not self.shuffle:
             problems.append("--seed is the seed of --shuffle, which is not given")
         if self.max_rejected < 0:
             problems.append("--max_rejected must be 0 or more")
         if not 0.0 <= self.max_rejected_fraction <= 1.0:
             problems.append("--max_rejected_fraction must be between 0 and 1")
-        if (self.shard_size or self.records_per_shard) and (self.num_shards or self.sink != "fast"):
-            problems.append(
-                "--shard_size and --records_per_shard size shards of the fast sink; "
-                "they do not combine with --num_shards or --sink beam"
-            )
+        if (self.shard_size or self.records_per_shard) and self.num_shards:
+            problems.append("--shard_size and --records_per_shard do not combine with --num_shards")
         if self.records_per_shard and self.fixed_shards:
             flag = "--shuffle" if self.shuffle else "--deterministic"
             problems.append(
@@ -103,7 +100,8 @@ class ConvertConfig:
             problems.append("--records_per_shard must be 0 (no limit) or more")
         if self.shard_size is not None:
             try:
-                parse_size(self.shard_size)
+                if parse_size(self.shard_size) < 1:
+                    problems.append("--shard_size must be at least 1 byte")
             except ValueError as exn:
                 problems.append(f"--shard_size: {exn}")
         if (self.split_key or self.split_column) and not self.splits:
@@ -115,8 +113,6 @@ class ConvertConfig:
                 parse_splits(self.splits, weighted=self.split_column is None)
             except ValueError as exn:
                 problems.append(f"--splits: {exn}")
-            if self.sink != "fast":
-                problems.append("--splits needs the fast sink")
         if self.analyze_split and not self.splits:
             problems.append("--analyze_split needs --splits")
         if self.preprocessing_fn and ":" not in self.preprocessing_fn:
@@ -185,3 +181,35 @@ class ConvertConfig:
                 f"({', '.join(splits.names)}); name one with --analyze_split"
             )
         return name
+
+
+def shard_spec(
+    config: ConvertConfig, inputs: Inputs, *, name: str, compression: str, share: float
+) -> ShardSpec:
+    """How the writer of one split (`name`, `share` of the input) sizes its shards, from the
+    flags already checked: by --records_per_shard, by --num_shards, or by --shard_size; placed
+    (--deterministic, --shuffle) into --num_shards shards, or without it a shard per
+    --shard_size of input (per 1,024 images of a folder whose listing gave no sizes), a
+    function of the input and the flags alone, as the output's bytes must be."""
+    level = config.compression_level
+    if config.fixed_shards:
+        count = config.num_shards
+        if not count and inputs.folder is not None and inputs.folder.sizes is None:
+            count = max(1, math.ceil(inputs.folder.count * share / 1024))
+        elif not count:
+            size = sum(f.size for f in inputs.files if f.size is not None)
+            count = max(1, math.ceil(size * share / config.shard_bytes))
+        seed = config.seed if config.shuffle else None
+        return ShardSpec(Sizing.PLACED, compression, level, name, count=count, seed=seed)
+    if config.num_shards:
+        return ShardSpec(Sizing.COUNT, compression, level, name, count=config.num_shards)
+    if config.records_per_shard:
+        return ShardSpec(
+            Sizing.RECORDS,
+            compression,
+            level,
+            name,
+            max_bytes=config.shard_bytes,
+            max_records=config.records_per_shard,
+        )
+    return ShardSpec(Sizing.BYTES, compression, level, name, max_bytes=config.shard_bytes)

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
 import os
 import shutil
 import sys
@@ -36,7 +35,6 @@ from apache_beam.options.pipeline_options import PipelineOptions, StandardOption
 
 from recordforge import layout, startup
 from recordforge.errors import RecordForgeError, TypesChanged, UsageError
-from recordforge.pipelines.config import ConvertConfig
 from recordforge.pipelines.inputs import Inputs
 from recordforge.pipelines.progress import Watch
 from recordforge.pipelines.publishing import Publication
@@ -53,11 +51,11 @@ from recordforge.transforms.bundle import BundleSpec, RunFacts, WriteBundle, rul
 from recordforge.transforms.coders import declare_element_type
 from recordforge.transforms.csv_source import ReadCsv
 from recordforge.transforms.examples import REJECTED, ToExamples
-from recordforge.transforms.image_folder import ImageFolder, ReadImageFolder
+from recordforge.transforms.image_folder import ReadImageFolder
 from recordforge.transforms.rejects import WriteRejected
-from recordforge.transforms.sharing import SPREAD, work_plan
+from recordforge.transforms.sharing import SPREAD, holds_in_memory, work_plan
 from recordforge.transforms.sinks import WriteTFRecords
-from recordforge.transforms.sources import UNREADABLE, FileInfo, ReadParquet
+from recordforge.transforms.sources import UNREADABLE, ReadParquet
 from recordforge.transforms.splits import in_split
 from recordforge.unwrap import from_worker
 
@@ -98,7 +96,7 @@ def build(pipeline: beam.Pipeline, run: Run) -> beam.PCollection[str]:
         rejected_files = rejected_lines | "NoRejectedFiles" >> beam.FlatMap(_nothing)
     else:
         rejected_files = rejected_lines | "WriteRejected" >> WriteRejected(run.root)
-    shards = _write_shards(run, examples, batches)
+    shards = _write_shards(run, examples)
     # ShardInfo: path, records, bytes, sha256 of each shard as written
     return shards | "WriteBundle" >> WriteBundle(
         _bundle_spec(run, transformed),
@@ -160,48 +158,21 @@ def _preprocess(pipeline: beam.Pipeline, run: Run, rows: beam.PCollection) -> Tr
     )
 
 
-def _write_shards(run: Run, examples: beam.PCollection, batches: beam.PCollection) -> beam.PCollection:
+def _write_shards(run: Run, examples: beam.PCollection) -> beam.PCollection:
     """One writer per split ({version}/{split}/{split}-SSSSS-of-NNNNN), or one for all records
-    ({version}/data-SSSSS-of-NNNNN); returns their ShardInfos."""
-    config, splits = run.config, run.splits
-    file_rows = None
-    if config.deterministic and not config.shuffle:
-        # Where each file ends, in rows: the deterministic sink places every batch by it.
-        file_rows = (
-            batches
-            | "BatchEnds" >> beam.Map(lambda b: (b.file, b.first_row + b.batch.num_rows))
-            | "FileRows" >> beam.CombinePerKey(max)
-        )
-
-    def write(records: beam.PCollection, into: str, name: str, label: str) -> beam.PCollection:
-        num_shards = config.num_shards
-        if not num_shards and config.fixed_shards:
-            share = 1.0 if splits is None else splits.weights[splits.names.index(name)] / sum(splits.weights)
-            num_shards = _deterministic_shards(
-                run.inputs.files, run.inputs.folder, config, run.shares.get(name, share)
-            )
-        return records | label >> WriteTFRecords(
-            into,
-            compression=run.compression,
-            num_shards=num_shards,
-            file_rows=file_rows,
-            sink=config.sink,
-            compression_level=config.compression_level,
-            deterministic=config.deterministic,
-            shard_size=config.shard_bytes,
-            records_per_shard=config.records_per_shard,
-            name=name,
-            shuffle=config.shuffle,
-            seed=config.seed,
-        )
-
-    if splits is None:
-        return write(examples, run.root, "data", "WriteTFRecords")
+    ({version}/data-SSSSS-of-NNNNN), each by its shard spec as resolved; returns their ShardInfos."""
+    # Beam's local runners hold a grouping's input in memory: the placed writer spills there.
+    spill = holds_in_memory(examples.pipeline)
+    if run.splits is None:
+        return examples | "WriteTFRecords" >> WriteTFRecords(run.root, run.shards["data"], spill=spill)
     written = []
-    for name in splits.names:
+    for name in run.splits.names:
         chosen = examples | f"Select[{name}]" >> beam.Filter(in_split, name)
         chosen = declare_element_type(chosen, examples.element_type)  # keeps the batches' coder
-        written.append(write(chosen, layout.join(run.root, name), name, f"WriteTFRecords[{name}]"))
+        into = layout.join(run.root, name)
+        written.append(
+            chosen | f"WriteTFRecords[{name}]" >> WriteTFRecords(into, run.shards[name], spill=spill)
+        )
     return written | "AllSplits" >> beam.Flatten()
 
 
@@ -241,18 +212,6 @@ def _bundle_spec(run: Run, transformed: Transformed | None) -> BundleSpec:
         max_rejected=config.max_rejected,
         max_rejected_fraction=config.max_rejected_fraction,
     )
-
-
-def _deterministic_shards(
-    files: list[FileInfo], folder: ImageFolder | None, config: ConvertConfig, share: float
-) -> int:
-    """--deterministic without --num_shards: a shard per --shard_size of input (a split gets its
-    share), or per 1,024 images of a folder whose listing gave no sizes. A function of the input
-    and the flags alone, as the output's bytes must be."""
-    sizes = [f.size for f in files if f.size is not None]
-    if folder is not None and folder.sizes is None:
-        return max(1, math.ceil(folder.count * share / 1024))
-    return max(1, math.ceil(sum(sizes) * share / config.shard_bytes))
 
 
 def worker_mode(options: PipelineOptions) -> str:

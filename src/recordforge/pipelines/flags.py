@@ -17,9 +17,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from recordforge.tfrecord import Compression
-from recordforge.transforms.rolling import DEFAULT_SHARD_SIZE
+from recordforge.transforms.shard_spec import DEFAULT_LEVEL, DEFAULT_SHARD_SIZE
 from recordforge.transforms.shuffle import DEFAULT_SEED
-from recordforge.transforms.sinks import DEFAULT_LEVEL, SINKS
 
 __all__ = ["add_flags", "default", "Flag", "FLAGS", "FORMATS", "parse_bool", "readme_table"]
 
@@ -170,7 +169,8 @@ FLAGS: tuple[Flag, ...] = (
     ),
     Flag(
         "records_per_shard",
-        "At most this many records per shard (exact); 0 (default): no limit.",
+        "Exactly this many records in every shard but one per split, however many workers "
+        "write them (unless a shard reaches --shard_size first); 0 (default): no limit.",
         True,
         "Records per shard",
         _NUMBER,
@@ -191,20 +191,6 @@ FLAGS: tuple[Flag, ...] = (
         default=0,
         row="shards",
         metavar="N",
-    ),
-    Flag(
-        "sink",
-        "fast (default): RecordForge's writer, whole batches framed at once and deflated with "
-        "ISA-L, its temporary files published into place together. beam: "
-        "beam.io.WriteToTFRecord, one element per record, with Beam's own temporary files; kept "
-        "only as a benchmark comparison, not a supported output path (it does not combine with "
-        "--deterministic, --shuffle, --splits, --shard_size or --records_per_shard).",
-        True,
-        "Sink",
-        "^(fast|beam)$",
-        "`beam`: `beam.io.WriteToTFRecord`, one element per record (for comparison only)",
-        default="fast",
-        choices=SINKS,
     ),
     Flag(
         "batch_size",

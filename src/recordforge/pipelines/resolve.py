@@ -22,7 +22,7 @@ from apache_beam.options.pipeline_options import (
 
 from recordforge.errors import RecordForgeError, UsageError
 from recordforge.layout import new_version, version_root
-from recordforge.pipelines.config import ConvertConfig
+from recordforge.pipelines.config import ConvertConfig, shard_spec
 from recordforge.pipelines.dryrun import dataflow_preflight
 from recordforge.pipelines.flags import FLAGS, Flag
 from recordforge.pipelines.inputs import Inputs, resolve_inputs
@@ -36,6 +36,7 @@ from recordforge.pipelines.publishing import (
     read_state,
 )
 from recordforge.schemas import Plan
+from recordforge.transforms.shard_spec import ShardSpec
 from recordforge.transforms.splits import SplitSpec
 
 __all__ = [
@@ -88,6 +89,7 @@ class Run:
     shares: dict[str, float]  # each split's share of the input, where weights do not say it
     preprocessing: bool  # the schema declares a `transform:`, or --preprocessing_fn is given
     fit_split: str | None  # the split analyzers are fitted on (None: all rows)
+    shards: dict[str, ShardSpec]  # how each split's writer ("data" without splits) sizes shards
     up_to_date: dict[str, Any] | None = None  # --if_changed: the published metadata, if it is current
 
     @property
@@ -306,6 +308,12 @@ def _run(
         for _, names, _, split in folder.groups:  # each split's share of the images, for sizing
             shares[split] = shares.get(split, 0.0) + len(names) / max(1, folder.count)
     preprocessing = plan.schema.has_transforms or bool(config.preprocessing_fn)
+    compression = config.resolved_compression(any(f.is_image for f in plan.features))
+    shards = {}
+    for name in splits.names if splits is not None else ("data",):
+        share = 1.0 if splits is None else splits.weights[splits.names.index(name)] / sum(splits.weights)
+        share = shares.get(name, share)
+        shards[name] = shard_spec(config, inputs, name=name, compression=compression, share=share)
     version = new_version()
     return Run(
         options=options,
@@ -314,10 +322,11 @@ def _run(
         state=state,
         version=version,
         root=version_root(config.output, version),
-        compression=config.resolved_compression(any(f.is_image for f in plan.features)),
+        compression=compression,
         splits=splits,
         shares=shares,
         preprocessing=preprocessing,
         fit_split=config.fit_split(splits) if preprocessing else None,
+        shards=shards,
         up_to_date=up_to_date,
     )

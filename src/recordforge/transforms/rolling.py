@@ -1,17 +1,9 @@
-"""Shards by size, whatever the runner's bundles: each worker streams its batches into temporary
-parts, starting a new one at the target size or record count. A bundle's last part is usually
-short, and runners that make many small bundles (Dataflow) make many such parts: those are joined
-into shards of the target size, by copying their compressed segments (streams.py) or, when shards
-are counted in records, by rewriting them. For a fixed number of shards every part is cut, by its
-segments, into that many joins of about equal bytes. A final step names every shard
-`data-SSSSS-of-NNNNN` and moves it into place. Temporary names, publishing and cleanup are those
-of every writer (shard_files.py)."""
+"""The rolling writer: shards cut by size, by record count or into a fixed count, whatever the bundles."""
 
 from __future__ import annotations
 
 import logging
-import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,30 +23,11 @@ from recordforge.transforms.shard_files import (
     temp_path,
     write_shard,
 )
+from recordforge.transforms.shard_spec import ShardSpec, Sizing
 
-__all__ = ["DEFAULT_SHARD_SIZE", "Limits", "WriteShardsBySize", "parse_size"]
+__all__ = ["Limits", "WriteRollingShards"]
 
 _LOGGER = logging.getLogger(__name__)
-DEFAULT_SHARD_SIZE = 128 << 20  # TensorFlow's guidance: 100-200 MB per shard
-_UNITS = {
-    "": 1,
-    "B": 1,
-    "KB": 10**3,
-    "MB": 10**6,
-    "GB": 10**9,
-    "KIB": 1 << 10,
-    "MIB": 1 << 20,
-    "GIB": 1 << 30,
-}
-
-
-def parse_size(text: str) -> int:
-    """`128MB`, `1.5GB`, `64MiB` or a number of bytes."""
-    m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*", text)
-    if not m or m.group(2).upper() not in _UNITS:
-        raise ValueError(f"not a size: {text!r} (examples: 128MB, 1GB, 64MiB)")
-    return int(float(m.group(1)) * _UNITS[m.group(2).upper()])
-
 
 # A part at least this fraction of the target size is a shard as it is; smaller parts are joined.
 FULL_FRACTION = 0.75
@@ -74,6 +47,16 @@ class Limits:
     max_bytes: int
     max_records: int
     num_shards: int = 0
+
+    @classmethod
+    def of(cls, spec: ShardSpec) -> Limits:
+        return cls(spec.max_bytes, spec.max_records, spec.count if spec.sizing is Sizing.COUNT else 0)
+
+    @property
+    def sizing(self) -> Sizing:
+        if self.num_shards:
+            return Sizing.COUNT
+        return Sizing.RECORDS if self.max_records else Sizing.BYTES
 
     @property
     def slice_bytes(self) -> int:
@@ -100,6 +83,9 @@ class _Part:
     sha256: str
     first_key: Any
     segments: tuple[Segment, ...] = ()
+    # Where in its first batch the part starts (records before it there): parts that start in
+    # one batch (cut by a full part, or joins cut from one part) follow each other by it.
+    first_record: int = 0
 
 
 class _Roller:
@@ -112,11 +98,11 @@ class _Roller:
         self._limits = limits
         self._writer: StreamWriter | None = None
 
-    def _open(self, key: Any) -> StreamWriter:
+    def _open(self, key: Any, first_record: int) -> StreamWriter:
         self._tmp = temp_path(self._tmp_dir, "part")
         self._writer = open_stream(self._tmp, self._compression, self._level)
         self._records = 0
-        self._first_key = key
+        self._first_key, self._first_record = key, first_record
         return self._writer
 
     def close(self, *, full: bool = False) -> _Part | None:
@@ -127,7 +113,9 @@ class _Roller:
         writer, self._writer = self._writer, None
         temp, segments = close_stream(self._tmp, writer, self._records)
         kept = () if full else segments
-        return _Part(temp.tmp, temp.records, temp.bytes, temp.sha256, self._first_key, kept)
+        return _Part(
+            temp.tmp, temp.records, temp.bytes, temp.sha256, self._first_key, kept, self._first_record
+        )
 
     def abandon(self) -> None:
         """Deletes the part being written (its step failed)."""
@@ -135,19 +123,20 @@ class _Roller:
             writer, self._writer = self._writer, None
             abandon(self._tmp, writer)
 
-    def add(self, key: Any, records: pa.Array) -> Iterator[_Part]:
+    def add(self, key: Any, records: pa.Array, first_record: int = 0) -> Iterator[_Part]:
+        """Writes `records`, the batch `key`'s from its `first_record` on."""
         try:
-            yield from self._add(key, records)
+            yield from self._add(key, records, first_record)
         except Exception:  # not GeneratorExit: a caller that stops reading leaves the part be
             self.abandon()
             raise
 
-    def _add(self, key: Any, records: pa.Array) -> Iterator[_Part]:
+    def _add(self, key: Any, records: pa.Array, first_record: int) -> Iterator[_Part]:
         limits = self._limits
         offsets, data = binary_parts(frame_records(records))
         start, n = 0, len(records)
         while start < n:
-            writer = self._writer or self._open(key)
+            writer = self._writer or self._open(key, first_record + start)
             end = n if not limits.max_records else min(n, start + limits.max_records - self._records)
             # At most one slice's bytes, at least one record.
             fits = int(np.searchsorted(offsets, offsets[start] + limits.slice_bytes, side="right")) - 1
@@ -189,10 +178,11 @@ class _Join:
         return sum(seg.records for _, segs in self.pieces for seg in segs)
 
 
-def _order(part: _Part) -> tuple[bool, Any, str]:
-    """Input order; the empty shards of a fixed count (no first key) last. Joins cut from one
-    part share its first key and follow each other by the index in their names."""
-    return (part.first_key is None, () if part.first_key is None else part.first_key, part.tmp)
+def _order(part: _Part) -> tuple[bool, Any, int, str]:
+    """Input order: by first batch, then where in it the part starts (never by the temporary
+    names, which are random); the empty shards of a fixed count (no first key) last."""
+    first = () if part.first_key is None else part.first_key
+    return (part.first_key is None, first, part.first_record, part.tmp)
 
 
 def _short(parts: Iterable[_Part], limits: Limits) -> list[_Part]:
@@ -223,23 +213,19 @@ def _plan_count(parts: list[_Part], count: int) -> Iterator[_Join]:
         yield _Join(index, ())
 
 
-def _plan(_: bytes, parts: list[_Part], limits: Limits) -> Iterator[_Join]:
-    """Groups the short parts, in input order, into joins. By bytes: segments are taken in order
-    and a join closes once it reaches the target, so every joined shard but the last is within a
-    segment of the target. By records, all short parts are rewritten by one join, which cuts at
-    exact record counts."""
-    short = _short(parts, limits)
-    if limits.num_shards:
-        yield from _plan_count(short, limits.num_shards)
-        return
-    if not short:
-        return
-    if limits.max_records:
-        yield _Join(0, tuple((p, p.segments) for p in short))
-        return
+def _plan_records(parts: list[_Part], limits: Limits) -> Iterator[_Join]:
+    """All short parts rewritten by one join, which cuts at exact record counts: every shard but
+    one holds `max_records`, however many workers wrote parts."""
+    if parts:
+        yield _Join(0, tuple((p, p.segments) for p in parts))
+
+
+def _plan_bytes(parts: list[_Part], limits: Limits) -> Iterator[_Join]:
+    """Segments taken in input order, a join closed once it reaches `max_bytes`: every joined
+    shard but the last is within a segment of the target."""
     pieces: list[tuple[_Part, tuple[Segment, ...]]] = []
     size, index = 0, 0
-    for part in short:
+    for part in parts:
         taken: list[Segment] = []
         for seg in part.segments:
             taken.append(seg)
@@ -253,6 +239,18 @@ def _plan(_: bytes, parts: list[_Part], limits: Limits) -> Iterator[_Join]:
         yield _Join(index, tuple(pieces))
 
 
+_PLANNERS: dict[Sizing, Callable[[list[_Part], Limits], Iterator[_Join]]] = {
+    Sizing.BYTES: _plan_bytes,
+    Sizing.RECORDS: _plan_records,
+    Sizing.COUNT: lambda parts, limits: _plan_count(parts, limits.num_shards),
+}
+
+
+def _plan(_: bytes, parts: list[_Part], limits: Limits) -> Iterator[_Join]:
+    """Groups the short parts, in input order, into joins, by the sizing's planner."""
+    return _PLANNERS[limits.sizing](_short(parts, limits), limits)
+
+
 def _join(join: _Join, tmp_dir: str, compression: str, level: int, limits: Limits) -> list[_Part]:
     """The shard(s) of one join, as new parts. A join of one whole part is that part, untouched;
     an empty join (a fixed count of shards with fewer segments) is an empty shard. Idempotent: a
@@ -262,7 +260,10 @@ def _join(join: _Join, tmp_dir: str, compression: str, level: int, limits: Limit
     if not join.pieces:
         empty, segments = write_shard(tmp, [], compression, level)
         return [_Part(empty.tmp, 0, empty.bytes, empty.sha256, None, segments)]
-    first_key = join.pieces[0][0].first_key
+    first_part, first_segments = join.pieces[0]
+    first_key = first_part.first_key
+    skipped = first_part.segments[: first_part.segments.index(first_segments[0])] if first_segments else ()
+    first_record = first_part.first_record + sum(seg.records for seg in skipped)
     if len(join.pieces) == 1 and join.pieces[0][1] == join.pieces[0][0].segments:
         return [join.pieces[0][0]]
     if not limits.max_records:
@@ -272,18 +273,19 @@ def _join(join: _Join, tmp_dir: str, compression: str, level: int, limits: Limit
         except BaseException:
             abandon(tmp)
             raise
-        return [_Part(tmp, records, size, sha, first_key, segments)]
+        return [_Part(tmp, records, size, sha, first_key, segments, first_record)]
     roller = _Roller(tmp_dir, compression, level, limits)
     out: list[_Part] = []
     for part, _ in join.pieces:
         batch: list[bytes] = []
+        at = part.first_record
         for _, record in read_records(part.tmp, compression, check_crc=False):
             batch.append(record)
             if len(batch) == _REWRITE_BATCH:
-                out.extend(roller.add(part.first_key, pa.array(batch, pa.large_binary())))
-                batch = []
+                out.extend(roller.add(part.first_key, pa.array(batch, pa.large_binary()), at))
+                at, batch = at + len(batch), []
         if batch:
-            out.extend(roller.add(part.first_key, pa.array(batch, pa.large_binary())))
+            out.extend(roller.add(part.first_key, pa.array(batch, pa.large_binary()), at))
     last = roller.close()
     return [*out, last] if last is not None else out
 
@@ -297,41 +299,37 @@ def _publish(
     tmp_dir: str,
     limits: Limits,
 ) -> list[ShardInfo]:
-    """Names the shards in input order and publishes them (shard_files.py): leftovers of retried
+    """Names the shards in input order (by records, the short one last) and publishes them (shard_files.py): leftovers of retried
     bundles and joined parts go with the temporary folder, and a retried publish is harmless."""
     short = {p.tmp for p in _short(parts, limits)}
     shards = [p for p in parts if p.tmp not in short] + [p for group in joined for p in group]
-    shards.sort(key=_order)
+    if limits.sizing is Sizing.RECORDS:
+        # The one shard short of `max_records` is named last, whichever worker's part it began in.
+        shards.sort(key=lambda p: (p.records < limits.max_records, _order(p)))
+    else:
+        shards.sort(key=_order)
     _LOGGER.debug("%s: %d parts, %d joins", prefix, len(parts), len(joined))
     return ShardFiles(prefix, suffix, tmp_dir).publish(shards)
 
 
-class WriteShardsBySize(beam.PTransform):
+class WriteRollingShards(beam.PTransform):
     """In: `(key, records)` batches. Out: a `ShardInfo` per shard, from the bytes as written.
 
-    Every shard but one holds `max_records` records exactly, when that is set, and otherwise
-    between 75% of `max_bytes` and a few percent above it, however the runner cut its bundles.
-    With `num_shards`, exactly that many shards, their compressed sizes within a segment of each
-    other (a batch, or 4 MiB of records).
+    Each worker streams its batches into parts, a new one when a part is full; the short parts
+    are then joined by the spec's planner. Sized by records, every shard but one holds
+    `max_records` records exactly; by bytes, every shard but one between 75% of `max_bytes` and a
+    few percent above it; by count, exactly `count` shards whose compressed sizes differ by less
+    than a segment (a batch, or 4 MiB of records).
     """
 
-    def __init__(
-        self,
-        files: ShardFiles,
-        *,
-        compression: str,
-        level: int,
-        max_bytes: int = 0,
-        max_records: int = 0,
-        num_shards: int = 0,
-    ) -> None:
+    def __init__(self, files: ShardFiles, spec: ShardSpec) -> None:
         super().__init__()
-        if num_shards and (max_bytes or max_records):
-            raise ValueError("a fixed num_shards does not combine with max_bytes or max_records")
+        if not spec.sizing.rolling:
+            raise ValueError(f"the rolling writer takes a rolling sizing, not {spec.sizing.value}")
         self._files = files
-        self._compression = compression
-        self._level = level
-        self._limits = Limits(max_bytes, max_records, num_shards)
+        self._compression = spec.compression
+        self._level = spec.level
+        self._limits = Limits.of(spec)
 
     def expand(self, batches: beam.PCollection[tuple[Any, pa.Array]]) -> beam.PCollection[ShardInfo]:
         tmp, limits = self._files.temp_dir, self._limits

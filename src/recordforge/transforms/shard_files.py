@@ -1,6 +1,6 @@
 """Shard files: the one scheme by which every TFRecord writer names, publishes and cleans up.
 
-A writer (rolling.py, sinks.py) owns one temporary folder beside its shards,
+A writer (rolling.py, placed.py) owns one temporary folder beside its shards,
 `{folder}/_tmp-<12 hex>/`, and writes nothing else until it publishes: every file it makes on the
 way (parts, joined parts, whole shards, spilled batches) is `<kind>-<32 hex><ext>` in that folder,
 a fresh name per attempt, so that a retried step never meets a file of the attempt it replaces.
@@ -24,12 +24,11 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import pyarrow as pa
-from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
 from recordforge import crashpoints, layout
 from recordforge.arrays import binary_parts
-from recordforge.storage import delete_tree, exists
+from recordforge.storage import create_file, delete_files, delete_tree, exists
 from recordforge.streams import HashingFile, Segment, StreamWriter
 from recordforge.tfrecord import ShardInfo, frame_records
 
@@ -66,8 +65,7 @@ def abandon(path: str, writer: StreamWriter | None = None) -> None:
         if writer is not None:
             writer.file.close()
     with contextlib.suppress(Exception):
-        if exists(path):
-            FileSystems.delete([path])
+        delete_files([path])
 
 
 @dataclass(frozen=True)
@@ -82,7 +80,7 @@ class TempShard:
 
 def open_stream(path: str, compression: str, level: int) -> StreamWriter:
     """A new temporary file at `path`, as a stream of `compression` that hashes what it writes."""
-    handle = FileSystems.create(path, compression_type=CompressionTypes.UNCOMPRESSED)
+    handle = create_file(path)
     try:
         return StreamWriter(HashingFile(handle), compression, level)  # writes the header
     except BaseException:

@@ -1,27 +1,4 @@
-"""--shuffle: a seeded permutation of the records, computed per batch, written shard by shard.
-
-A record's identity is its position in the input: (file, rank among the records of its split in
-that file), with files in path order, which numbers the records of a split 0..N-1 exactly as the
-deterministic sink orders them. That number does not depend on how the runner cut the input into
-batches (the rank counts records, not rows, so rejected rows and rows of other splits leave no
-gaps), nor on which worker read what. A seeded pseudo-random permutation of [0, N) (a Feistel
-network with cycle walking) maps it to the record's place in the output: shard s holds places
-[s*N/S, (s+1)*N/S), each in place order. Shards are then balanced to one record, the output is a
-function of the input, flags and seed, and its order owes nothing to the input order.
-
-Content keys (a hash of each serialized record) were the alternative: they would shuffle the
-same rows alike whatever files they came in, but identical records would share a key, so every
-copy of a frequent record would land in one shard, side by side, and a table of few distinct
-records would make a few huge shards. Positions never collide.
-
-The per-batch record counts reach the scatter step as a side input (one small tuple per batch),
-so the batches wait for the last one to be counted. On Dataflow and Dask they wait on the
-runner's disk and each shard's pieces meet in a GroupByKey: memory is bounded by a shard. Beam's
-local runner would hold them, and then the grouped pieces, in memory (several times the
-serialized records); there, with `spill_dir` (the writer's temporary folder, shard_files.py),
-batches and pieces wait in temporary Arrow files instead and only their names are grouped, so
-memory is bounded by a batch and a shard.
-"""
+"""Global places for a split's records: their input positions, as they are or permuted by a seed."""
 
 from __future__ import annotations
 
@@ -33,13 +10,12 @@ import apache_beam as beam
 import numpy as np
 import pyarrow as pa
 from apache_beam import typehints
-from apache_beam.io.filesystem import CompressionTypes
-from apache_beam.io.filesystems import FileSystems
 
+from recordforge.storage import create_file, read_bytes
 from recordforge.transforms.coders import declare_element_type
 from recordforge.transforms.shard_files import abandon, temp_path
 
-__all__ = ["DEFAULT_SEED", "Permutation", "ScatterRecords", "SpillBatches", "read_spilled", "sorted_records"]
+__all__ = ["DEFAULT_SEED", "Permutation", "ScatterRecords", "ordered_pieces", "sorted_records"]
 
 DEFAULT_SEED = 42
 _ROUNDS = 6  # Luby-Rackoff: 4 rounds make a strong pseudo-random permutation; 2 more are cheap
@@ -107,26 +83,28 @@ def _first_records(counts: Iterable[tuple[str, int, int]]) -> tuple[dict[tuple[s
 
 
 class _ScatterFn(beam.DoFn):
-    """Places each record of a batch: its output place, then its shard; emits one piece per
-    shard, a struct array of (place, record) pairs."""
+    """Places each record of a batch: its output place (its position, or with a seed that
+    position permuted), then its shard; emits one piece per shard, a struct array of (place,
+    record) pairs."""
 
-    def __init__(self, num_shards: int, seed: int, salt: str, spill_dir: str | None) -> None:
+    def __init__(self, num_shards: int, seed: int | None, salt: str, spill_dir: str | None) -> None:
         self._num_shards = num_shards
         self._seed = seed
         self._salt = salt
         self._spill_dir = spill_dir
-        self._seen: tuple[int, dict[tuple[str, int], int], Permutation, np.ndarray] | None = None
+        self._seen: tuple[int, dict[tuple[str, int], int], Permutation | None, np.ndarray] | None = None
 
     def _plan(
         self, counts: list[tuple[str, int, int]]
-    ) -> tuple[dict[tuple[str, int], int], Permutation, np.ndarray]:
+    ) -> tuple[dict[tuple[str, int], int], Permutation | None, np.ndarray]:
         # The side input is the same object for every batch of a bundle: computed once.
         if self._seen is None or self._seen[0] != id(counts):
             firsts, total = _first_records(counts)
             bounds = np.array(
                 [s * total // self._num_shards for s in range(1, self._num_shards)], dtype=np.uint64
             )
-            self._seen = (id(counts), firsts, Permutation(total, self._seed, self._salt), bounds)
+            permute = None if self._seed is None else Permutation(total, self._seed, self._salt)
+            self._seen = (id(counts), firsts, permute, bounds)
         return self._seen[1], self._seen[2], self._seen[3]
 
     def process(
@@ -138,17 +116,21 @@ class _ScatterFn(beam.DoFn):
         if not len(records):
             return
         firsts, permute, bounds = self._plan(counts)
-        places = permute(np.arange(len(records), dtype=np.uint64) + np.uint64(firsts[(file, first_row)]))
+        places = np.arange(len(records), dtype=np.uint64) + np.uint64(firsts[(file, first_row)])
+        if permute is not None:
+            places = permute(places)
         shards = np.searchsorted(bounds, places, side="right")
-        order = np.argsort(shards, kind="stable")
+        # In input order the shards ascend already: each piece is a slice of the batch.
+        order = np.argsort(shards, kind="stable") if permute is not None else None
         ends = np.cumsum(np.bincount(shards, minlength=self._num_shards))
         start = 0
         for shard, end in enumerate(ends.tolist()):
             if end > start:
-                take = pa.array(order[start:end])
-                piece = pa.StructArray.from_arrays(
-                    [pa.array(places[order[start:end]]), records.take(take)], names=[_KEY, _RECORD]
-                )
+                if order is None:
+                    keys, taken = places[start:end], records.slice(start, end - start)
+                else:
+                    keys, taken = places[order[start:end]], records.take(pa.array(order[start:end]))
+                piece = pa.StructArray.from_arrays([pa.array(keys), taken], names=[_KEY, _RECORD])
                 if self._spill_dir is None:
                     yield shard, piece
                 else:
@@ -162,7 +144,7 @@ def _write_array(path: str, array: pa.Array) -> str:
     a failure deletes the file before it propagates."""
     batch = pa.RecordBatch.from_arrays([array], names=["a"])
     try:
-        with FileSystems.create(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
+        with create_file(path) as f:
             with pa.ipc.new_stream(f, batch.schema) as writer:
                 writer.write_batch(batch)
     except BaseException:
@@ -172,8 +154,7 @@ def _write_array(path: str, array: pa.Array) -> str:
 
 
 def _read_array(path: str) -> pa.Array:
-    with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
-        data = f.read()
+    data = read_bytes(path)
     return pa.ipc.open_stream(pa.BufferReader(data)).read_all().column(0).combine_chunks()
 
 
@@ -199,29 +180,15 @@ def _path(keyed: tuple[Any, tuple[str, int]]) -> tuple[Any, str]:
     return keyed[0], keyed[1][0]
 
 
-def read_spilled(records: pa.Array | str) -> pa.Array:
-    """A batch's records, or the records of the file a batch was spilled to."""
-    return _read_array(records) if isinstance(records, str) else records
-
-
-class SpillBatches(beam.PTransform):
-    """In: `(key, records)` batches. Out: `(key, file name)`, each batch's records written to a
-    temporary file in `spill_dir`: what a local runner's grouping then holds is the names."""
-
-    def __init__(self, spill_dir: str) -> None:
-        super().__init__()
-        self._spill_dir = spill_dir
-
-    def expand(self, batches: beam.PCollection) -> beam.PCollection:
-        return batches | "Spill" >> beam.ParDo(_SpillFn(self._spill_dir)) | "Names" >> beam.Map(_path)
-
-
 class ScatterRecords(beam.PTransform):
     """In: `((split, file, first_row), records)` batches of one split. Out: `(shard, piece)`,
     a piece per batch and shard it has records for: an Arrow array or, with `spill_dir`, the
-    name of a file holding one; `sorted_records` makes a shard of them."""
+    name of a file holding one; `sorted_records` or `ordered_pieces` makes a shard of them.
+    Places are the records' positions, or with `seed` those positions permuted."""
 
-    def __init__(self, num_shards: int, seed: int, salt: str = "", spill_dir: str | None = None) -> None:
+    def __init__(
+        self, num_shards: int, seed: int | None, salt: str = "", spill_dir: str | None = None
+    ) -> None:
         super().__init__()
         if num_shards < 1:
             raise ValueError(f"shuffled output needs num_shards >= 1, not {num_shards}")
@@ -244,6 +211,15 @@ class ScatterRecords(beam.PTransform):
             return pieces
         # The pieces are Arrow arrays: the coder sizes them from their buffers (coders.py).
         return declare_element_type(pieces, typehints.Tuple[int, pa.Array])
+
+
+def ordered_pieces(pieces: Iterable[pa.Array | str]) -> list[pa.Array]:
+    """A shard's records in place order, each piece's records apart, from pieces (arrays or
+    their files) whose places are runs that do not interleave (placed by position): a piece
+    that is a whole batch is written as that batch."""
+    arrays = [_read_array(p) if isinstance(p, str) else p for p in pieces]
+    arrays.sort(key=lambda piece: piece.flatten()[0][0].as_py())
+    return [piece.flatten()[1] for piece in arrays]
 
 
 def sorted_records(pieces: Iterable[pa.Array | str]) -> pa.Array:

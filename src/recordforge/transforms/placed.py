@@ -1,0 +1,84 @@
+"""The placed writer: every record given a global place, shard s of S holding [sN/S, (s+1)N/S)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import apache_beam as beam
+import pyarrow as pa
+
+from recordforge.tfrecord import ShardInfo
+from recordforge.transforms.shard_files import ShardFiles, TempShard
+from recordforge.transforms.shard_spec import ShardSpec, Sizing
+from recordforge.transforms.shuffle import ScatterRecords, ordered_pieces, sorted_records
+
+__all__ = ["write_placed"]
+
+
+class _WriteShardFn(beam.DoFn):
+    """One whole shard, from its pieces, to a temporary file of the writer's: placed by
+    position, each piece (a run of a batch) written apart, in order, so that a shard of whole
+    batches is written as those batches; shuffled, the records in the order of their places."""
+
+    def __init__(self, files: ShardFiles, compression: str, level: int, *, shuffled: bool) -> None:
+        self._files = files
+        self._compression = compression
+        self._level = level
+        self._shuffled = shuffled
+
+    def process(self, element: tuple[int, Iterable[Any]]) -> Iterator[tuple[int, TempShard]]:
+        shard, pieces = element
+        arrays: list[pa.Array] = [sorted_records(pieces)] if self._shuffled else ordered_pieces(pieces)
+        yield shard, self._files.write(f"shard-{shard:05d}", arrays, self._compression, self._level)
+
+
+def _publish_slots(
+    _: bytes,
+    written: list[tuple[int, TempShard]],
+    files: ShardFiles,
+    count: int,
+    compression: str,
+    level: int,
+) -> list[ShardInfo]:
+    return files.publish_slots(count, written, compression, level)
+
+
+def write_placed(
+    batches: beam.PCollection[tuple[Any, pa.Array]], files: ShardFiles, spec: ShardSpec, *, spill: bool
+) -> beam.PCollection[ShardInfo]:
+    """The placed writer's steps, applied within the caller's transform (WriteTFRecords), so
+    that its grouping is `<writer>/GroupShards`, one per split.
+
+    In: `((split, file, first_row), records)` batches of one split. Out: a `ShardInfo` per
+    shard, exactly `spec.count` of them (those no record went to written empty). A record's
+    place is its position among the split's records (files in path order, then its rank in its
+    file), or with `spec.seed` that position permuted (shuffle.py): the shards' bytes are a
+    function of the input and the spec, on any runner and worker count. `spill` (the runner
+    holds a grouping's input in memory): batches and pieces wait in files of the writer's
+    temporary folder and the grouping holds their names.
+    """
+    if spec.sizing is not Sizing.PLACED:
+        raise ValueError(f"the placed writer takes placed sizing, not {spec.sizing.value}")
+    spill_dir = files.temp_dir if spill else None
+    shuffled = spec.seed is not None
+    # The writer's name salts the permutation: splits are shuffled independently.
+    scatter = ScatterRecords(spec.count, spec.seed, salt=spec.name, spill_dir=spill_dir)
+    written = (
+        batches
+        | ("Shuffle" if shuffled else "Place") >> scatter
+        # (shard, piece of (place, record) pairs, or its file): one group per shard, written by
+        # whichever worker gets it, every shard in parallel.
+        | "GroupShards" >> beam.GroupByKey()
+        | "WriteShards" >> beam.ParDo(_WriteShardFn(files, spec.compression, spec.level, shuffled=shuffled))
+    )
+    # (shard, TempShard): published together once every shard is written; the temporary folder
+    # (spills too) goes then.
+    return (
+        batches.pipeline
+        | "Once" >> beam.Impulse()
+        | "Publish"
+        >> beam.FlatMap(
+            _publish_slots, beam.pvalue.AsList(written), files, spec.count, spec.compression, spec.level
+        )
+    )
