@@ -45,20 +45,13 @@ from apache_beam.options.pipeline_options import (
 from recordforge import layout, startup
 from recordforge.errors import RecordForgeError, TypesChanged
 from recordforge.layout import new_version, version_root
+from recordforge.output_state import OutputState, check_not_inside, check_output_path, check_state, read_state
 from recordforge.pipelines.config import ConvertConfig
 from recordforge.pipelines.dryrun import dataflow_preflight
 from recordforge.pipelines.inputs import Inputs, input_fingerprint, resolve_inputs
 from recordforge.pipelines.options import ConvertOptions
 from recordforge.pipelines.progress import Watch
-from recordforge.pipelines.publishing import (
-    OutputState,
-    Publication,
-    check_not_inside,
-    check_output_path,
-    check_state,
-    finish_interrupted_commit,
-    read_state,
-)
+from recordforge.publishing import Publication, finish_interrupted_commit
 from recordforge.schemas import Plan
 from recordforge.storage import is_local, list_files
 from recordforge.transforms.bundle import BundleSpec, RunFacts, WriteBundle, rule_of

@@ -27,14 +27,10 @@ from apache_beam.options.pipeline_options import PipelineOptions
 
 from recordforge.errors import RecordForgeError, UsageError
 from recordforge.layout import new_version
+from recordforge.output_state import check_output_path, check_state, read_state
 from recordforge.pipelines.config import ConvertConfig
 from recordforge.pipelines.options import ConvertOptions, check_flags
-from recordforge.pipelines.publishing import (
-    Publication,
-    check_output_path,
-    check_state,
-    read_state,
-)
+from recordforge.publishing import Publication
 
 __all__ = ["Conversion", "add_conversion", "flags_argv"]
 

@@ -13,11 +13,11 @@ from typing import Any
 import numpy as np
 
 from recordforge import layout
-from recordforge.storage import exists, list_files, open_read, read_bytes
+from recordforge.output_state import committed_versions
+from recordforge.storage import exists, is_local, list_files, open_read, read_bytes
 from recordforge.tfrecord import RecordChunk, data_crc_mismatches
 from recordforge.tools.scan import ShardResult, scan_shards
 from recordforge.tools.wire import BYTES, FLOAT, INT64, NONE, Batch, KeyTable, decode_batch, kind_name
-from recordforge.transforms.commit import committed_versions
 
 __all__ = ["verify"]
 
@@ -146,7 +146,7 @@ def _shard_problems(name: str, shard: dict[str, Any], result: ShardResult) -> li
 def _escapes(file: str, root: str) -> bool:
     """A shard path that is absolute, climbs out, or lies outside the version's folder."""
     parts = file.split("/")
-    return file.startswith("/") or "://" in file or ".." in parts or not (root == "" or parts[0] == root)
+    return file.startswith("/") or not is_local(file) or ".." in parts or not (root == "" or parts[0] == root)
 
 
 def _unlisted(out: str, meta: dict[str, Any], listed: set[str]) -> list[str]:

@@ -19,7 +19,9 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+from recordforge import layout
 from recordforge.errors import RecordForgeError
+from recordforge.storage import is_local
 
 __all__ = ["Lease", "OutputLocked", "heartbeat_threads", "quiet_heartbeats"]
 
@@ -48,7 +50,7 @@ class OutputLocked(RecordForgeError):
 
 def _guarded_folder(path: str) -> str:
     """The output folder a lock guards: its folder, or that folder's parent for a control folder ("_x")."""
-    join = posixpath if "://" in path else os.path
+    join = os.path if is_local(path) else posixpath
     folder = join.dirname(path)
     return join.dirname(folder) if join.basename(folder).startswith("_") else folder
 
@@ -115,7 +117,7 @@ class _LocalLock:
         # Written whole under a name of its own, then linked to the lock's name: link(2) fails if
         # the name exists, so the lock appears with its content. Created empty and then written,
         # a run that came between would read no holder, and could not name it.
-        aside = f"{self.path}.creating-{uuid.uuid4().hex}"
+        aside = layout.temp_beside(self.path)
         fd = os.open(aside, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
         try:
             with os.fdopen(fd, "wb") as f:
@@ -199,7 +201,7 @@ class _LocalLock:
     @contextmanager
     def _guard(self) -> Iterator[None]:
         """An exclusive flock(2) on a file beside the lock; the kernel drops it if the process dies."""
-        fd = os.open(f"{self.path}.guard", os.O_CREAT | os.O_RDWR, 0o644)
+        fd = os.open(layout.guard_path(self.path), os.O_CREAT | os.O_RDWR, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             yield
