@@ -200,7 +200,7 @@ def write_atomically(path: str, data: bytes) -> None:
     name beside `path`, then rename(2), which replaces atomically. On an object store an upload
     becomes visible only when it completes, and replaces the object as a whole."""
     if not is_local(path):
-        with _fs().create(path) as f:
+        with open_write(path) as f:  # as given: never compressed on the way, whatever the suffix
             f.write(data)
         return
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)

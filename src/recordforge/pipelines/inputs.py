@@ -10,13 +10,13 @@ import logging
 from typing import Any
 
 import pyarrow as pa
-from apache_beam.io.filesystems import FileSystems
 
 from recordforge.errors import RecordForgeError
 from recordforge.pipelines.config import ConvertConfig
 from recordforge.sampling import format_from_path, never_null_columns, read_arrow_schema, read_sample
 from recordforge.schemas import Plan, compile_schema, infer_schema, load_schema
 from recordforge.schemas.loader import dump_schema
+from recordforge.storage import open_input
 from recordforge.transforms.image_folder import folder_schema, list_image_folder
 from recordforge.transforms.sources import FileInfo, expand_patterns
 
@@ -75,7 +75,7 @@ def input_fingerprint(files: list[FileInfo], plan: Plan, config: ConvertConfig) 
     module = (config.preprocessing_fn or "").rpartition(":")[0]
     if module.endswith(".py"):  # the preprocessing code is an input too
         try:
-            with FileSystems.open(module) as f:
+            with open_input(module) as f:
                 digest.update(f.read())
         except OSError as exn:
             raise RecordForgeError(f"--preprocessing_fn: cannot load {module}: {exn}") from exn
