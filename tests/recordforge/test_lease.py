@@ -246,11 +246,11 @@ def test_reclaiming_a_lock_already_reclaimed_never_lets_a_third_run_in(
     """Run X judged a dead run's lock stale; meanwhile run Y reclaimed it and holds it. X's removal
     finds Y's lock, not the one it judged, and leaves it; while X looks at it, a third run Z must
     find the lock held by Y (were it moved aside to be looked at, Z would take it too)."""
-    from recordforge import lease as lease_module
+    from recordforge.lock_files import LocalLockFile
 
     path = str(tmp_path / "out" / "_recordforge" / "lock")
     _write_by_hand(path, _owner("v-dead", pid=_reaped_pid()))
-    local = lease_module._LocalLock(path)
+    local = LocalLockFile(path)
     stale = local.read()
     assert stale is not None
     holder = Lease.acquire(path, _owner("v-y"))  # reclaims the dead run's lock
