@@ -115,7 +115,7 @@ TOP_FILES = frozenset({METADATA, SUCCESS, *TOP_COPIES})
 _VERSION = re.compile(r"^v-\d{8}T\d{6}Z-[0-9a-f]{8}$")
 # A file written in full beside its name before it is renamed over it: `{name}.tmp-{32 hex}`.
 _TEMP_BESIDE = ".tmp-"
-_TEMPORARY = re.compile(r"^(?P<name>[^/]+)\.tmp-[0-9a-f]{32}$")
+_TEMPORARY = re.compile(rf"^(?P<name>[^/]+){re.escape(_TEMP_BESIDE)}[0-9a-f]{{32}}$")
 
 
 def join(*parts: str) -> str:
