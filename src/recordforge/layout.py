@@ -200,4 +200,4 @@ def temp_beside(path: str) -> str:
 def is_temporary(name: str) -> bool:
     """True for a `temp_beside` name of one of the files at the top of an output."""
     match = _TEMPORARY.match(name)
-    return bool(match) and match.group("name") in TOP_FILES
+    return match is not None and match.group("name") in TOP_FILES
