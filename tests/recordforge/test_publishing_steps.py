@@ -1,5 +1,6 @@
-"""The publishing protocol's steps one by one (publishing.py), on a local disk and on gs://; whole
-runs, kills and races are in tests/e2e/test_publishing*.py and test_crash_points.py."""
+"""The publishing protocol's steps one by one (publishing.py), on a local disk and on gs://. Whole
+runs, kills and races are in tests/e2e/test_publishing*.py and test_crash_points.py (whose module
+name this one may not share: the test folders are not packages)."""
 
 from __future__ import annotations
 
