@@ -12,7 +12,7 @@
     croissant.json  [dataset_info.json  features.json  label_id.labels.txt]   (TFDS, Croissant)
   _recordforge/
     lock                 held by the one run writing this output
-    lock.guard           local disks: flock(2)ed while a lock is removed (pipelines/lease.py); stays
+    lock.guard           local disks: flock(2)ed while a lock is removed (lease.py); stays
     runs/<version>       a run's journal entry, written before its version folder: the
                          record that RecordForge made that folder, so it may delete it
 """
@@ -25,36 +25,44 @@ import re
 import uuid
 
 __all__ = [
+    "CROISSANT",
     "FEATURE_SPEC",
     "METADATA",
     "RAW_FEATURE_SPEC",
+    "RAW_METADATA",
     "REJECTED_DIR",
+    "REJECTED_SUFFIX",
     "SCHEMA_PBTXT",
     "SCHEMA_YAML",
+    "SHARD_TEMPLATE",
+    "STATE_DIR",
     "SUCCESS",
-    "CROISSANT",
+    "TEMP_DIR_PREFIX",
+    "TEMP_PART",
     "TFDS_FEATURES",
     "TFDS_INFO",
     "TFDS_LABELS",
     "TOP_COPIES",
     "TOP_FILES",
     "TRANSFORM_FILES",
-    "TRANSFORMED_SCHEMA",
-    "STATE_DIR",
-    "SHARD_TEMPLATE",
-    "TEMP_DIR_PREFIX",
-    "shard_name",
-    "temp_dir",
-    "RAW_METADATA",
     "TRANSFORM_FN",
     "TRANSFORMED_METADATA",
+    "TRANSFORMED_SCHEMA",
+    "guard_path",
+    "is_temporary",
     "is_version",
     "join",
     "journal_dir",
     "journal_entry",
     "lock_path",
     "new_version",
+    "rejected_prefix",
     "relative",
+    "shard_name",
+    "shard_prefix",
+    "temp_beside",
+    "temp_dir",
+    "temp_file",
     "top_entry",
     "version_root",
 ]
@@ -66,6 +74,7 @@ SCHEMA_PBTXT = "schema.pbtxt"
 SCHEMA_YAML = "schema.yaml"
 RAW_FEATURE_SPEC = "raw_feature_spec.json"
 REJECTED_DIR = "_rejected"
+REJECTED_SUFFIX = ".jsonl"  # _rejected/rejected-SSSSS-of-NNNNN.jsonl: one JSON line a rejected row
 TRANSFORM_FN = "transform_fn"
 TRANSFORMED_METADATA = "transformed_metadata"
 RAW_METADATA = "metadata"  # where tft.TFTransformOutput looks for the raw schema
@@ -76,6 +85,9 @@ STATE_DIR = "_recordforge"
 # Working files of a run's writers and of tensorflow-transform, in its version folder, deleted
 # before it is published: `_tmp-<hex>/` (not hidden, so a crashed run's leftovers are visible).
 TEMP_DIR_PREFIX = "_tmp-"
+# Working files inside a temporary folder: `<kind>-<32 hex><ext>`, this ext unless the writer
+# names another (spilled batches are ".arrow").
+TEMP_PART = ".part"
 # How shards are numbered, in Beam's shard_name_template spelling: data-00003-of-00008.
 SHARD_TEMPLATE = "-SSSSS-of-NNNNN"
 # Catalog metadata (schemas/tfds_metadata.py, schemas/croissant.py). Their paths are relative to
@@ -101,6 +113,9 @@ TOP_COPIES = (
 TOP_FILES = frozenset({METADATA, SUCCESS, *TOP_COPIES})
 
 _VERSION = re.compile(r"^v-\d{8}T\d{6}Z-[0-9a-f]{8}$")
+# A file written in full beside its name before it is renamed over it: `{name}.tmp-{32 hex}`.
+_TEMP_BESIDE = ".tmp-"
+_TEMPORARY = re.compile(rf"^(?P<name>[^/]+){re.escape(_TEMP_BESIDE)}[0-9a-f]{{32}}$")
 
 
 def join(*parts: str) -> str:
@@ -126,6 +141,11 @@ def lock_path(output: str) -> str:
     return join(output, STATE_DIR, "lock")
 
 
+def guard_path(lock: str) -> str:
+    """The file beside a lock that a run removing the lock flock(2)s (lease.py); it stays."""
+    return f"{lock}.guard"
+
+
 def journal_dir(output: str) -> str:
     return join(output, STATE_DIR, "runs")
 
@@ -147,6 +167,16 @@ def relative(path: str, output: str) -> str:
     return path[len(out) :] if path.startswith(out) else posixpath.basename(path)
 
 
+def rejected_prefix(root: str) -> str:
+    """The common start of the rejected-rows files of the version folder `root`."""
+    return join(root, REJECTED_DIR, "rejected")
+
+
+def shard_prefix(folder: str, name: str) -> str:
+    """The common start of a writer's shard names: `{folder}/{name}` (name: "data", or a split)."""
+    return join(folder, name)
+
+
 def shard_name(prefix: str, shard: int, count: int, suffix: str) -> str:
     """`{prefix}-SSSSS-of-NNNNN{suffix}`, SHARD_TEMPLATE filled in: data-00003-of-00008.tfrecord.gz."""
     return f"{prefix}-{shard:05d}-of-{count:05d}{suffix}"
@@ -155,3 +185,19 @@ def shard_name(prefix: str, shard: int, count: int, suffix: str) -> str:
 def temp_dir(folder: str) -> str:
     """A fresh folder for working files in `folder` (a run's version folder, or a split's)."""
     return join(folder, f"{TEMP_DIR_PREFIX}{uuid.uuid4().hex[:12]}")
+
+
+def temp_file(temp_dir: str, kind: str, ext: str = TEMP_PART) -> str:
+    """A fresh name for a working file in a temporary folder: `{temp_dir}/<kind>-<32 hex><ext>`."""
+    return join(temp_dir, f"{kind}-{uuid.uuid4().hex}{ext}")
+
+
+def temp_beside(path: str) -> str:
+    """A fresh name beside `path` to write it in full under before a rename: `{path}.tmp-<32 hex>`."""
+    return f"{path}{_TEMP_BESIDE}{uuid.uuid4().hex}"
+
+
+def is_temporary(name: str) -> bool:
+    """True for a `temp_beside` name of one of the files at the top of an output."""
+    match = _TEMPORARY.match(name)
+    return match is not None and match.group("name") in TOP_FILES

@@ -1,7 +1,9 @@
-"""File operations the publishing protocol and the read-only tools need, the same on local disks
-and object stores. Local paths use the operating system directly and object stores Beam's
-filesystems, imported on first use: `head`, `inspect` and `verify` on a local bundle never load
-Beam (its import alone takes about 2 s)."""
+"""Every file operation RecordForge makes, the same on local disks and object stores.
+
+Local paths use the operating system directly and object stores Beam's filesystems, imported on
+first use: `head`, `inspect` and `verify` on a local bundle never load Beam (its import alone takes
+about 2 s). Two go through Beam on local disks too, to keep its grammar: `match` (Beam's glob
+patterns) and `open_input` (decompression chosen by the file's suffix)."""
 
 from __future__ import annotations
 
@@ -9,20 +11,28 @@ import contextlib
 import glob
 import os
 import shutil
-import uuid
+from dataclasses import dataclass
 from typing import IO, Any
 
+from recordforge import layout
+
 __all__ = [
-    "create_file",
+    "FileMeta",
     "delete_files",
     "delete_tree",
     "exists",
     "is_local",
     "list_files",
     "literal",
+    "match",
+    "open_input",
     "open_read",
+    "open_write",
     "read_bytes",
+    "rename",
+    "sizes",
     "stage_local",
+    "stat",
     "write_atomically",
 ]
 
@@ -33,7 +43,17 @@ def _fs() -> Any:
     return FileSystems
 
 
+@dataclass(frozen=True)
+class FileMeta:
+    """A file as a listing describes it."""
+
+    path: str
+    size: int
+    modified: float  # seconds since the epoch; 0.0 where the store does not say
+
+
 def is_local(path: str) -> bool:
+    """True for a path on a local disk, False for one with a scheme (`gs://...`)."""
     return "://" not in path
 
 
@@ -50,8 +70,37 @@ def list_files(folder: str) -> list[str]:
         for root, _dirs, files in os.walk(folder):
             out.extend(os.path.join(root, f) for f in files)
         return sorted(out)
-    result = _fs().match([f"{literal(folder)}/**"])[0]
-    return sorted(m.path for m in result.metadata_list if not m.path.endswith("/"))
+    return sorted(m.path for m in match(f"{literal(folder)}/**") if not m.path.endswith("/"))
+
+
+def match(pattern: str) -> list[FileMeta]:
+    """What Beam's filesystems match for `pattern`, in their order (folder placeholders of an
+    object store, names ending in '/', included); errors are Beam's."""
+    result = _fs().match([pattern])[0]
+    return [
+        FileMeta(m.path, m.size_in_bytes, getattr(m, "last_updated_in_seconds", 0.0) or 0.0)
+        for m in result.metadata_list
+    ]
+
+
+def stat(path: str) -> FileMeta:
+    """The file at `path` as it is now; FileNotFoundError when there is none (or several)."""
+    if is_local(path):
+        st = os.stat(path)
+        return FileMeta(path, st.st_size, st.st_mtime)
+    found = match(literal(path))
+    if len(found) != 1:
+        raise FileNotFoundError(f"{path}: {len(found)} files match")
+    return found[0]
+
+
+def sizes(paths: list[str]) -> dict[str, int]:
+    """The size of each of `paths` that exists."""
+    out = {}
+    for path in paths:
+        with contextlib.suppress(FileNotFoundError):
+            out[path] = stat(path).size
+    return out
 
 
 def delete_tree(folder: str) -> int:
@@ -101,10 +150,39 @@ def read_bytes(path: str) -> bytes:
         return f.read()
 
 
+def open_input(path: str) -> IO[bytes]:
+    """An input file's contents, decompressed as its suffix says (`.gz`, `.bz2`, `.deflate`, ...:
+    Beam's CompressionTypes.AUTO), through Beam's filesystems wherever the file is."""
+    return _fs().open(path)
+
+
+def open_write(path: str) -> IO[bytes]:
+    """A new file at `path`, its bytes written as given; local folders on the way are made."""
+    if is_local(path):
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        return open(path, "wb")  # noqa: SIM115 - the caller closes it
+    from apache_beam.io.filesystem import CompressionTypes
+
+    return _fs().create(path, compression_type=CompressionTypes.UNCOMPRESSED)
+
+
+def rename(sources: list[str], destinations: list[str]) -> None:
+    """Moves each source to its destination, replacing a file there: rename(2) on local disks,
+    copy then delete on object stores (so not atomic there)."""
+    if len(sources) != len(destinations):
+        raise ValueError(f"{len(sources)} sources for {len(destinations)} destinations")
+    remote = [(s, d) for s, d in zip(sources, destinations, strict=True) if not (is_local(s) and is_local(d))]
+    for source, destination in zip(sources, destinations, strict=True):
+        if is_local(source) and is_local(destination):
+            os.replace(source, destination)
+    if remote:
+        _fs().rename([s for s, _ in remote], [d for _, d in remote])
+
+
 def stage_local(path: str, data: bytes) -> str:
     """`data` written in full and synced to a temporary name beside the local `path` (the name
-    `{path}.tmp-{32 hex}`), which it returns; nothing is left if writing fails."""
-    tmp = f"{path}.tmp-{uuid.uuid4().hex}"
+    `layout.temp_beside`), which it returns; nothing is left if writing fails."""
+    tmp = layout.temp_beside(path)
     try:
         with open(tmp, "wb") as f:
             f.write(data)
@@ -122,7 +200,7 @@ def write_atomically(path: str, data: bytes) -> None:
     name beside `path`, then rename(2), which replaces atomically. On an object store an upload
     becomes visible only when it completes, and replaces the object as a whole."""
     if not is_local(path):
-        with _fs().create(path) as f:
+        with open_write(path) as f:  # as given: never compressed on the way, whatever the suffix
             f.write(data)
         return
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
@@ -132,12 +210,3 @@ def write_atomically(path: str, data: bytes) -> None:
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
-
-
-def create_file(path: str) -> IO[bytes]:
-    """A new file at `path` (replacing any), its bytes stored as given: never compressed on the
-    way, whatever its suffix. A local file's folder is made if missing."""
-    if is_local(path):
-        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-        return open(path, "wb")  # noqa: SIM115 - the caller closes it
-    return _fs().create(path, compression_type="uncompressed")

@@ -8,7 +8,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from recordforge.storage import create_file, open_read
+from recordforge.storage import open_read, open_write
 
 __all__ = ["Segment", "HashingFile", "StreamWriter", "splice", "combine_checks"]
 
@@ -143,7 +143,7 @@ def splice(
 ) -> tuple[int, int, str, tuple[Segment, ...]]:
     """Writes the segments `pieces` ((file, segment), in order) as one new stream at `path`.
     Returns its records, bytes, sha256 and segments."""
-    out = HashingFile(create_file(path))
+    out = HashingFile(open_write(path))
     out.write(_header(compression))
     check, raw, records, segments = _EMPTY_CHECK[compression], 0, 0, []
     runs: list[tuple[str, int, int]] = []  # contiguous byte ranges to copy, file by file

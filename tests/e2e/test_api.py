@@ -9,7 +9,7 @@ import pytest
 
 import recordforge
 from recordforge.errors import UsageError
-from recordforge.pipelines.lease import OutputLocked
+from recordforge.lease import OutputLocked
 from recordforge.sampledata import taxi_table
 from recordforge.tfrecord import iter_records
 

@@ -301,7 +301,7 @@ def test_a_flipped_byte_in_a_checksummed_parquet_page_fails_the_run(tmp_path: Pa
 _HOLD = """
 import os, socket, sys, time
 from recordforge import layout
-from recordforge.pipelines.lease import Lease
+from recordforge.lease import Lease
 owner = {"run_id": "v-20260101T000000Z-0000beef", "pid": os.getpid(), "host": socket.gethostname()}
 lease = Lease.acquire(layout.lock_path(sys.argv[1]), owner)
 print("held", flush=True)

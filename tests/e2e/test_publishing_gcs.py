@@ -17,8 +17,8 @@ from apache_beam.io.filesystems import FileSystems
 import recordforge
 from recordforge import layout
 from recordforge.errors import RecordForgeError
+from recordforge.lease import Lease
 from recordforge.pipelines.convert import run
-from recordforge.pipelines.lease import Lease
 from recordforge.sampledata import taxi_table
 from recordforge.storage import list_files, read_bytes
 from recordforge.tfrecord import iter_records

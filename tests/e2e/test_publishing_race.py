@@ -14,10 +14,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from recordforge import layout
-from recordforge.pipelines import publishing
+from recordforge import layout, publishing
+from recordforge.lease import Lease
 from recordforge.pipelines.convert import run
-from recordforge.pipelines.lease import Lease
 from recordforge.tfrecord import iter_records
 from recordforge.tools.verify import verify
 

@@ -16,7 +16,7 @@ The data's path, in order (`build` reads the same way, one step a line):
 
 Every file a run writes is below its own version folder, {output}/v-<time>-<id>/ (layout.py);
 run() holds the output's lock around the run and deletes what a failed run wrote
-(pipelines/publishing.py).
+(publishing.py).
 """
 
 from __future__ import annotations
@@ -37,7 +37,6 @@ from recordforge import layout, startup
 from recordforge.errors import RecordForgeError, TypesChanged, UsageError
 from recordforge.pipelines.inputs import Inputs
 from recordforge.pipelines.progress import Watch
-from recordforge.pipelines.publishing import Publication
 from recordforge.pipelines.resolve import (
     DEFAULT_RUNNER,
     Request,
@@ -46,6 +45,7 @@ from recordforge.pipelines.resolve import (
     resolve,
     retyped,
 )
+from recordforge.publishing import Publication
 from recordforge.storage import is_local, list_files
 from recordforge.transforms.bundle import BundleSpec, RunFacts, WriteBundle, rule_of
 from recordforge.transforms.coders import declare_element_type
@@ -301,7 +301,7 @@ def _run_once(pipeline: beam.Pipeline, run: Run) -> dict[str, Any]:
 
 
 def convert(request: Request) -> tuple[Run | None, dict[str, Any]]:
-    """Runs the conversion `request` asks for and publishes it (pipelines/publishing.py): the run
+    """Runs the conversion `request` asks for and publishes it (publishing.py): the run
     as resolved (None for a dry run) and the published metadata, or with --dry_run=True (Dataflow
     only) the summary of the job built offline (pipelines/dryrun.py), the output untouched."""
     pipeline = _pipeline(request.options)

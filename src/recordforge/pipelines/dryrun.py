@@ -9,7 +9,6 @@ in pipelines/local_runner.py, the one module that relies on them, as its assumpt
 from __future__ import annotations
 
 import logging
-import os
 from collections import Counter
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -26,7 +25,8 @@ from apache_beam.portability import common_urns
 from recordforge.errors import RecordForgeError, UsageError
 from recordforge.pipelines.config import ConvertConfig
 from recordforge.pipelines.local_runner import dry_run_job, fused_stages
-from recordforge.storage import delete_tree, is_local
+from recordforge.publishing import first_missing, undo_dry_run
+from recordforge.storage import is_local
 
 if TYPE_CHECKING:  # resolve.py calls dataflow_preflight
     from recordforge.pipelines.resolve import Run
@@ -60,41 +60,17 @@ def dry_run(pipeline: beam.Pipeline, run: Run, build: Callable[[beam.Pipeline, R
             "a dry run with tensorflow-transform writes the analyzers' temporary assets under "
             "--output while the job is built: give a local --output for the dry run"
         )
-    made = _first_missing(output) if is_local(output) else None
+    made = first_missing(output) if is_local(output) else None
     try:
         build(pipeline, run)
         result = pipeline.run()
     finally:
         if is_local(output):
-            _undo(output, run.root, made)
+            undo_dry_run(output, run.version, made)
     proto, job_name = dry_run_job(pipeline, result)
     summary = job_summary(proto)
     summary.update(dry_run=True, output=config.output, job_name=job_name)
     return summary
-
-
-def _first_missing(folder: str) -> str | None:
-    """The outermost folder of `folder`'s path that does not exist yet (None if it exists)."""
-    missing = None
-    path = os.path.abspath(folder)
-    while not os.path.exists(path):
-        missing, path = path, os.path.dirname(path)
-    return missing
-
-
-def _undo(output: str, version: str, made: str | None) -> None:
-    """Deletes the dry run's own version folder (a fresh, unique name), then the folders the dry
-    run made on the way to `output`, each only while empty."""
-    if os.path.isdir(version):
-        delete_tree(version)
-    if made is None:
-        return
-    path = os.path.abspath(output)
-    while os.path.isdir(path) and not os.listdir(path):
-        os.rmdir(path)
-        if path == made:
-            return
-        path = os.path.dirname(path)
 
 
 def _label(unique_name: str) -> str:
@@ -149,7 +125,7 @@ def dataflow_preflight(options: PipelineOptions, config: ConvertConfig, files: l
     gcp = options.view_as(GoogleCloudOptions)
     if not (gcp.temp_location or "").startswith("gs://"):
         problems.append(f"--temp_location must be a gs:// path, not {gcp.temp_location!r}")
-    remote = [p for p in (*config.sources, config.output) if "://" not in p]
+    remote = [p for p in (*config.sources, config.output) if is_local(p)]
     if remote and not options.view_as(TestOptions).dry_run:
         problems.append(f"Dataflow workers cannot read or write local paths: {', '.join(remote)}")
     if problems:

@@ -25,8 +25,9 @@ from typing import Any
 import apache_beam as beam
 
 from recordforge.errors import RecordForgeError, UsageError
-from recordforge.pipelines.publishing import Publication, read_state
+from recordforge.output_state import read_state
 from recordforge.pipelines.resolve import Run, request_from_kwargs, resolve
+from recordforge.publishing import Publication
 
 __all__ = ["Conversion", "add_conversion"]
 

@@ -19,7 +19,7 @@ import tempfile
 import traceback
 from collections.abc import Callable
 
-from recordforge.pipelines.lease import quiet_heartbeats
+from recordforge.lease import quiet_heartbeats
 from recordforge.pipelines.progress import quiet_watches
 
 __all__ = ["ForkServer", "private_temp_dir", "request_worker"]

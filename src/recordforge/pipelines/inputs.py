@@ -8,14 +8,13 @@ import hashlib
 import json
 import logging
 
-from apache_beam.io.filesystems import FileSystems
-
 from recordforge.errors import RecordForgeError
 from recordforge.pipelines.config import ConvertConfig
 from recordforge.sampling import format_from_path
 from recordforge.schemas import Plan, compile_schema, load_schema
 from recordforge.schemas.infer import inferred_schema
 from recordforge.schemas.loader import dump_schema
+from recordforge.storage import open_input
 from recordforge.transforms.image_folder import ImageFolder, folder_schema, list_image_folder
 from recordforge.transforms.sources import FileInfo, expand_patterns
 
@@ -77,7 +76,7 @@ def input_fingerprint(files: list[FileInfo], plan: Plan, config: ConvertConfig) 
     module = (config.preprocessing_fn or "").rpartition(":")[0]
     if module.endswith(".py"):  # the preprocessing code is an input too
         try:
-            with FileSystems.open(module) as code:
+            with open_input(module) as code:
                 digest.update(code.read())
         except OSError as exn:
             raise RecordForgeError(f"--preprocessing_fn: cannot load {module}: {exn}") from exn

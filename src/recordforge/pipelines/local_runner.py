@@ -107,8 +107,8 @@ import apache_beam as beam
 from apache_beam.options.pipeline_options import DirectOptions
 from apache_beam.runners.portability.fn_api_runner import FnApiRunner
 
+from recordforge.lease import heartbeat_threads
 from recordforge.pipelines.fork_server import ForkServer, private_temp_dir, request_worker
-from recordforge.pipelines.lease import heartbeat_threads
 from recordforge.pipelines.progress import watch_threads
 from recordforge.startup import BEAM_VERSION
 from recordforge.transforms.sharing import SHARED_WORK_ENV, WorkSharingRunner

@@ -22,19 +22,13 @@ from apache_beam.options.pipeline_options import (
 
 from recordforge.errors import RecordForgeError, UsageError
 from recordforge.layout import new_version, version_root
+from recordforge.output_state import OutputState, check_not_inside, check_output_path, check_state, read_state
 from recordforge.pipelines.config import ConvertConfig, shard_spec
 from recordforge.pipelines.dryrun import dataflow_preflight
 from recordforge.pipelines.flags import FLAGS, Flag
 from recordforge.pipelines.inputs import Inputs, resolve_inputs
 from recordforge.pipelines.options import ConvertOptions, beam_flag_names, check_flags
-from recordforge.pipelines.publishing import (
-    OutputState,
-    check_not_inside,
-    check_output_path,
-    check_state,
-    finish_interrupted_commit,
-    read_state,
-)
+from recordforge.publishing import finish_interrupted_commit
 from recordforge.schemas import Plan
 from recordforge.transforms.shard_spec import ShardSpec
 from recordforge.transforms.splits import SplitSpec

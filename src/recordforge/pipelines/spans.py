@@ -7,9 +7,8 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from apache_beam.io.filesystems import FileSystems
-
 from recordforge.errors import SourceError
+from recordforge.storage import match
 
 __all__ = ["Span", "has_tokens", "resolve_span", "substitute"]
 
@@ -82,7 +81,7 @@ def resolve_span(patterns: list[str], span: str) -> Span:
         for token in _TOKENS:
             glob = glob.replace(token, "*")
         regex = _regex(pattern)
-        for meta in FileSystems.match([glob])[0].metadata_list:
+        for meta in match(glob):
             m = regex.match(meta.path)
             if m:
                 found.add(tuple(sorted(m.groupdict().items())))

@@ -21,13 +21,13 @@ from typing import Any
 
 import tensorflow as tf
 import tensorflow_transform as tft
-from apache_beam.io.filesystems import FileSystems
 
 from recordforge.errors import RecordForgeError
 from recordforge.schemas.analyzers import Analyzer, Transform
 from recordforge.schemas.export import to_tf_feature_spec
 from recordforge.schemas.model import DType, Feature, NullPolicy, Schema
 from recordforge.schemas.plan import Plan, compile_schema
+from recordforge.storage import open_input
 
 __all__ = [
     "apply_transform",
@@ -50,7 +50,7 @@ def load_user_fn(ref: str) -> PreprocessingFn:
         )
     try:
         if module_ref.endswith(".py"):
-            with FileSystems.open(module_ref) as f:
+            with open_input(module_ref) as f:
                 code = compile(f.read(), module_ref, "exec")
             module = types.ModuleType(re.sub(r"\W", "_", module_ref.rsplit("/", 1)[-1][:-3]))
             module.__file__ = module_ref

@@ -13,11 +13,11 @@ from typing import Any
 import numpy as np
 
 from recordforge import layout
-from recordforge.storage import exists, list_files, open_read, read_bytes
+from recordforge.output_state import committed_versions
+from recordforge.storage import exists, is_local, list_files, open_read, read_bytes
 from recordforge.tfrecord import RecordChunk, data_crc_mismatches
 from recordforge.tools.scan import ShardResult, scan_shards
 from recordforge.tools.wire import BYTES, FLOAT, INT64, NONE, Batch, KeyTable, decode_batch, kind_name
-from recordforge.transforms.commit import committed_versions
 
 __all__ = ["verify"]
 
@@ -146,7 +146,7 @@ def _shard_problems(name: str, shard: dict[str, Any], result: ShardResult) -> li
 def _escapes(file: str, root: str) -> bool:
     """A shard path that is absolute, climbs out, or lies outside the version's folder."""
     parts = file.split("/")
-    return file.startswith("/") or "://" in file or ".." in parts or not (root == "" or parts[0] == root)
+    return file.startswith("/") or not is_local(file) or ".." in parts or not (root == "" or parts[0] == root)
 
 
 def _unlisted(out: str, meta: dict[str, Any], listed: set[str]) -> list[str]:
@@ -169,7 +169,11 @@ def _unlisted(out: str, meta: dict[str, Any], listed: set[str]) -> list[str]:
             or rel in bundle
             or rel.split("/", 1)[0] in keep
             or any(rel.startswith(t) for t in transform)
-            or (rel.startswith(rejected) and rel.endswith(".jsonl") and "/" not in rel[len(rejected) :])
+            or (
+                rel.startswith(rejected)
+                and rel.endswith(layout.REJECTED_SUFFIX)
+                and "/" not in rel[len(rejected) :]
+            )
         ):
             continue
         extra.append(rel)
@@ -180,7 +184,7 @@ def _copy_problems(out: str, version: str) -> list[str]:
     """The top-level copies must be the published version's files, byte for byte."""
     out_of_date = []
     for name in layout.TOP_COPIES:
-        top, own = f"{out}/{name}", layout.join(out, version, name)
+        top, own = layout.join(out, name), layout.join(out, version, name)
         if exists(top) != exists(own):
             out_of_date.append(f"{name}: present in only one of the output and the published version")
         elif exists(top) and read_bytes(top) != read_bytes(own):
@@ -220,15 +224,15 @@ def verify(path: str, *, workers: int | None = None) -> list[str]:
     """One line per problem; an empty list means the bundle is complete and intact."""
     out = path.rstrip("/")
     problems = []
-    if not exists(f"{out}/{layout.SUCCESS}"):
-        problems.append("_SUCCESS is missing: the output was never published, or only in part")
-    if not exists(f"{out}/{layout.METADATA}"):
-        return [*problems, _damaged(out, "metadata.json is missing")]
+    if not exists(layout.join(out, layout.SUCCESS)):
+        problems.append(f"{layout.SUCCESS} is missing: the output was never published, or only in part")
+    if not exists(layout.join(out, layout.METADATA)):
+        return [*problems, _damaged(out, f"{layout.METADATA} is missing")]
     try:
-        with open_read(f"{out}/{layout.METADATA}") as f:
+        with open_read(layout.join(out, layout.METADATA)) as f:
             meta = json.loads(f.read())
     except ValueError as exn:
-        return [*problems, _damaged(out, f"metadata.json is not valid JSON ({exn})")]
+        return [*problems, _damaged(out, f"{layout.METADATA} is not valid JSON ({exn})")]
     try:
         version = meta.get("version") or ""
         with open_read(layout.join(out, version, layout.FEATURE_SPEC)) as f:
@@ -248,9 +252,9 @@ def verify(path: str, *, workers: int | None = None) -> list[str]:
         problems.extend(
             f"{f}: missing"
             for f in layout.TRANSFORM_FILES
-            if not exists(layout.join(out, version, f) if version else f"{out}/{f}")
+            if not exists(layout.join(out, version, f) if version else layout.join(out, f))
         )
-    files = [(f"{out}/{s['file']}", meta["compression"]) for s in shards]
+    files = [(layout.join(out, s["file"]), meta["compression"]) for s in shards]
     results = scan_shards(
         files,
         functools.partial(_Checks, spec),

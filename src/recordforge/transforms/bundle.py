@@ -5,33 +5,35 @@ from __future__ import annotations
 import datetime
 import json
 import logging
-import os
 from dataclasses import dataclass
 from typing import Any
 
 import apache_beam as beam
-from apache_beam.io.filesystems import FileSystems
 
-from recordforge import __version__, crashpoints, layout
-from recordforge.errors import RecordForgeError, SourceError
+from recordforge import __version__, layout
+from recordforge.errors import RecordForgeError
 from recordforge.layout import (
     CROISSANT,
     FEATURE_SPEC,
-    METADATA,
     RAW_FEATURE_SPEC,
     REJECTED_DIR,
     SCHEMA_PBTXT,
     SCHEMA_YAML,
     TRANSFORMED_SCHEMA,
 )
+from recordforge.publishing import (
+    check_inputs_unchanged,
+    commit_version,
+    drop_empty_rejected,
+    replaced_version,
+)
 from recordforge.schemas.croissant import croissant_json
 from recordforge.schemas.export import tfmd_text
 from recordforge.schemas.loader import dump_schema
 from recordforge.schemas.plan import Plan
 from recordforge.schemas.tfds_metadata import tfds_metadata
-from recordforge.storage import delete_tree, is_local, literal, write_atomically
+from recordforge.storage import read_bytes
 from recordforge.tfrecord import Compression, ShardInfo
-from recordforge.transforms.commit import commit, replaced_version
 
 __all__ = [
     "BundleSpec",
@@ -274,7 +276,7 @@ def _write_bundle(facts: dict[str, Any], spec: BundleSpec) -> str:
     _check_counts(spec, meta, counts)
     _check_inputs_unchanged(spec)
     root = spec.root
-    _drop_empty_rejected(root, facts["rejected_files"])
+    drop_empty_rejected(root, facts["rejected_files"])
     source = spec.source_plan
     files = {
         SCHEMA_PBTXT: tfmd_text(spec.plan).encode(),
@@ -286,19 +288,13 @@ def _write_bundle(facts: dict[str, Any], spec: BundleSpec) -> str:
     if spec.raw_plan is not None:
         # The transformed schema as TFT wrote it (with vocabulary sizes as domains), and the raw
         # spec that serving parses raw Examples with before applying transform_fn.
-        with FileSystems.open(layout.join(root, TRANSFORMED_SCHEMA)) as f:
-            files[SCHEMA_PBTXT] = f.read()
+        files[SCHEMA_PBTXT] = read_bytes(layout.join(root, TRANSFORMED_SCHEMA))
         files[RAW_FEATURE_SPEC] = json.dumps(spec.raw_plan.feature_spec, indent=2).encode()
     # Catalog metadata for TFDS (where it can read the shards) and Croissant.
     files[CROISSANT] = croissant_json(spec.plan, meta, output=spec.output)
     files.update(tfds_metadata(spec.plan, meta, output=spec.output))
-    for temp in spec.temp_dirs:
-        delete_tree(temp)
     manifest = json.dumps(meta, indent=2).encode()
-    for name, data in {**files, METADATA: manifest}.items():
-        write_atomically(layout.join(root, name), data)
-    crashpoints.reached("manifest_written")
-    commit(spec.output, manifest, files)
+    commit_version(spec.output, spec.version, files, manifest, temp_dirs=spec.temp_dirs)
     _LOGGER.info(
         "%s: published version %s, %d records in %d shards",
         spec.output,
@@ -310,42 +306,11 @@ def _write_bundle(facts: dict[str, Any], spec: BundleSpec) -> str:
 
 
 def _check_inputs_unchanged(spec: BundleSpec) -> None:
-    """Inputs are a snapshot: a file whose size or modification time differs from when it was
-    listed was changed (or cut short) while the run read it, and nothing is published. A folder
-    of images stands as one input, sized by its listing where the store gives sizes: it is not one
-    file to look up again, and its images are read whole, each one a row or a rejected row."""
-    if spec.source_format == "images":
-        return
-    for path, size, modified in spec.sources:
-        if size is None:
-            continue
-        try:
-            if is_local(path):
-                st = os.stat(path)
-                now: tuple[int | None, float] = (st.st_size, st.st_mtime)
-            else:
-                (m,) = FileSystems.match([literal(path)])[0].metadata_list
-                now = (m.size_in_bytes, getattr(m, "last_updated_in_seconds", 0.0) or 0.0)
-        except Exception as exn:  # noqa: BLE001 - gone, or no longer one file
-            raise SourceError(f"{path}: the input disappeared while it was being read ({exn})") from exn
-        if now[0] != size or abs(now[1] - modified) > 1e-6:
-            raise SourceError(
-                f"{path}: the input changed while it was being read (size {size} -> {now[0]} bytes, "
-                f"modified {modified} -> {now[1]}); nothing was published"
-            )
-
-
-def _drop_empty_rejected(root: str, files: list[str]) -> None:
-    """WriteToText leaves an empty file when nothing was rejected: remove it and the folder.
-    Only the writer's finished files are looked at (never its temporary folder)."""
-    if not files:
-        return
-    sizes = {m.path: m.size_in_bytes for f in files for m in FileSystems.match([literal(f)])[0].metadata_list}
-    empty = [f for f in files if sizes.get(f) == 0]
-    if empty:
-        FileSystems.delete(empty)
-    if all(sizes.get(f, 0) == 0 for f in files):
-        delete_tree(layout.join(root, REJECTED_DIR))
+    """A folder of images stands as one input, sized by its listing where the store gives sizes:
+    it is not one file to look up again, and its images are read whole, each one a row or a
+    rejected row. Any other input is checked as it was listed (`check_inputs_unchanged`)."""
+    if spec.source_format != "images":
+        check_inputs_unchanged(spec.sources)
 
 
 def rule_of(line: str) -> str:

@@ -29,8 +29,8 @@ from typing import Any, NamedTuple
 import apache_beam as beam
 import numpy as np
 from apache_beam.io.filesystem import CompressionTypes
-from apache_beam.io.filesystems import FileSystems
 
+from recordforge.storage import open_read
 from recordforge.transforms.sharing import Claims, SharedItemsFn, known_items
 from recordforge.transforms.sources import FileInfo
 
@@ -228,7 +228,7 @@ class _ScanChunkFn(SharedItemsFn):
         path, index, start, end = item
         lo = max(0, start - 2)
         try:
-            with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
+            with open_read(path) as f:
                 f.seek(lo)
                 data = f.read(end + 1 - lo)
         except Exception as exn:
@@ -244,7 +244,7 @@ def _plan_file(
 ) -> Iterator[CsvRange]:
     path, scans = element
     try:
-        with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
+        with open_read(path) as f:
             names = header_names(f)
     except Exception:
         names = None

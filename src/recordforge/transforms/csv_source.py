@@ -22,10 +22,10 @@ import apache_beam as beam
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pacsv
-from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
 from recordforge.errors import SourceError
+from recordforge.storage import open_input
 from recordforge.transforms import csv_ranges
 from recordforge.transforms.coders import declare_element_type
 from recordforge.transforms.csv_ranges import (
@@ -234,7 +234,7 @@ class _ReadCsvFn(SharedItemsFn):
 
         strings = frozenset(c for c, t in self._column_types.items() if pa.types.is_string(t))
         at = 0  # the range's next data row
-        with FileSystems.open(path) as f:
+        with open_input(path) as f:
             if item.names is None:
                 _check_header(path, header_names(f), types)
                 f.seek(0)

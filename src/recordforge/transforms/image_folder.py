@@ -18,6 +18,7 @@ import pyarrow.compute as pc
 from recordforge.errors import SourceError
 from recordforge.images import IMAGE_EXTENSIONS, read_local_files
 from recordforge.schemas.model import DType, Feature, NullPolicy, Schema
+from recordforge.storage import is_local, match
 from recordforge.transforms.coders import declare_element_type
 from recordforge.transforms.sharing import Claims, SharedItemsFn, known_items
 from recordforge.transforms.sources import UNREADABLE, SourceBatch
@@ -152,11 +153,8 @@ def list_image_folder(root: str) -> ImageFolder:
     modified = 0.0
     by_folder: dict[str, list[str]] = {}  # folder -> names, in order
     size_of: dict[str, int] | None = None
-    if "://" in root:
-        from apache_beam.io.filesystems import FileSystems
-
-        matches = FileSystems.match([f"{root}/**"])[0].metadata_list
-        size_of = {m.path: m.size_in_bytes for m in matches if m.path.lower().endswith(IMAGE_EXTENSIONS)}
+    if not is_local(root):
+        size_of = {m.path: m.size for m in match(f"{root}/**") if m.path.lower().endswith(IMAGE_EXTENSIONS)}
         for path in size_of:
             folder, _, name = path.rpartition("/")
             by_folder.setdefault(folder, []).append(name)

@@ -14,10 +14,10 @@ from typing import Any
 import apache_beam as beam
 import pyarrow as pa
 
-from recordforge.layout import REJECTED_DIR, SHARD_TEMPLATE
+from recordforge import layout
 from recordforge.transforms.conform import BadRow
 
-__all__ = ["decode_value", "encode_value", "REJECTED_DIR", "rejected_line", "source_record", "WriteRejected"]
+__all__ = ["decode_value", "encode_value", "rejected_line", "source_record", "WriteRejected"]
 
 
 def encode_value(value: Any) -> Any:
@@ -120,9 +120,9 @@ class WriteRejected(beam.PTransform):
 
     def __init__(self, output: str) -> None:
         super().__init__()
-        self._prefix = f"{output.rstrip('/')}/{REJECTED_DIR}/rejected"
+        self._prefix = layout.rejected_prefix(output)
 
     def expand(self, lines: beam.PCollection[str]) -> beam.PCollection[str]:
         return lines | "Write" >> beam.io.WriteToText(
-            self._prefix, file_name_suffix=".jsonl", shard_name_template=SHARD_TEMPLATE
+            self._prefix, file_name_suffix=layout.REJECTED_SUFFIX, shard_name_template=layout.SHARD_TEMPLATE
         )

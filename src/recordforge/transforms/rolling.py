@@ -299,8 +299,9 @@ def _publish(
     tmp_dir: str,
     limits: Limits,
 ) -> list[ShardInfo]:
-    """Names the shards in input order (by records, the short one last) and publishes them (shard_files.py): leftovers of retried
-    bundles and joined parts go with the temporary folder, and a retried publish is harmless."""
+    """Names the shards in input order (by records, the short one last) and publishes them
+    (shard_files.py): leftovers of retried bundles and joined parts go with the temporary folder,
+    and a retried publish is harmless."""
     short = {p.tmp for p in _short(parts, limits)}
     shards = [p for p in parts if p.tmp not in short] + [p for group in joined for p in group]
     if limits.sizing is Sizing.RECORDS:

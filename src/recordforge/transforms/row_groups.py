@@ -17,10 +17,10 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-from apache_beam.io.filesystems import FileSystems
 
 from recordforge.errors import SourceError
 from recordforge.fixed_lists import iter_batches
+from recordforge.storage import open_input
 
 __all__ = [
     "group_start",
@@ -44,7 +44,7 @@ MAX_PIECES = 8
 
 def row_groups(path: str) -> list[tuple[str, int, int]]:
     """(path, row group index, first row of the group) for each row group of a Parquet file."""
-    with FileSystems.open(path) as f:
+    with open_input(path) as f:
         meta = pq.ParquetFile(f).metadata
     return _groups(path, meta)
 
@@ -65,7 +65,7 @@ def group_start(meta: pq.FileMetaData, group: int) -> int:
 def pieces(path: str, batch_size: int) -> list[tuple[str, int, int, int]]:
     """The work items of a Parquet file: each row group as one (path, group, first row, rows),
     or, when larger than a batch, as up to MAX_PIECES pieces of whole batches."""
-    with FileSystems.open(path) as f:
+    with open_input(path) as f:
         meta = pq.ParquetFile(f).metadata
     items = []
     for _, group, first in _groups(path, meta):

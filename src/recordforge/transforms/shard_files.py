@@ -6,10 +6,9 @@ way (parts, joined parts, whole shards, spilled batches) is `<kind>-<32 hex><ext
 a fresh name per attempt, so that a retried step never meets a file of the attempt it replaces.
 A file being written when its step fails is deleted there and then; files of attempts the runner
 discarded stay until the publish step, which moves the committed ones to their final names,
-`{prefix}-SSSSS-of-NNNNN{suffix}` (Beam's `FileSystems.rename`: rename(2) on local disks, copy
-and delete on object stores), checks that every final name exists and deletes the folder. The
-folder lies in the run's version folder, so a run that dies before publishing leaves nothing the
-publishing protocol does not delete with that folder (pipelines/publishing.py).
+`{prefix}-SSSSS-of-NNNNN{suffix}`, checks that every final name exists and deletes the folder
+(`publishing.publish_shards`). The folder lies in the run's version folder, so a run that dies
+before publishing leaves nothing the publishing protocol does not delete with that folder.
 
 Shards are described by the bytes as written (`HashingFile`): the `ShardInfo` a writer returns is
 what `tfrecord.describe_shard` reads back from the file.
@@ -19,21 +18,19 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import pyarrow as pa
-from apache_beam.io.filesystems import FileSystems
 
-from recordforge import crashpoints, layout
+from recordforge import layout
 from recordforge.arrays import binary_parts
-from recordforge.storage import create_file, delete_files, delete_tree, exists
+from recordforge.publishing import publish_shards
+from recordforge.storage import delete_files, delete_tree, exists, open_write
 from recordforge.streams import HashingFile, Segment, StreamWriter
 from recordforge.tfrecord import ShardInfo, frame_records
 
 __all__ = [
-    "PART",
     "ShardFiles",
     "TempShard",
     "abandon",
@@ -45,17 +42,16 @@ __all__ = [
 ]
 
 _LOGGER = logging.getLogger(__name__)
-PART = ".part"  # a temporary shard or part of one (spilled batches are ".arrow")
 
 
 def shard_prefix(folder: str, name: str = "data") -> str:
-    """The common start of a writer's shard names: `{folder}/{name}`."""
-    return folder.rstrip("/") + "/" + name
+    """The common start of a writer's shard names (`layout.shard_prefix`)."""
+    return layout.shard_prefix(folder, name)
 
 
-def temp_path(temp_dir: str, kind: str, ext: str = PART) -> str:
-    """A fresh temporary name in `temp_dir`: `<kind>-<32 hex><ext>`."""
-    return f"{temp_dir}/{kind}-{uuid.uuid4().hex}{ext}"
+def temp_path(temp_dir: str, kind: str, ext: str = layout.TEMP_PART) -> str:
+    """A fresh temporary name in `temp_dir` (`layout.temp_file`)."""
+    return layout.temp_file(temp_dir, kind, ext)
 
 
 def abandon(path: str, writer: StreamWriter | None = None) -> None:
@@ -65,7 +61,8 @@ def abandon(path: str, writer: StreamWriter | None = None) -> None:
         if writer is not None:
             writer.file.close()
     with contextlib.suppress(Exception):
-        delete_files([path])
+        if exists(path):
+            delete_files([path])
 
 
 @dataclass(frozen=True)
@@ -80,7 +77,7 @@ class TempShard:
 
 def open_stream(path: str, compression: str, level: int) -> StreamWriter:
     """A new temporary file at `path`, as a stream of `compression` that hashes what it writes."""
-    handle = create_file(path)
+    handle = open_write(path)
     try:
         return StreamWriter(HashingFile(handle), compression, level)  # writes the header
     except BaseException:
@@ -141,7 +138,7 @@ class ShardFiles:
     def final(self, shard: int, count: int) -> str:
         return layout.shard_name(self.prefix, shard, count, self.suffix)
 
-    def temp(self, kind: str, ext: str = PART) -> str:
+    def temp(self, kind: str, ext: str = layout.TEMP_PART) -> str:
         return temp_path(self.temp_dir, kind, ext)
 
     def write(self, kind: str, arrays: Iterable[pa.Array], compression: str, level: int) -> TempShard:
@@ -157,14 +154,7 @@ class ShardFiles:
         is an error: a shard list never disagrees with the files."""
         n = len(shards)
         finals = [self.final(i, n) for i in range(n)]
-        pending = [(s.tmp, f) for s, f in zip(shards, finals, strict=True) if exists(s.tmp)]
-        if pending:
-            FileSystems.rename([t for t, _ in pending], [f for _, f in pending])
-        missing = [f for f in finals if not exists(f)]
-        if missing:
-            raise RuntimeError(f"{len(missing)} shard(s) lost before publishing, first {missing[0]}")
-        self.cleanup()
-        crashpoints.reached("shards_published")
+        publish_shards([(s.tmp, f) for s, f in zip(shards, finals, strict=True)], self.temp_dir)
         _LOGGER.info("published %d shards as %s-*-of-%05d%s", n, self.prefix, n, self.suffix)
         return [
             ShardInfo(path=f, records=s.records, bytes=s.bytes, sha256=s.sha256)

@@ -11,7 +11,7 @@ import numpy as np
 import pyarrow as pa
 from apache_beam import typehints
 
-from recordforge.storage import create_file, read_bytes
+from recordforge.storage import open_write, read_bytes
 from recordforge.transforms.coders import declare_element_type
 from recordforge.transforms.shard_files import abandon, temp_path
 
@@ -144,7 +144,7 @@ def _write_array(path: str, array: pa.Array) -> str:
     a failure deletes the file before it propagates."""
     batch = pa.RecordBatch.from_arrays([array], names=["a"])
     try:
-        with create_file(path) as f:
+        with open_write(path) as f:
             with pa.ipc.new_stream(f, batch.schema) as writer:
                 writer.write_batch(batch)
     except BaseException:

@@ -15,10 +15,10 @@ from typing import Any, TypeVar
 import apache_beam as beam
 import pyarrow as pa
 import pyarrow.parquet as pq
-from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
 from recordforge.errors import SourceError
+from recordforge.storage import is_local, match, open_input
 from recordforge.transforms.coders import SourceBatchCoder, declare_element_type
 from recordforge.transforms.row_groups import group_start, read_rows, resolve_columns, work_items
 from recordforge.transforms.sharing import Claims, SharedItemsFn, known_items
@@ -68,22 +68,20 @@ def expand_patterns(patterns: Iterable[str]) -> list[FileInfo]:
     out: dict[str, FileInfo] = {}
     for given in patterns:
         pattern = given
-        if FileSystems.get_scheme(pattern) is None:
+        if is_local(pattern):
             # Beam's LocalFileSystem globs within the pattern's directory part, so a pattern
             # without one (`part-*.parquet`) matched nothing; absolute paths also keep names in
             # errors and metadata the same whatever folder the job is started from.
             pattern = os.path.abspath(pattern)
         try:
-            result = FileSystems.match([pattern])[0]
+            result = match(pattern)
         except Exception as exn:
             raise SourceError(f"cannot list input pattern {given!r}: {exn}") from exn
-        files = [m for m in result.metadata_list if not m.path.endswith("/")]
+        files = [m for m in result if not m.path.endswith("/")]
         if not files:
             raise SourceError(f"input pattern {given!r} matched no files")
         for m in sorted(files, key=lambda m: m.path):
-            out.setdefault(
-                m.path, FileInfo(m.path, m.size_in_bytes, getattr(m, "last_updated_in_seconds", 0.0) or 0.0)
-            )
+            out.setdefault(m.path, FileInfo(m.path, m.size, m.modified))
     return list(out.values())
 
 
@@ -118,7 +116,7 @@ class _ReadParquetFn(SharedItemsFn):
     def _batches(self, element: tuple[Any, ...]) -> Iterator[SourceBatch]:
         # A row group, or a piece of one: (path, group, first row[, rows]), see row_groups.py.
         path, group, first_row, *rows = element
-        with FileSystems.open(path) as f:
+        with open_input(path) as f:
             # Pages written with checksums are checked against them: a flipped bit fails the read
             # rather than changing a value. Pages without one are read as before.
             options = {"page_checksum_verification": True}

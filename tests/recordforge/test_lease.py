@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from apache_beam.io.filesystems import FileSystems
 
-from recordforge.pipelines.lease import Lease, OutputLocked
+from recordforge.lease import Lease, OutputLocked
 
 _STARTED = "2026-11-22T23:59:01Z"
 
@@ -96,10 +96,10 @@ def test_lock_of_a_dead_pid_on_this_host_is_reclaimed(
 ) -> None:
     pid = _reaped_pid()
     _write_by_hand(lock_path, _owner("v-dead-ef56", pid=pid))
-    with caplog.at_level(logging.WARNING, logger="recordforge.pipelines.lease"):
+    with caplog.at_level(logging.WARNING, logger="recordforge.lease"):
         with Lease.acquire(lock_path, _owner("v-new")):
             assert (_read(lock_path) or {})["run_id"] == "v-new"
-    warnings = [r.getMessage() for r in caplog.records if r.name == "recordforge.pipelines.lease"]
+    warnings = [r.getMessage() for r in caplog.records if r.name == "recordforge.lease"]
     assert warnings == [
         f"Reclaimed the stale lock {lock_path} of run v-dead-ef56 (host {socket.gethostname()}, pid {pid}, "
         f"since {_STARTED}): pid {pid} is not running on this host"
@@ -112,10 +112,10 @@ def test_lock_with_an_old_heartbeat_is_reclaimed(lock_path: str, caplog: pytest.
     with pytest.raises(OutputLocked, match="run v-quiet"):
         Lease.acquire(lock_path, _owner("v-new"), stale_after=60)
     time.sleep(0.5)
-    with caplog.at_level(logging.WARNING, logger="recordforge.pipelines.lease"):
+    with caplog.at_level(logging.WARNING, logger="recordforge.lease"):
         with Lease.acquire(lock_path, _owner("v-new"), stale_after=0.4, heartbeat=0.1):
             assert (_read(lock_path) or {})["run_id"] == "v-new"
-    (warning,) = [r.getMessage() for r in caplog.records if r.name == "recordforge.pipelines.lease"]
+    (warning,) = [r.getMessage() for r in caplog.records if r.name == "recordforge.lease"]
     assert warning.startswith(
         f"Reclaimed the stale lock {lock_path} of run v-quiet (host other-host, pid 1, "
     )
@@ -140,7 +140,7 @@ def test_release_after_a_takeover_keeps_the_new_holders_lock(
     FileSystems.delete([lock_path])  # as if judged stale and reclaimed
     new = Lease.acquire(lock_path, _owner("v-taker"))
     taken = _read(lock_path)
-    with caplog.at_level(logging.INFO, logger="recordforge.pipelines.lease"):
+    with caplog.at_level(logging.INFO, logger="recordforge.lease"):
         # Until the old heartbeat has seen the takeover (an event, not a guessed delay).
         deadline = time.monotonic() + 30
         while not any("Lost the lock" in r.getMessage() for r in caplog.records):
@@ -148,9 +148,7 @@ def test_release_after_a_takeover_keeps_the_new_holders_lock(
             time.sleep(0.02)
         old.release()
     assert _read(lock_path) == taken  # neither rewritten by the old heartbeat nor removed
-    messages = [
-        (r.levelname, r.getMessage()) for r in caplog.records if r.name == "recordforge.pipelines.lease"
-    ]
+    messages = [(r.levelname, r.getMessage()) for r in caplog.records if r.name == "recordforge.lease"]
     assert messages == [
         ("ERROR", f"Lost the lock {lock_path}: another run took it over; heartbeat stopped"),
         ("WARNING", f"Did not remove {lock_path}: it is no longer this run's lock"),
@@ -248,11 +246,11 @@ def test_reclaiming_a_lock_already_reclaimed_never_lets_a_third_run_in(
     """Run X judged a dead run's lock stale; meanwhile run Y reclaimed it and holds it. X's removal
     finds Y's lock, not the one it judged, and leaves it; while X looks at it, a third run Z must
     find the lock held by Y (were it moved aside to be looked at, Z would take it too)."""
-    from recordforge.pipelines import lease as lease_module
+    from recordforge.lock_files import LocalLockFile
 
     path = str(tmp_path / "out" / "_recordforge" / "lock")
     _write_by_hand(path, _owner("v-dead", pid=_reaped_pid()))
-    local = lease_module._LocalLock(path)
+    local = LocalLockFile(path)
     stale = local.read()
     assert stale is not None
     holder = Lease.acquire(path, _owner("v-y"))  # reclaims the dead run's lock
