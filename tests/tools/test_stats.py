@@ -9,7 +9,6 @@ import numpy as np
 from PIL import Image
 
 from recordforge.tools._example_pb import Example
-from recordforge.tools.image_headers import image_sizes
 from recordforge.tools.stats import DISTINCT_EXACT, FeatureStats
 from recordforge.tools.wire import Column, KeyTable, decode_batch
 
@@ -90,10 +89,7 @@ def test_image_sizes_from_headers() -> None:
     assert dict(s.formats) == {"png": 4, "gif": 1, "bmp": 1, "jpeg": 2}
     assert sorted(s.dims["height"].sample.tolist()) == sorted(h for _, _, (_, h), _ in cases)
     assert sorted(s.dims["width"].sample.tolist()) == sorted(w for _, _, (w, _), _ in cases)
-    blob = np.concatenate([col.blob, np.zeros(64, np.uint8)])
-    for (fmt, _, (w, h), channels), start, end in zip(cases, col.starts, col.ends, strict=True):
-        height, width, chans = image_sizes(fmt.lower(), blob, np.array([start]), np.array([end]))
-        assert (int(height[0]), int(width[0]), int(chans[0])) == (h, w, channels), fmt
+    assert sorted(s.dims["channels"].sample.tolist()) == sorted(c for *_, c in cases)
     assert s.dims["height"].min == 2 and s.dims["height"].max == 200
     assert s.dims["channels"].values == len(cases)
     # A PNG cut inside its header is counted as a PNG, but has no size.

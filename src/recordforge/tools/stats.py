@@ -14,9 +14,9 @@ from typing import Any
 
 import numpy as np
 
+from recordforge.image_headers import FORMATS, header_values, sniff
 from recordforge.storage import exists, open_read
 from recordforge.tfrecord import RecordChunk, data_crc_mismatches
-from recordforge.tools.image_headers import image_sizes
 from recordforge.tools.records import CorruptRecord, record_files
 from recordforge.tools.scan import scan_shards
 from recordforge.tools.wire import BYTES, FLOAT, INT64, NONE, Column, KeyTable, decode_batch
@@ -30,8 +30,6 @@ SHORT = 64  # strings up to this many bytes are counted as values; longer ones a
 _SKETCH = 2048  # smallest hashes kept to estimate distinct counts
 _POSITIONS = 16  # fixed-shape features up to this many values get statistics per position
 _THUMBS = 8
-_MAGIC = {b"\x89PNG": "png", b"\xff\xd8\xff": "jpeg", b"GIF8": "gif", b"BM": "bmp"}
-_MASKS = np.array([(1 << (8 * k)) - 1 for k in range(9)], dtype=np.uint64)
 
 
 _KIND_NAMES = {NONE: "none", BYTES: "bytes", FLOAT: "float", INT64: "int64"}
@@ -48,10 +46,6 @@ def _bernoulli(n: int, p: float, rng: np.random.Generator) -> np.ndarray:
         if steps[-1] >= n:
             return np.concatenate(out)
         last = int(steps[-1])
-
-
-def _word(raw: bytes) -> np.uint64:
-    return np.uint64(int.from_bytes(raw, "little"))
 
 
 @dataclass
@@ -231,16 +225,14 @@ class FeatureStats:
         if int(starts.max()) + SHORT + 32 > len(blob):
             blob = np.concatenate([blob, np.zeros(SHORT + 32, np.uint8)])
         words = words_at(blob)
-        head = words[starts]
-        for magic, name in _MAGIC.items():
-            hit = ((head & _MASKS[len(magic)]) == _word(magic)) & (lengths >= len(magic))
-            if hit.any():
-                self.formats[name] += int(hit.sum())
-                found = np.flatnonzero(hit)
-                self._image_sizes(name, blob, starts[found], ends[found], rng)
-                if len(self.thumbs) < _THUMBS:
-                    first = found[: _THUMBS - len(self.thumbs)]
-                    self.thumbs += [blob[starts[i] : ends[i]].tobytes() for i in first.tolist()]
+        codes = sniff(blob, starts, ends)
+        for code in np.unique(codes[codes > 0]).tolist():
+            found = np.flatnonzero(codes == code)
+            self.formats[FORMATS[code]] += len(found)
+            self._image_sizes(blob, starts[found], ends[found], codes[found], rng)
+            if len(self.thumbs) < _THUMBS:
+                first = found[: _THUMBS - len(self.thumbs)]
+                self.thumbs += [blob[starts[i] : ends[i]].tobytes() for i in first.tolist()]
         short = lengths <= SHORT
         self.long_values += int((~short).sum())
         if not short.any():
@@ -266,10 +258,18 @@ class FeatureStats:
             dim.finish()
 
     def _image_sizes(
-        self, fmt: str, blob: np.ndarray, starts: np.ndarray, ends: np.ndarray, rng: np.random.Generator
+        self,
+        blob: np.ndarray,
+        starts: np.ndarray,
+        ends: np.ndarray,
+        codes: np.ndarray,
+        rng: np.random.Generator,
     ) -> None:
-        for part, values in zip(
-            ("height", "width", "channels"), image_sizes(fmt, blob, starts, ends), strict=True
+        height, width, channels, read = header_values(blob, starts, ends, codes)
+        for part, values in (
+            ("height", height[read]),
+            ("width", width[read]),
+            ("channels", channels[channels > 0]),
         ):
             if len(values):
                 dim = self.dims.setdefault(part, FeatureStats())

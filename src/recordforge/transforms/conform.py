@@ -18,7 +18,8 @@ import pyarrow.compute as pc
 
 from recordforge.arrays import binary_array, binary_parts, drop_hidden_values
 from recordforge.errors import DataError, SourceError
-from recordforge.images import ImageOptions, load_image_column, manifest_dir
+from recordforge.image_files import manifest_dir
+from recordforge.images import ImageOptions, load_image_column
 from recordforge.schemas.model import DType, Feature, NullPolicy
 from recordforge.schemas.plan import TEXT_VALUE_TYPES, Plan
 from recordforge.transforms.casts import Failure, cast_values
