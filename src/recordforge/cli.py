@@ -243,7 +243,8 @@ def _stats(argv: list[str]) -> int:
     parser.add_argument("path", help="an output folder, or any TFRecord file")
     parser.add_argument("--html", default=None, help="also write a self-contained HTML page")
     args = parser.parse_args(argv)
-    from recordforge.tools.stats import format_stats, stats, stats_html
+    from recordforge.tools.stats import stats
+    from recordforge.tools.stats_format import format_stats, stats_html
 
     result = stats(args.path)
     print(format_stats(result))

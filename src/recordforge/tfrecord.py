@@ -16,6 +16,7 @@ import pyarrow.compute as pc
 
 from recordforge.arrays import binary_array, binary_parts
 from recordforge.errors import RecordForgeError
+from recordforge.image_headers import image_format
 from recordforge.storage import open_read
 
 __all__ = [
@@ -142,10 +143,9 @@ class CorruptRecord(RecordForgeError, ValueError):
         return (type(self), (self.path, self.offset, self.what))
 
 
+# Files that are not images; images are told by their signatures (image_headers.py).
 _MAGIC = (
     (b"PAR1", "a Parquet file"),
-    (b"\x89PNG", "a PNG image"),
-    (b"\xff\xd8\xff", "a JPEG image"),
     (b"PK\x03\x04", "a zip archive"),
     (b"ARROW1", "an Arrow file"),
 )
@@ -167,6 +167,9 @@ def _looks_like(path: str) -> str:
 
 
 def _looks_like_bytes(head: bytes) -> str:
+    image = image_format(head)
+    if image:
+        return f"a {image.upper()} image"
     for magic, name in _MAGIC:
         if head.startswith(magic):
             return name

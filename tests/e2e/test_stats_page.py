@@ -10,7 +10,8 @@ import pytest
 
 from bench.table import make_table
 from recordforge.pipelines.convert import run
-from recordforge.tools.stats import format_stats, stats, stats_html
+from recordforge.tools.stats import stats
+from recordforge.tools.stats_format import format_stats, stats_html
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,8 @@ from recordforge.image_headers import BMP, GIF, JPEG, PNG, WEBP, header_values, 
 from recordforge.images import ImageOptions, _with_pillow, load_image_column, process_image
 from recordforge.tools._example_pb import Example
 from recordforge.tools.stats import FeatureStats
-from recordforge.tools.wire import KeyTable, decode_batch
+from recordforge.tools.wire import decode_batch
+from recordforge.tools.wire_keys import KeyTable
 
 
 def _encode(fmt: str, mode: str, size: tuple[int, int], **save: object) -> bytes:

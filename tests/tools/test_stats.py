@@ -10,7 +10,8 @@ from PIL import Image
 
 from recordforge.tools._example_pb import Example
 from recordforge.tools.stats import DISTINCT_EXACT, FeatureStats
-from recordforge.tools.wire import Column, KeyTable, decode_batch
+from recordforge.tools.wire import Column, decode_batch
+from recordforge.tools.wire_keys import KeyTable
 
 
 def _column(values: list[bytes], name: str = "x") -> Column:

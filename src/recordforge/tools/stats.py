@@ -19,8 +19,8 @@ from recordforge.storage import exists, open_read
 from recordforge.tfrecord import RecordChunk, data_crc_mismatches
 from recordforge.tools.records import CorruptRecord, record_files
 from recordforge.tools.scan import scan_shards
-from recordforge.tools.wire import BYTES, FLOAT, INT64, NONE, Column, KeyTable, decode_batch
-from recordforge.tools.wire_keys import HashIndex, key_hash, words_at
+from recordforge.tools.wire import FLOAT, INT64, Column, decode_batch, kind_name
+from recordforge.tools.wire_keys import HashIndex, KeyTable, key_hash, words_at
 
 __all__ = ["FeatureStats", "stats"]
 
@@ -30,9 +30,6 @@ SHORT = 64  # strings up to this many bytes are counted as values; longer ones a
 _SKETCH = 2048  # smallest hashes kept to estimate distinct counts
 _POSITIONS = 16  # fixed-shape features up to this many values get statistics per position
 _THUMBS = 8
-
-
-_KIND_NAMES = {NONE: "none", BYTES: "bytes", FLOAT: "float", INT64: "int64"}
 
 
 def _bernoulli(n: int, p: float, rng: np.random.Generator) -> np.ndarray:
@@ -107,7 +104,7 @@ class FeatureStats:
     def add(self, col: Column, rng: np.random.Generator) -> None:
         kinds = np.bincount(col.kind, minlength=4)
         for k in np.flatnonzero(kinds).tolist():
-            self.kinds[_KIND_NAMES[k]] += int(kinds[k])
+            self.kinds[kind_name(k)] += int(kinds[k])
         self.present += len(col.rec)
         if len(col.count) and int(col.count.max()) < 1 << 16:
             per_length = np.bincount(col.count)
@@ -431,9 +428,3 @@ def stats(path: str, *, workers: int | None = None) -> dict[str, Any]:
         "feature_spec": spec,
         "features": dict(sorted(total.features.items())),
     }
-
-
-# The text and HTML views, importable from here as before.
-from recordforge.tools.stats_format import format_stats, stats_html  # noqa: E402
-
-__all__ += ["format_stats", "stats_html"]

@@ -16,7 +16,8 @@ from recordforge import layout
 from recordforge.storage import exists, list_files, open_read, read_bytes
 from recordforge.tfrecord import RecordChunk, data_crc_mismatches
 from recordforge.tools.scan import ShardResult, scan_shards
-from recordforge.tools.wire import BYTES, FLOAT, INT64, NONE, Batch, KeyTable, decode_batch, kind_name
+from recordforge.tools.wire import BYTES, FLOAT, INT64, NONE, Batch, decode_batch, kind_name
+from recordforge.tools.wire_keys import KeyTable
 from recordforge.transforms.commit import committed_versions
 
 __all__ = ["verify"]
