@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml constraints.txt setup.py
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/python -m recordforge.demo --workdir out/demo
+	$(BIN)/python -m demo --workdir out/demo
 
 # The whole suite (CI runs it), spread over the cores a file at a time: a file's module-scoped
 # clusters, emulators and servers are started once, in one worker.

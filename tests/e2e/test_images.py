@@ -16,8 +16,8 @@ from conftest import published_root
 from PIL import Image
 
 import recordforge
+from demo.sampledata import mnist_folder
 from recordforge.pipelines.convert import run
-from recordforge.sampledata import mnist_folder
 
 
 def _save(path: Path, pixels: np.ndarray, fmt: str, **kw: object) -> bytes:

@@ -9,9 +9,9 @@ import pyarrow.parquet as pq
 import pytest
 from conftest import example_to_dict, published_root
 
+from demo.sampledata import taxi_table
 from recordforge.errors import RecordForgeError
 from recordforge.pipelines.convert import run
-from recordforge.sampledata import taxi_table
 from recordforge.tfrecord import iter_records
 from recordforge.transforms import sinks
 

@@ -64,7 +64,7 @@ def test_png_rendering_of_the_page(bench_bundle: tuple[Path, object], tmp_path: 
     """The README's picture: one row per feature drawn, bars in the bar colour, a small file."""
     from PIL import Image
 
-    from recordforge.tools.stats_image import _BAR, stats_png
+    from demo.stats_image import _BAR, stats_png
 
     result = stats(str(bench_bundle[0]))
     heights = {}

@@ -18,8 +18,8 @@ from conftest import published_root
 from PIL import Image
 
 import recordforge
+from demo.sampledata import taxi_table
 from recordforge.pipelines.convert import run
-from recordforge.sampledata import taxi_table
 
 
 @pytest.fixture(scope="module")
