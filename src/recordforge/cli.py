@@ -139,9 +139,9 @@ def _infer_schema(argv: list[str]) -> int:
     # The default since float64 is narrowed by default, as convert infers it; still accepted.
     parser.add_argument("--narrow_float64", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    from recordforge.sampling import format_from_path, local_matches, never_null_columns, read_sample
     from recordforge.schemas import dump_schema, infer_schema
     from recordforge.schemas.infer import sample_notes
+    from recordforge.source_probe import format_from_path, local_matches, never_null_columns, read_sample
     from recordforge.storage import is_local
 
     if is_local(args.source):  # without Beam, which object stores need
@@ -193,7 +193,7 @@ def _inspect(argv: list[str]) -> int:
             + (f", labelled by {info['label_feature']!r}" if info["label_feature"] else "")
         )
         return 0
-    from recordforge.tools.inspect import format_inspect, inspect
+    from recordforge.tools.describe import format_inspect, inspect
 
     print(format_inspect(inspect(args.path, split=args.split, n=args.n)))
     return 0
@@ -208,7 +208,7 @@ def _head(argv: list[str]) -> int:
     parser.add_argument("path", help="any TFRecord file of tf.train.Examples (compressed or not)")
     parser.add_argument("-n", type=int, default=5, help="records to show")
     args = parser.parse_args(argv)
-    from recordforge.tools.inspect import format_head, head
+    from recordforge.tools.describe import format_head, head
 
     print(format_head(head(args.path, args.n)))
     return 0

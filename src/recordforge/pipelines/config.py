@@ -8,8 +8,8 @@ from dataclasses import dataclass
 from recordforge.errors import RecordForgeError
 from recordforge.pipelines.flags import FLAGS, FORMATS, default
 from recordforge.pipelines.options import ConvertOptions
-from recordforge.sampling import format_from_path
 from recordforge.schemas.plan import Plan
+from recordforge.source_probe import format_from_path
 from recordforge.tfrecord import Compression
 from recordforge.transforms.rolling import DEFAULT_SHARD_SIZE, parse_size
 from recordforge.transforms.splits import SplitSpec

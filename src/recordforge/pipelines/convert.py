@@ -204,10 +204,10 @@ def _read(run: _Run) -> beam.PTransform:
 
 
 def _preprocess(pipeline: beam.Pipeline, run: _Run, rows: beam.PCollection) -> Any:
-    """tensorflow-transform over the conformed rows (transforms/preprocess.py)."""
+    """tensorflow-transform over the conformed rows (transforms/analyze_transform.py)."""
     # Imported only here: plain conversions never load TensorFlow or tensorflow-transform.
     with startup.heavy_imports():
-        from recordforge.transforms.preprocess import analyze_and_transform
+        from recordforge.transforms.analyze_transform import analyze_and_transform
 
     config = run.config
     # The analyzers get a second read of the input rather than the main path's batches: the

@@ -14,9 +14,9 @@ from apache_beam.io.filesystems import FileSystems
 
 from recordforge.errors import RecordForgeError
 from recordforge.pipelines.config import ConvertConfig
-from recordforge.sampling import format_from_path, never_null_columns, read_arrow_schema, read_sample
 from recordforge.schemas import Plan, compile_schema, infer_schema, load_schema
 from recordforge.schemas.loader import dump_schema
+from recordforge.source_probe import format_from_path, never_null_columns, read_arrow_schema, read_sample
 from recordforge.transforms.image_folder import folder_schema, list_image_folder
 from recordforge.transforms.sources import FileInfo, expand_patterns
 

@@ -1,6 +1,6 @@
 """Full-pass transforms a feature may declare (`transform:` in the schema), as plain data.
 
-Each one is applied by tensorflow-transform (see `recordforge.schemas.preprocessing`); this module
+Each one is applied by tensorflow-transform (see `recordforge.schemas.preprocessing_fn`); this module
 only says what is valid, so that loading a schema never imports TensorFlow.
 
     - name: payment_type

@@ -37,7 +37,7 @@ from recordforge.encoding import ExampleEncoder
 from recordforge.layout import RAW_METADATA, temp_dir
 from recordforge.schemas.model import NullPolicy
 from recordforge.schemas.plan import Plan, value_type
-from recordforge.schemas.preprocessing import (
+from recordforge.schemas.preprocessing_fn import (
     build_preprocessing_fn,
     load_user_fn,
     output_plan,
