@@ -130,7 +130,7 @@ def test_sample_is_uniform_and_knows_positions() -> None:
     """Past SAMPLE values only a drawn few are looked at, yet the kept values are a uniform
     sample of all (mean and spread of 0..N-1 as for uniform draws), merged over parts; fixed
     width lists keep each value's position in its list."""
-    from recordforge.tools.stats import SAMPLE
+    from recordforge.tools.stats_sample import SAMPLE
 
     n = 150_000
     rng = np.random.default_rng(5)

@@ -19,30 +19,17 @@ from recordforge.storage import exists, open_read
 from recordforge.tfrecord import RecordChunk, data_crc_mismatches
 from recordforge.tools.records import CorruptRecord, record_files
 from recordforge.tools.scan import scan_shards
+from recordforge.tools.stats_sample import UniformSample
 from recordforge.tools.wire import FLOAT, INT64, Column, decode_batch, kind_name
 from recordforge.tools.wire_keys import HashIndex, KeyTable, key_hash, words_at
 
 __all__ = ["FeatureStats", "stats"]
 
-SAMPLE = 20_000  # values kept per feature (uniformly at random) for histograms
 DISTINCT_EXACT = 10_000  # distinct strings counted exactly; beyond, estimated
 SHORT = 64  # strings up to this many bytes are counted as values; longer ones are blobs
 _SKETCH = 2048  # smallest hashes kept to estimate distinct counts
 _POSITIONS = 16  # fixed-shape features up to this many values get statistics per position
 _THUMBS = 8
-
-
-def _bernoulli(n: int, p: float, rng: np.random.Generator) -> np.ndarray:
-    """The indices below n that each pass a coin of probability p, drawn as geometric gaps."""
-    out = []
-    last = -1
-    while True:
-        want = int(n * p + 6 * math.sqrt(n * p + 1) + 8)
-        steps = np.cumsum(rng.geometric(p, want)) + last
-        out.append(steps[steps < n])
-        if steps[-1] >= n:
-            return np.concatenate(out)
-        last = int(steps[-1])
 
 
 @dataclass
@@ -59,12 +46,7 @@ class FeatureStats:
     m2: float = 0.0
     min: float | int | None = None
     max: float | int | None = None
-    _kept: np.ndarray = field(default_factory=lambda: np.zeros(0))  # the sample's values
-    _kept_pos: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # their positions
-    _priority: np.ndarray = field(default_factory=lambda: np.zeros(0))
-    _bound: float = 1.0  # values with a priority above it cannot enter the sample
-    _waiting: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = field(default_factory=list)
-    _held: int = 0  # sample values, those waiting included
+    _sample: UniformSample = field(default_factory=UniformSample)  # of the numeric values
     _index: HashIndex | None = None  # where each counted value's hash is, once they stop changing
     width: int | None = None  # values per record when every record has the same number
     _top_hash: np.ndarray = field(default_factory=lambda: np.zeros(0, np.uint64))  # sorted
@@ -150,70 +132,17 @@ class FeatureStats:
             lo, hi = exact.min().item(), exact.max().item()
             self.min = lo if self.min is None else min(self.min, lo)
             self.max = hi if self.max is None else max(self.max, hi)
-        self._sample(as_float, counts, rng)
-
-    def _sample(self, values: np.ndarray, counts: np.ndarray | None, rng: np.random.Generator) -> None:
-        """A uniform sample: every value draws a random priority and the SAMPLE smallest stay.
-        Once SAMPLE are held, only a value whose priority falls below the largest held can
-        enter: which values do is drawn directly (gaps between them are geometric), and only
-        they draw their priority (uniform below that bound), the same law at a cost per value
-        kept instead of per value read."""
-        n = len(values)
-        bound = self._bound
-        if bound < 1.0 and n:
-            idx = _bernoulli(n, bound, rng)
-            priority = rng.random(len(idx)) * bound
-        else:
-            idx = np.arange(n)
-            priority = rng.random(n)
-            if n > SAMPLE:
-                keep = np.argpartition(priority, SAMPLE)[:SAMPLE]
-                idx, priority = idx[keep], priority[keep]
-        if counts is None:
-            positions = np.zeros(len(idx), np.int64)
-        else:
-            ends = np.cumsum(counts)
-            entry = np.searchsorted(ends, idx, side="right")
-            positions = idx - (ends[entry] - counts[entry])
-        # Joined to the sample at the next trim: joining now would copy the whole sample.
-        self._waiting.append((values[idx], positions, priority))
-        self._held += len(idx)
-        if self._held > 2 * SAMPLE:
-            self._trim()
-
-    def _trim(self, *, exact: bool = False) -> None:
-        """Keeps the SAMPLE smallest priorities once twice as many are held (or now: `exact`).
-        Between trims the bound is the largest priority kept at the last one, at least the
-        true SAMPLE-th smallest: a value that can enter is never left out by it."""
-        self._join()
-        if len(self._kept) > (SAMPLE if exact else 2 * SAMPLE):
-            keep = np.argpartition(self._priority, SAMPLE)[:SAMPLE]
-            self._kept, self._kept_pos, self._priority = (
-                self._kept[keep],
-                self._kept_pos[keep],
-                self._priority[keep],
-            )
-        if len(self._priority) >= SAMPLE:
-            self._bound = min(self._bound, float(self._priority.max()))
-        self._held = len(self._kept)
-
-    def _join(self) -> None:
-        if self._waiting:
-            parts = [(self._kept, self._kept_pos, self._priority), *self._waiting]
-            self._kept, self._kept_pos, self._priority = (np.concatenate(p) for p in zip(*parts, strict=True))
-            self._waiting = []
+        self._sample.add(as_float, counts, rng)
 
     @property
     def sample(self) -> np.ndarray:
         """Values drawn uniformly at random: SAMPLE of them (all, if fewer) after finish()."""
-        self._join()
-        return self._kept
+        return self._sample.values
 
     @property
     def sample_pos(self) -> np.ndarray:
         """The position of each sample value in its record's list."""
-        self._join()
-        return self._kept_pos
+        return self._sample.positions
 
     def _strings(self, col: Column, rng: np.random.Generator) -> None:
         starts, ends = col.starts, col.ends
@@ -250,7 +179,7 @@ class FeatureStats:
 
     def finish(self) -> None:
         """The sample cut to its SAMPLE values (between merges it may hold up to twice that)."""
-        self._trim(exact=True)
+        self._sample.finish()
         for dim in self.dims.values():
             dim.finish()
 
@@ -338,9 +267,7 @@ class FeatureStats:
         self.width = (
             other.width if self.width in (None, other.width) else (self.width if other.width is None else -1)
         )
-        other._trim()
-        self._waiting.append((other._kept, other._kept_pos, other._priority))
-        self._trim(exact=True)
+        self._sample.merge(other._sample)
         self.top_exact = self.top_exact and other.top_exact
         values = other._values
         self._count(other._top_hash, other._top_count, lambda i: values[int(other._top_hash[i])])
