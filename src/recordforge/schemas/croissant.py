@@ -20,7 +20,8 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from recordforge.schemas.model import DType, Feature, NullPolicy
+from recordforge.schemas.kinds import DType, NullPolicy
+from recordforge.schemas.model import Feature
 from recordforge.schemas.plan import Plan
 
 __all__ = ["CONFORMS_TO", "croissant_json", "croissant_metadata", "split_regex"]

@@ -9,15 +9,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from recordforge.errors import SchemaError
-from recordforge.schemas.model import (
-    RAGGED,
-    VARIABLE,
-    DType,
-    Feature,
-    NullPolicy,
-    Schema,
-    normalize_name,
-)
+from recordforge.schemas.kinds import RAGGED, VARIABLE, DType, NullPolicy, normalize_name
+from recordforge.schemas.model import Feature, Schema
 
 __all__ = ["infer_schema", "sample_notes"]
 

@@ -26,7 +26,8 @@ from apache_beam.io.filesystems import FileSystems
 from recordforge.errors import RecordForgeError
 from recordforge.schemas.analyzers import Analyzer, Transform
 from recordforge.schemas.export import to_tf_feature_spec
-from recordforge.schemas.model import DType, Feature, NullPolicy, Schema
+from recordforge.schemas.kinds import DType, NullPolicy
+from recordforge.schemas.model import Feature, Schema
 from recordforge.schemas.plan import Plan, compile_schema
 
 __all__ = [

@@ -24,7 +24,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from recordforge.layout import TFDS_FEATURES, TFDS_INFO, TFDS_LABELS
-from recordforge.schemas.model import DType, Feature
+from recordforge.schemas.kinds import DType
+from recordforge.schemas.model import Feature
 from recordforge.schemas.plan import Plan
 
 __all__ = ["LABEL_FEATURE", "SINGLE_SPLIT", "TFDS_VERSION", "tfds_features", "tfds_metadata"]

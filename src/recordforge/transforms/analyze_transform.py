@@ -35,7 +35,7 @@ from tfx_bsl.public import tfxio
 from recordforge.arrays import binary_array, binary_parts, drop_hidden_values, list_offsets
 from recordforge.encoding import ExampleEncoder
 from recordforge.layout import RAW_METADATA, temp_dir
-from recordforge.schemas.model import NullPolicy
+from recordforge.schemas.kinds import NullPolicy
 from recordforge.schemas.plan import Plan, value_type
 from recordforge.schemas.preprocessing_fn import (
     build_preprocessing_fn,

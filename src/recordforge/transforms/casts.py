@@ -16,7 +16,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from recordforge.errors import SourceError
-from recordforge.schemas.model import DType, ExampleKind, Feature
+from recordforge.schemas.kinds import DType, ExampleKind
+from recordforge.schemas.model import Feature
 
 __all__ = ["Failure", "cast_values", "parse_timestamps"]
 

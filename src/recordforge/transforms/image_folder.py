@@ -17,7 +17,8 @@ import pyarrow.compute as pc
 
 from recordforge.errors import SourceError
 from recordforge.image_files import IMAGE_EXTENSIONS, read_local_files
-from recordforge.schemas.model import DType, Feature, NullPolicy, Schema
+from recordforge.schemas.kinds import DType, NullPolicy
+from recordforge.schemas.model import Feature, Schema
 from recordforge.transforms.coders import declare_element_type
 from recordforge.transforms.sharing import Claims, SharedItemsFn, known_items
 from recordforge.transforms.sources import UNREADABLE, SourceBatch
