@@ -12,8 +12,8 @@ import numpy as np
 
 from recordforge.errors import RecordForgeError
 from recordforge.image_headers import image_format
+from recordforge.record_chunks import read_record_chunks
 from recordforge.storage import exists, open_read
-from recordforge.tfrecord import read_record_chunks
 from recordforge.tools.records import record_files
 from recordforge.tools.wire import BYTES, INT64, Column, decode_batch
 from recordforge.tools.wire_keys import KeyTable

@@ -20,8 +20,9 @@ from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from recordforge.record_chunks import RecordChunk, read_record_chunks
 from recordforge.storage import exists
-from recordforge.tfrecord import CorruptRecord, FileDigest, RecordChunk, read_record_chunks
+from recordforge.tfrecord import CorruptRecord, FileDigest
 from recordforge.tools.progress import Progress
 
 __all__ = ["Accumulator", "ShardResult", "scan_shards"]
@@ -46,8 +47,8 @@ class ShardResult:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-# Records per batch: about 8,000 of the benchmark's, whose numpy arrays stay in cache (batches
-# of 32,000 decoded some 20% slower).
+# Bytes of records per batch: few enough that a batch's numpy arrays stay in the CPU's cache,
+# enough that the per-batch work is spread over thousands of records.
 CHUNK_BYTES = 2 << 20
 _COUNTERS: Any = None  # (records, raw bytes) shared with the worker processes
 

@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 
 from recordforge.image_headers import FORMATS, header_values, sniff
+from recordforge.record_chunks import RecordChunk, data_crc_mismatches
 from recordforge.storage import exists, open_read
-from recordforge.tfrecord import RecordChunk, data_crc_mismatches
 from recordforge.tools.records import CorruptRecord, record_files
 from recordforge.tools.scan import scan_shards
 from recordforge.tools.stats_sample import UniformSample

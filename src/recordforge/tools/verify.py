@@ -13,8 +13,8 @@ from typing import Any
 import numpy as np
 
 from recordforge import layout
+from recordforge.record_chunks import RecordChunk, data_crc_mismatches
 from recordforge.storage import exists, list_files, open_read, read_bytes
-from recordforge.tfrecord import RecordChunk, data_crc_mismatches
 from recordforge.tools.scan import ShardResult, scan_shards
 from recordforge.tools.wire import BYTES, FLOAT, INT64, NONE, Batch, decode_batch, kind_name
 from recordforge.tools.wire_keys import KeyTable
