@@ -1,5 +1,4 @@
-"""CRC32C, masked as TFRecord framing stores it: of one buffer, of every row of a small matrix
-at once (the 8-byte lengths of a batch of records), and the mask applied to an array of CRCs."""
+"""CRC32C masked as TFRecord framing stores it: of one buffer, of many short rows, of an array of CRCs."""
 
 from __future__ import annotations
 

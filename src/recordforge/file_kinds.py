@@ -1,5 +1,4 @@
-"""What a file seems to be from its first bytes (Parquet, an image, zip, Arrow, text, or gzip of
-one of them), for the message that says it is not a TFRecord file."""
+"""What a file seems to be from its first bytes, for the message that it is not a TFRecord file."""
 
 from __future__ import annotations
 

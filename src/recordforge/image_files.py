@@ -1,5 +1,4 @@
-"""Reading image files: manifests' relative paths, local files by bare system calls, remote ones
-on threads, and the bytes gathered into one Arrow array."""
+"""Reading image files: manifest paths resolved, local files by system calls, remote ones on threads."""
 
 from __future__ import annotations
 

@@ -1,11 +1,5 @@
-"""Images as the converter writes them: header values, the checks that a kept image is whole, and
-optional resize/re-encode; one image at a time or a whole column at once.
-
-By default the original encoded bytes are kept (no decode/re-encode); the header gives height,
-width, channels (as `tf.io.decode_image` will return them) and format. A PNG is checked as far as
-decoding could fail (chunk checksums, the image data inflated and its scanlines' filter types);
-a JPEG's header and end marker are, so that a truncated one is rejected rather than written.
-"""
+"""Images as the converter writes them: header values, whole-image checks, optional resize/re-encode."""
+# Design notes: docs/architecture.md, "Module notes".
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""The one progress line of long operations: its text (count, share, rate, elapsed time, ETA) and
-how a terminal shows it, rewritten in place."""
+"""The one progress line: its text (count, share, rate, elapsed, ETA) and a terminal's line in place."""
 
 from __future__ import annotations
 

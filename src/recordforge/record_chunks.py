@@ -1,5 +1,4 @@
-"""TFRecord files read for the tools a chunk of records at a time: the framing walked and its CRCs
-checked with numpy over the chunk, data CRCs on demand."""
+"""TFRecord files read a chunk of records at a time, framing and CRCs checked with numpy (the tools)."""
 
 from __future__ import annotations
 

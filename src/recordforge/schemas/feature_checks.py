@@ -1,5 +1,4 @@
-"""Why a feature is not valid: every problem of its name, shape, type, image settings, checks,
-transform and default, so that all are reported at once."""
+"""Why a feature is not valid: every problem of its name, shape, types, checks and default, at once."""
 
 from __future__ import annotations
 

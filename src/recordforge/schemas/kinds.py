@@ -1,5 +1,4 @@
-"""The kinds a schema is made of: value types, Example lists, null policies, ops, shapes' markers,
-and the names features may have."""
+"""The kinds a schema is made of: value types, Example lists, null policies, ops and shape markers."""
 
 from __future__ import annotations
 

@@ -1,15 +1,5 @@
-"""The tensorflow-transform side of a schema: the preprocessing_fn, and the plan of its output.
-
-Imports TensorFlow and tensorflow-transform, so it is imported only by runs that declare a
-`transform:` or pass --preprocessing_fn; plain conversions never load either.
-
-What the records hold:
-- without --preprocessing_fn: every raw feature, each declared transform replacing its feature in
-  place (or written beside it under `output:`);
-- with --preprocessing_fn: as in TFT's own contract, exactly what the function returns (return a
-  raw input to keep it), plus the outputs of the schema's declared transforms. The function
-  receives the raw features as parsed with the bundle's raw feature spec.
-"""
+"""The tensorflow-transform side of a schema: the preprocessing_fn, and the plan of its output."""
+# Design notes: docs/architecture.md, "Module notes".
 
 from __future__ import annotations
 

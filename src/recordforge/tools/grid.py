@@ -1,5 +1,5 @@
-"""A labelled grid of images of a bundle or file: a seeded random sample spread over the labels
-(round robin over them), tiles apart, each with its label written under it."""
+"""A labelled grid of images of a bundle or file: a seeded sample spread over the labels."""
+# Design notes: docs/architecture.md, "Module notes".
 
 from __future__ import annotations
 

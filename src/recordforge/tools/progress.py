@@ -1,6 +1,5 @@
-"""Progress of the read-only tools' scans: a live line on a terminal, plain log lines otherwise.
-Records are counted as chunks of them finish (thousands at a time, not once per file), and the
-ETA comes from the share of the files' bytes read, so a run of one large shard moves too."""
+"""Progress of the tools' scans: records as chunks finish, the ETA from the share of bytes read."""
+# Design notes: docs/architecture.md, "Module notes".
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""Reading any TFRecord file of tf.train.Examples: compression detected from content, records with
-their byte offsets and CRC checks, and a feature spec inferred from a sample."""
+"""Reading any TFRecord file of tf.train.Examples: compression detected, offsets, CRCs, a feature spec."""
 
 from __future__ import annotations
 

@@ -1,10 +1,5 @@
-"""Every record of a set of shards through a per-chunk function, on all cores, in bounded memory.
-
-Many shards: each worker process reads whole shards. Fewer shards than workers (one large GZIP
-shard, say): threads of this process read, hash and inflate them (isal and hashlib run without
-the GIL) and hand chunks of records to the worker processes. Either way a chunk's records are
-CRC-checked and decoded where they are used, and progress counts records as chunks finish.
-"""
+"""Every record of a set of shards through a per-chunk function, on all cores, in bounded memory."""
+# Design notes: docs/architecture.md, "Module notes".
 
 from __future__ import annotations
 

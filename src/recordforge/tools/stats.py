@@ -1,8 +1,5 @@
-"""stats: per-feature counts, missing, min/max/mean/std, histograms, list lengths (list features
-only), values per position of fixed-shape features, top values and distinct counts of strings,
-formats and thumbnails of images. Every shard is read in parallel (tools/scan.py) and each
-chunk of records is summarised with numpy over whole columns (tools/wire.py); the summaries
-merge exactly (counts, moments, extremes) or as said (histograms from a uniform sample)."""
+"""stats: per-feature counts, ranges, moments, histograms, lengths, top values and image sizes."""
+# Design notes: docs/architecture.md, "Module notes".
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""A uniform random sample of a feature's numeric values (and their positions in their lists),
-kept while stats reads and merged across shards, for histograms."""
+"""A uniform random sample of a feature's numeric values and their positions, mergeable, for histograms."""
 
 from __future__ import annotations
 

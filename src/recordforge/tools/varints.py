@@ -1,5 +1,4 @@
-"""Protobuf varints decoded with numpy over a whole batch: packed spans, read as 8-byte words
-where a span holds one varint, byte by byte otherwise."""
+"""Protobuf varints decoded with numpy over a whole batch of packed spans."""
 
 from __future__ import annotations
 

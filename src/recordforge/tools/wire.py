@@ -1,14 +1,5 @@
-"""tf.train.Example decoded for a whole batch of records at once, with numpy.
-
-The wire format is walked one nesting level at a time (Example, Features, map entry, Feature,
-list). Features are a sequence of map entries, so they are read in rounds (every record's first
-entry, then its second...); below that, every entry of the batch is one element of the same
-arrays, and each level costs a few array operations over all entries at once: a field's tag and
-one-byte length are two byte gathers, longer lengths are read only where they occur. Keys are
-matched by KeyTable (wire_keys.py). Records laid out in a way this path does not take (unknown
-or repeated fields, unpacked numbers, duplicate keys) are decoded by protobuf, one by one, and
-merged into the same columns; a record protobuf refuses is reported as not a tf.train.Example.
-"""
+"""tf.train.Example decoded for a whole batch of records at once, with numpy."""
+# Design notes: docs/architecture.md, "Module notes".
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""Feature names of a batch of map entries, found by a hash of their bytes and then checked
-word for word against the names already met, so that two names never merge."""
+"""Feature names of a batch of map entries, found by hash and checked word for word against those met."""
+# Design notes: docs/architecture.md, "Module notes".
 
 from __future__ import annotations
 

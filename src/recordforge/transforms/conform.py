@@ -1,9 +1,5 @@
-"""Conforming source record batches to a plan: casts, shapes, null policy and checks, per batch.
-
-Every bad row of a batch is found with vectorised masks; conforming returns the good rows in the
-plan's Arrow schema and the bad ones with the first rule each broke, so that the caller can fail
-or route them to the dead-letter output.
-"""
+"""Conforming source record batches to a plan: casts, shapes, null policy and checks, per batch."""
+# Design notes: docs/architecture.md, "Module notes".
 
 from __future__ import annotations
 

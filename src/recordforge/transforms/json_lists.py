@@ -1,5 +1,4 @@
-"""List features' CSV cells, JSON arrays: parsed to the declared value type, with numpy over the
-column where every cell is a flat list of numbers, else cell by cell."""
+"""List features' CSV cells (JSON arrays) parsed to the declared type, vectorised where they are flat."""
 
 from __future__ import annotations
 
