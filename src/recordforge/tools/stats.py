@@ -14,7 +14,8 @@ import numpy as np
 from recordforge.image_headers import FORMATS, header_values, sniff
 from recordforge.record_chunks import RecordChunk, data_crc_mismatches
 from recordforge.storage import exists, open_read
-from recordforge.tools.records import CorruptRecord, record_files
+from recordforge.tfrecord import CorruptRecord
+from recordforge.tools.records import record_files
 from recordforge.tools.scan import scan_shards
 from recordforge.tools.stats_sample import UniformSample
 from recordforge.tools.wire import FLOAT, INT64, Column, decode_batch, kind_name
