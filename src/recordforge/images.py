@@ -178,10 +178,11 @@ def load_image_column(
         fast[:] = False
     whole = ends_whole(buf, starts, ends, codes)
     view, begin, stop = memoryview(buf), starts.tolist(), ends.tolist()
-    for i in np.flatnonzero(fast).tolist():
-        if not whole[i]:
-            errors[i] = f"truncated {FORMATS[codes[i]].upper()} file"
-        elif codes[i] == PNG and (problem := png_problem(view[: stop[i]], begin[i])) is not None:
+    for i in np.flatnonzero(fast & ~whole).tolist():
+        errors[i] = f"truncated {FORMATS[codes[i]].upper()} file"
+    for i in np.flatnonzero(fast & whole & (codes == PNG)).tolist():
+        problem = png_problem(view[: stop[i]], begin[i])
+        if problem is not None:
             errors[i] = problem
     formats = {name: k for k, name in enumerate(FORMATS)}  # format -> its index in `fmt`
     fmt = codes.copy()
