@@ -17,17 +17,17 @@ $(STAMP): pyproject.toml constraints.txt setup.py
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/python -m recordforge.demo --workdir out/demo
+	$(BIN)/python -m demo --workdir out/demo
 
 # The whole suite (CI runs it), spread over the cores a file at a time: a file's module-scoped
 # clusters, emulators and servers are started once, in one worker.
 test: $(STAMP)
-	$(BIN)/ruff check src tests bench
+	$(BIN)/ruff check src tests bench demo
 	$(BIN)/python -m pytest -q -n auto --dist loadfile tests
 
 # The unit tier, for the edit loop: every test outside tests/e2e/.
 check: $(STAMP)
-	$(BIN)/ruff check src tests bench
+	$(BIN)/ruff check src tests bench demo
 	$(BIN)/python -m pytest -q -n auto --dist loadfile -m "not e2e and not stress" tests
 
 # Line and branch coverage of src/ by the suite's in-process tests (subprocesses are not traced).
@@ -40,8 +40,8 @@ stress: $(STAMP)
 	$(BIN)/python -m pytest -q -m stress tests
 
 lint: $(STAMP)
-	$(BIN)/ruff check src tests bench
-	$(BIN)/ruff format --check src tests bench
+	$(BIN)/ruff check src tests bench demo
+	$(BIN)/ruff format --check src tests bench demo
 
 bench: $(STAMP)
 	$(BIN)/python -m bench.run $(BENCH_ARGS)

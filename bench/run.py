@@ -284,7 +284,7 @@ def main() -> None:
                 [
                     sys.executable,
                     "-c",
-                    "import sys; from recordforge.sampledata import "
+                    "import sys; from demo.sampledata import "
                     "mnist_folder; mnist_folder(sys.argv[1], per_class=int(sys.argv[2]))",
                     folder + ".tmp",
                     str(max(1, args.images * 5 // 60)),

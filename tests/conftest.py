@@ -22,7 +22,7 @@ def parquet_source(tmp_path: Any) -> str:
     """Three Parquet files of 700 taxi rows each, in row groups of 300: a glob pattern."""
     import pyarrow.parquet as pq
 
-    from recordforge.sampledata import taxi_table
+    from demo.sampledata import taxi_table
 
     src = tmp_path / "src"
     src.mkdir()

@@ -94,14 +94,14 @@ def load_bundle(path: str) -> dict[str, Any]:
 
 def inspect(path: str, *, split: str | None = None, n: int = 5) -> dict[str, Any]:
     """Schema, counts per shard and the first `n` records of an output, or `head` of a file."""
-    from recordforge.tools.inspect import inspect as _inspect
+    from recordforge.tools.describe import inspect as _inspect
 
     return _inspect(path, split=split, n=n)
 
 
 def head(path: str, n: int = 5) -> dict[str, Any]:
     """First records of any TFRecord file, with a feature spec inferred from a sample."""
-    from recordforge.tools.inspect import head as _head
+    from recordforge.tools.describe import head as _head
 
     return _head(path, n)
 

@@ -1,5 +1,4 @@
-"""Arrow helpers shared by the encoder, the readers and the writers: zero-copy views of binary and
-list arrays as numpy, and back."""
+"""Arrow helpers the encoder, readers and writers share: binary and list arrays as numpy, and back."""
 
 from __future__ import annotations
 

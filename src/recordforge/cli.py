@@ -134,9 +134,9 @@ def _infer_schema(argv: list[str]) -> int:
     # The default since float64 is narrowed by default, as convert infers it; still accepted.
     parser.add_argument("--narrow_float64", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    from recordforge.sampling import format_from_path, read_sample
     from recordforge.schemas import dump_schema
     from recordforge.schemas.infer import inferred_schema, sample_notes
+    from recordforge.source_probe import format_from_path, read_sample
     from recordforge.storage import is_local
 
     # The files, the first of them and the types as `convert` finds them: pinning the printed
@@ -190,7 +190,7 @@ def _inspect(argv: list[str]) -> int:
             + (f", labelled by {info['label_feature']!r}" if info["label_feature"] else "")
         )
         return 0
-    from recordforge.tools.inspect import format_inspect, inspect
+    from recordforge.tools.describe import format_inspect, inspect
 
     print(format_inspect(inspect(args.path, split=args.split, n=args.n)))
     return 0
@@ -205,7 +205,7 @@ def _head(argv: list[str]) -> int:
     parser.add_argument("path", help="any TFRecord file of tf.train.Examples (compressed or not)")
     parser.add_argument("-n", type=int, default=5, help="records to show")
     args = parser.parse_args(argv)
-    from recordforge.tools.inspect import format_head, head
+    from recordforge.tools.describe import format_head, head
 
     print(format_head(head(args.path, args.n)))
     return 0
@@ -240,7 +240,8 @@ def _stats(argv: list[str]) -> int:
     parser.add_argument("path", help="an output folder, or any TFRecord file")
     parser.add_argument("--html", default=None, help="also write a self-contained HTML page")
     args = parser.parse_args(argv)
-    from recordforge.tools.stats import format_stats, stats, stats_html
+    from recordforge.tools.stats import stats
+    from recordforge.tools.stats_format import format_stats, stats_html
 
     result = stats(args.path)
     print(format_stats(result))

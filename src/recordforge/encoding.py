@@ -22,7 +22,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from recordforge.arrays import binary_array, binary_parts, drop_hidden_values, list_offsets
-from recordforge.schemas.model import ExampleKind
+from recordforge.schemas.kinds import ExampleKind
 from recordforge.schemas.plan import Column, Plan
 
 __all__ = ["ExampleEncoder"]

@@ -22,6 +22,7 @@ __all__ = [
     "delete_tree",
     "exists",
     "is_local",
+    "join",
     "list_files",
     "literal",
     "match",
@@ -210,3 +211,8 @@ def write_atomically(path: str, data: bytes) -> None:
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+
+
+def join(base: str, *names: str) -> str:
+    """`names` below the folder `base`, local or on an object store."""
+    return os.path.join(base, *names) if is_local(base) else _fs().join(base, *names)

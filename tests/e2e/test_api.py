@@ -8,9 +8,9 @@ import pyarrow.parquet as pq
 import pytest
 
 import recordforge
+from demo.sampledata import taxi_table
 from recordforge.errors import UsageError
 from recordforge.lease import OutputLocked
-from recordforge.sampledata import taxi_table
 from recordforge.tfrecord import iter_records
 
 

@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 import yaml
 
 import recordforge
-from recordforge.sampledata import taxi_table
+from demo.sampledata import taxi_table
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:

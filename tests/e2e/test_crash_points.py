@@ -13,8 +13,8 @@ import pyarrow.parquet as pq
 import pytest
 from forked_runs import ForkedRuns
 
+from demo.sampledata import taxi_table
 from recordforge import crashpoints, layout
-from recordforge.sampledata import taxi_table
 from recordforge.tfrecord import iter_records
 from recordforge.tools.verify import verify
 

@@ -22,8 +22,8 @@ import tensorflow as tf
 import yaml
 from PIL import Image
 
+from demo.sampledata import mnist_folder
 from recordforge.pipelines.convert import run
-from recordforge.sampledata import mnist_folder
 
 mlc = pytest.importorskip("mlcroissant")
 

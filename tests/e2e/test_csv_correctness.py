@@ -21,8 +21,9 @@ from conftest import example_to_dict, published_root
 from recordforge.errors import SchemaError, SourceError
 from recordforge.pipelines.convert import run
 from recordforge.schemas.infer import infer_schema
+from recordforge.schemas.kinds import DType
 from recordforge.schemas.loader import load_schema
-from recordforge.schemas.model import DType, Feature
+from recordforge.schemas.model import Feature
 from recordforge.tfrecord import iter_records
 from recordforge.transforms import csv_ranges, csv_source
 from recordforge.transforms.casts import cast_values

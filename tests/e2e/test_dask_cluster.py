@@ -26,10 +26,10 @@ from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
 import recordforge
+from demo.sampledata import taxi_table
 from recordforge import layout
 from recordforge.pipelines.convert import run
 from recordforge.pipelines.dask_runner import RUNNER
-from recordforge.sampledata import taxi_table
 from recordforge.storage import read_bytes
 from recordforge.tfrecord import iter_records
 from recordforge.tools.verify import verify

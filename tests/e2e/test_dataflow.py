@@ -135,8 +135,8 @@ def test_dataflow_dry_run_builds_the_job_graph(parquet_source: str) -> None:
 def test_dataflow_dry_run_with_tensorflow_transform(parquet_source: str, tmp_path: Path) -> None:
     """The TFT stages (decode, analyze on the train split, transform, encode) build into the
     Dataflow job graph; the preprocessing_fn is traced at construction, not on workers."""
-    from recordforge.sampling import read_arrow_schema
     from recordforge.schemas import dump_schema, infer_schema, schema_from_dict
+    from recordforge.source_probe import read_arrow_schema
 
     first = expand_patterns([parquet_source])[0].path
     doc = infer_schema(read_arrow_schema(first, "parquet")).to_dict()
@@ -401,8 +401,8 @@ def test_dry_run_with_tensorflow_transform_deletes_what_building_wrote(
 ) -> None:
     """TFT's analyzers write temporary assets into the run's version folder while the graph is
     built: a local dry run deletes that folder again; on gs:// it is refused before building."""
-    from recordforge.sampling import read_arrow_schema
     from recordforge.schemas import dump_schema, infer_schema, schema_from_dict
+    from recordforge.source_probe import read_arrow_schema
 
     first = expand_patterns([parquet_source])[0].path
     doc = infer_schema(read_arrow_schema(first, "parquet")).to_dict()

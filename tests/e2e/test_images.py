@@ -16,8 +16,8 @@ from conftest import published_root
 from PIL import Image
 
 import recordforge
+from demo.sampledata import mnist_folder
 from recordforge.pipelines.convert import run
-from recordforge.sampledata import mnist_folder
 
 
 def _save(path: Path, pixels: np.ndarray, fmt: str, **kw: object) -> bytes:
@@ -652,7 +652,8 @@ def test_a_large_png_has_its_chunk_crcs_checked() -> None:
     encoder wrote wrong (with right CRCs) only by inflating it."""
     import zlib
 
-    from recordforge.images import ImageOptions, _png_problem, process_image
+    from recordforge.image_checks import png_problem
+    from recordforge.images import ImageOptions, process_image
 
     rgb = np.random.default_rng(2).integers(0, 256, (60, 50, 3), dtype=np.uint8)
     lines = b"".join(b"\0" + row.tobytes() for row in rgb)
@@ -665,8 +666,8 @@ def test_a_large_png_has_its_chunk_crcs_checked() -> None:
     assert process_image(good, ImageOptions()).height == 60
     with pytest.raises(ValueError, match="^corrupt PNG: CRC mismatch in chunk IDAT$"):
         process_image(damaged, ImageOptions())
-    assert _png_problem(miswritten) is None
-    assert _png_problem(miswritten, 0, 1 << 20).startswith("corrupt PNG image data: ")
+    assert png_problem(miswritten) is None
+    assert png_problem(miswritten, 0, 1 << 20).startswith("corrupt PNG image data: ")
 
 
 def test_a_dangling_link_or_a_corrupt_png_in_a_folder_is_a_rejected_row(tmp_path: Path) -> None:

@@ -17,8 +17,8 @@ import pytest
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.testing.util import assert_that, equal_to
 
+from demo.sampledata import mnist_folder, taxi_table
 from recordforge.pipelines.convert import run
-from recordforge.sampledata import mnist_folder, taxi_table
 from recordforge.transforms import image_folder
 from recordforge.transforms.sharing import ONE, SPREAD
 

@@ -399,7 +399,7 @@ def test_bad_preprocessing_setups_fail_before_running(tmp_path: Path) -> None:
 
 def test_ragged_and_image_features_are_refused_with_transforms() -> None:
     from recordforge.schemas import DType, Feature, Schema, compile_schema
-    from recordforge.schemas.preprocessing import raw_tf_spec
+    from recordforge.schemas.preprocessing_fn import raw_tf_spec
 
     for feature in (Feature("img", DType.IMAGE), Feature("r", DType.INT64, shape=(-1, -1))):
         plan = compile_schema(Schema((feature, Feature("x", DType.INT64))))
@@ -467,9 +467,9 @@ def test_tft_input_equals_tfx_bsl_decoding_the_encoded_records() -> None:
     from recordforge.encoding import ExampleEncoder
     from recordforge.schemas.loader import schema_from_dict
     from recordforge.schemas.plan import compile_schema
-    from recordforge.schemas.preprocessing import raw_tf_spec
+    from recordforge.schemas.preprocessing_fn import raw_tf_spec
+    from recordforge.transforms.analyze_transform import _absentable, _TftInputFn
     from recordforge.transforms.conform import conform_batch
-    from recordforge.transforms.preprocess import _absentable, _TftInputFn
 
     plan = compile_schema(schema_from_dict(yaml.safe_load(KINDS_SCHEMA)))
     table = _kinds_table(300, seed=3)

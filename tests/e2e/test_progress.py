@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
+from demo.sampledata import taxi_table
 from recordforge.pipelines import progress
-from recordforge.sampledata import taxi_table
 
 
 def test_the_line_says_rows_share_rate_and_eta() -> None:

@@ -21,9 +21,9 @@ import pytest
 from conftest import published_root
 
 import recordforge
+from demo.sampledata import taxi_table
 from recordforge.errors import RecordForgeError, SchemaError, SourceError
 from recordforge.pipelines.convert import run
-from recordforge.sampledata import taxi_table
 from recordforge.tools.verify import verify
 
 

@@ -15,11 +15,11 @@ import pytest
 from apache_beam.io.filesystems import FileSystems
 
 import recordforge
+from demo.sampledata import taxi_table
 from recordforge import layout
 from recordforge.errors import RecordForgeError
 from recordforge.lease import Lease
 from recordforge.pipelines.convert import run
-from recordforge.sampledata import taxi_table
 from recordforge.storage import list_files, read_bytes
 from recordforge.tfrecord import iter_records
 

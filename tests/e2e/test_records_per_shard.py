@@ -10,8 +10,8 @@ import pyarrow.parquet as pq
 import pytest
 from conftest import example_to_dict
 
+from demo.sampledata import taxi_table
 from recordforge.pipelines.convert import run
-from recordforge.sampledata import taxi_table
 from recordforge.tfrecord import iter_records
 
 TWO_WORKERS = ["--direct_running_mode", "multi_processing", "--direct_num_workers", "2"]

@@ -210,7 +210,7 @@ def test_two_workers_share_an_uneven_file(tmp_path: Path) -> None:
 
 
 def test_two_workers_share_an_image_folder(tmp_path: Path) -> None:
-    from recordforge.sampledata import mnist_folder
+    from demo.sampledata import mnist_folder
 
     written = mnist_folder(str(tmp_path / "digits"), per_class=350)  # two chunks: 4096 and 104 names
     args = ["--source", str(tmp_path / "digits"), "--format", "images"]

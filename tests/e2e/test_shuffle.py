@@ -13,10 +13,10 @@ import pyarrow.parquet as pq
 import pytest
 from conftest import published_root
 
+from demo.sampledata import taxi_table
 from recordforge.errors import RecordForgeError
 from recordforge.pipelines import convert
 from recordforge.pipelines.convert import run
-from recordforge.sampledata import taxi_table
 from recordforge.tfrecord import iter_records
 from recordforge.tools.records import parse_example
 from recordforge.transforms.shuffle import DEFAULT_SEED, Permutation

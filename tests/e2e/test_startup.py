@@ -13,8 +13,8 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
+from demo.sampledata import taxi_table
 from recordforge.pipelines.convert import run
-from recordforge.sampledata import taxi_table
 
 _PROBE = """
 import sys

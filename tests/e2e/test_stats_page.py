@@ -10,7 +10,8 @@ import pytest
 
 from bench.table import make_table
 from recordforge.pipelines.convert import run
-from recordforge.tools.stats import format_stats, stats, stats_html
+from recordforge.tools.stats import stats
+from recordforge.tools.stats_format import format_stats, stats_html
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +64,7 @@ def test_png_rendering_of_the_page(bench_bundle: tuple[Path, object], tmp_path: 
     """The README's picture: one row per feature drawn, bars in the bar colour, a small file."""
     from PIL import Image
 
-    from recordforge.tools.stats_image import _BAR, stats_png
+    from demo.stats_image import _BAR, stats_png
 
     result = stats(str(bench_bundle[0]))
     heights = {}

@@ -17,8 +17,8 @@ from conftest import published_root
 from PIL import Image
 
 import recordforge
+from demo.sampledata import mnist_folder
 from recordforge.pipelines.convert import run
-from recordforge.sampledata import mnist_folder
 from recordforge.schemas import compile_schema, schema_from_dict
 from recordforge.schemas.tfds_metadata import tfds_features
 

@@ -18,8 +18,8 @@ from conftest import published_root
 from PIL import Image
 
 import recordforge
+from demo.sampledata import taxi_table
 from recordforge.pipelines.convert import run
-from recordforge.sampledata import taxi_table
 
 
 @pytest.fixture(scope="module")
@@ -135,7 +135,7 @@ def test_head_infers_spec_of_foreign_files(tmp_path: Path, compression: str) -> 
         "xy": {"kind": "FixedLenFeature", "dtype": "float32", "shape": [2]},
     }
     # The printed feature_description is real code: it parses the file.
-    from recordforge.tools.inspect import feature_description_code
+    from recordforge.tools.describe import feature_description_code
 
     scope: dict = {"tf": tf}
     exec(feature_description_code(result["feature_spec"]), scope)

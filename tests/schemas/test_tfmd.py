@@ -9,7 +9,7 @@ import pytest
 from recordforge.errors import SchemaError
 from recordforge.schemas import DType, compile_schema, schema_from_dict
 from recordforge.schemas.export import tfmd_text
-from recordforge.schemas.model import RAGGED
+from recordforge.schemas.kinds import RAGGED
 from recordforge.schemas.tfmd import schema_from_tfmd_text
 
 

@@ -6,7 +6,8 @@ import numpy as np
 
 from recordforge.tools._example_pb import Example
 from recordforge.tools.records import parse_example
-from recordforge.tools.wire import KeyTable, as_python, decode_batch
+from recordforge.tools.wire import as_python, decode_batch
+from recordforge.tools.wire_keys import KeyTable
 
 
 def _examples() -> list[bytes]:

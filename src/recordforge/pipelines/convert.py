@@ -60,7 +60,7 @@ from recordforge.transforms.splits import in_split
 from recordforge.unwrap import from_worker
 
 if TYPE_CHECKING:  # tensorflow-transform is imported only by runs that preprocess
-    from recordforge.transforms.preprocess import Transformed
+    from recordforge.transforms.analyze_transform import Transformed
 
 __all__ = ["DEFAULT_RUNNER", "build", "convert", "run", "worker_mode"]
 
@@ -137,10 +137,10 @@ def _read(run: Run) -> beam.PTransform:
 
 
 def _preprocess(pipeline: beam.Pipeline, run: Run, rows: beam.PCollection) -> Transformed:
-    """tensorflow-transform over the conformed rows (transforms/preprocess.py)."""
+    """tensorflow-transform over the conformed rows (transforms/analyze_transform.py)."""
     # Imported only here: plain conversions never load TensorFlow or tensorflow-transform.
     with startup.heavy_imports():
-        from recordforge.transforms.preprocess import analyze_and_transform
+        from recordforge.transforms.analyze_transform import analyze_and_transform
 
     config = run.config
     # The analyzers get a second read of the input rather than the main path's batches: the

@@ -10,10 +10,10 @@ import logging
 
 from recordforge.errors import RecordForgeError
 from recordforge.pipelines.config import ConvertConfig
-from recordforge.sampling import format_from_path
 from recordforge.schemas import Plan, compile_schema, load_schema
 from recordforge.schemas.infer import inferred_schema
 from recordforge.schemas.loader import dump_schema
+from recordforge.source_probe import format_from_path
 from recordforge.storage import open_input
 from recordforge.transforms.image_folder import ImageFolder, folder_schema, list_image_folder
 from recordforge.transforms.sources import FileInfo, expand_patterns

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import struct
-import sys
 import tempfile
 import threading
 import time
@@ -20,6 +19,8 @@ from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from types import TracebackType
 from typing import TextIO
+
+from recordforge.progress_line import LiveLine, progress_text
 
 __all__ = ["count", "ENV", "line", "quiet_watches", "Watch", "watch_threads"]
 
@@ -60,20 +61,8 @@ def count(rows: int) -> None:
     os.pwrite(_worker["fd"], struct.pack("<q", _worker["rows"]), 0)
 
 
-def _clock(seconds: float) -> str:
-    s = int(seconds)
-    return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60}:{s % 60:02d}"
-
-
 def line(rows: int, total: int | None, elapsed: float) -> str:
-    rate = rows / elapsed if elapsed > 0 else 0.0
-    text = f"converting: {rows:,} rows"
-    if total:
-        text += f" of {total:,} ({min(rows / total, 1.0):.0%})"
-    text += f", {rate:,.0f} rows/s, {_clock(elapsed)} elapsed"
-    if total and rate > 0 and rows < total:
-        text += f", ETA {_clock((total - rows) / rate)}"
-    return text
+    return progress_text("converting", rows, "rows", elapsed, total=total)
 
 
 class Watch:
@@ -89,12 +78,10 @@ class Watch:
         every_s: float | None = None,
     ) -> None:
         self._total_fn = total
-        self._stream = stream or sys.stderr
-        self._tty = self._stream.isatty() if tty is None else tty
-        self._every = every_s if every_s is not None else (0.5 if self._tty else 60.0)
+        self._line = LiveLine(stream, tty=tty)
+        self._every = every_s if every_s is not None else (0.5 if self._line.tty else 60.0)
         self._stop = threading.Event()
         self._mutex = threading.Lock()
-        self._shown = 0
 
     def __enter__(self) -> Watch:
         self._folder = tempfile.mkdtemp(prefix="recordforge-progress-")
@@ -127,23 +114,13 @@ class Watch:
                 total = None
         while not self._stop.wait(self._every):
             with self._mutex:
-                self._show(line(self.rows(), total, time.monotonic() - self._start))
-
-    def _show(self, text: str) -> None:
-        if self._tty:
-            self._stream.write("\r" + text.ljust(self._shown))
-            self._shown = len(text)
-        else:
-            self._stream.write(text + "\n")
-        self._stream.flush()
+                self._line.show(line(self.rows(), total, time.monotonic() - self._start))
 
     def __exit__(self, exc_type: type | None, exc: BaseException | None, tb: TracebackType | None) -> None:
         self._stop.set()
         self._thread.join(timeout=5)
         _LIVE.discard(self)
-        if self._tty and self._shown:
-            self._stream.write("\r" + " " * self._shown + "\r")  # the summary follows on a clean line
-            self._stream.flush()
+        self._line.clear()  # the summary follows on a clean line
         if self._previous is None:
             os.environ.pop(ENV, None)
         else:

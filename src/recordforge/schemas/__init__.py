@@ -1,8 +1,9 @@
 """The schema model, its loader, inference, and the exports derived from it."""
 
 from recordforge.schemas.infer import infer_schema
+from recordforge.schemas.kinds import DType, NullPolicy, normalize_name
 from recordforge.schemas.loader import dump_schema, load_schema, schema_from_dict
-from recordforge.schemas.model import DType, Feature, NullPolicy, Schema, normalize_name
+from recordforge.schemas.model import Feature, Schema
 from recordforge.schemas.plan import Plan, compile_schema
 
 __all__ = [

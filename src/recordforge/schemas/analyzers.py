@@ -1,14 +1,5 @@
-"""Full-pass transforms a feature may declare (`transform:` in the schema), as plain data.
-
-Each one is applied by tensorflow-transform (see `recordforge.schemas.preprocessing`); this module
-only says what is valid, so that loading a schema never imports TensorFlow.
-
-    - name: payment_type
-      type: string
-      transform:
-        vocabulary: {top_k: 100, frequency_threshold: 5, num_oov_buckets: 1}
-        output: payment_type_id   # optional: keep `payment_type` raw and add this feature
-"""
+"""Full-pass transforms a feature may declare (`transform:` in the schema), as plain data."""
+# Design notes: docs/architecture.md, "Module notes".
 
 from __future__ import annotations
 

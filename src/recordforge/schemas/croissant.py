@@ -1,17 +1,5 @@
-"""Croissant metadata for a bundle: `croissant.json` (MLCommons Croissant 1.0, JSON-LD).
-
-It describes the shards as files (size and sha256, from metadata.json), the records' fields (one
-per feature_spec.json entry: name, type, shape) and the splits, each record's split taken
-from the path of its shard. Paths are relative to the output folder, as in metadata.json, so the copy
-at the top of the output is the one to hand to a Croissant reader.
-
-Croissant has no vocabulary for reading TFRecords: `extract.column` names the tf.train.Example
-key, and a reader parses the shards itself (compression as in metadata.json). Shapes use
-`repeated` (Croissant 1.0) and, for the exact shape, `isArray`/`arrayShape` from the Croissant
-vocabulary (defined in the context; the namespace is not versioned). License, citation and a
-dataset URL are the publisher's to add: RecordForge cannot know them. Written without importing
-mlcroissant, which tests/e2e/test_croissant.py validates the file with.
-"""
+"""Croissant metadata for a bundle: `croissant.json` (MLCommons Croissant 1.0, JSON-LD)."""
+# Design notes: docs/architecture.md, "Module notes".
 
 from __future__ import annotations
 
@@ -20,7 +8,8 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from recordforge.schemas.model import DType, Feature, NullPolicy
+from recordforge.schemas.kinds import DType, NullPolicy
+from recordforge.schemas.model import Feature
 from recordforge.schemas.plan import Plan
 
 __all__ = ["CONFORMS_TO", "croissant_json", "croissant_metadata", "split_regex"]

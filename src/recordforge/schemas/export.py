@@ -7,7 +7,7 @@ from typing import Any
 from google.protobuf import text_format
 from tensorflow_metadata.proto.v0 import schema_pb2
 
-from recordforge.schemas.model import DType, ExampleKind, NullPolicy
+from recordforge.schemas.kinds import DType, ExampleKind, NullPolicy
 from recordforge.schemas.plan import Plan
 
 __all__ = ["decode_images", "decode_parsed", "to_tfmd_schema", "tfmd_text", "to_tf_feature_spec"]

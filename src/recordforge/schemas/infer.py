@@ -9,16 +9,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from recordforge.errors import SchemaError
-from recordforge.sampling import never_null_columns, read_arrow_schema
-from recordforge.schemas.model import (
-    RAGGED,
-    VARIABLE,
-    DType,
-    Feature,
-    NullPolicy,
-    Schema,
-    normalize_name,
-)
+from recordforge.schemas.kinds import RAGGED, VARIABLE, DType, NullPolicy, normalize_name
+from recordforge.schemas.model import Feature, Schema
+from recordforge.source_probe import never_null_columns, read_arrow_schema
 
 __all__ = ["infer_schema", "inferred_schema", "sample_notes"]
 

@@ -9,9 +9,10 @@ from typing import Any
 import yaml
 
 from recordforge.errors import SchemaError
-from recordforge.sampling import open_source
 from recordforge.schemas.analyzers import Transform
-from recordforge.schemas.model import DType, Feature, NullPolicy, Op, Schema, feature_to_dict
+from recordforge.schemas.kinds import DType, NullPolicy, Op
+from recordforge.schemas.model import Feature, Schema, feature_to_dict
+from recordforge.source_probe import open_source
 
 __all__ = ["load_schema", "schema_from_dict", "dump_schema"]
 

@@ -9,7 +9,8 @@ from typing import Any
 
 import pyarrow as pa
 
-from recordforge.schemas.model import DType, ExampleKind, Feature, NullPolicy, Schema
+from recordforge.schemas.kinds import DType, ExampleKind, NullPolicy
+from recordforge.schemas.model import Feature, Schema
 
 __all__ = [
     "TEXT_VALUE_TYPES",

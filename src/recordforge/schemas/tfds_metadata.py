@@ -1,19 +1,5 @@
-"""TensorFlow Datasets metadata for a bundle, so that `tfds.builder_from_directory(output)` reads it.
-
-The files are those `tfds.folder_dataset.write_metadata` writes beside external TFRecords
-(tensorflow.org/datasets/external_tfrecord): `dataset_info.json` (splits, shard lengths, the shard
-file template) and `features.json` (the FeaturesDict), plus `{feature}.labels.txt` for a
-ClassLabel's names. They are made here as JSON, without importing tensorflow_datasets, which is a
-test dependency only; tests/e2e/test_tfds_bundle.py reads them back with TFDS itself.
-
-Paths in them are relative to the output folder, as in metadata.json: the shard template names the
-version folder, so the copies at the top of the output are the ones TFDS reads.
-
-A feature goes into features.json only as what TFDS gives back exactly from the written records;
-one it cannot (a ragged list, an image or a byte-packed float64 that may be absent, raw pixels of
-unknown shape) is left out, with a log line, rather than described wrongly. TFDS opens TFRecords
-without a compression type, so GZIP and ZLIB shards get no TFDS metadata at all (logged).
-"""
+"""TensorFlow Datasets metadata for a bundle, so that `tfds.builder_from_directory(output)` reads it."""
+# Design notes: docs/architecture.md, "Module notes".
 
 from __future__ import annotations
 
@@ -24,7 +10,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from recordforge.layout import TFDS_FEATURES, TFDS_INFO, TFDS_LABELS
-from recordforge.schemas.model import DType, Feature
+from recordforge.schemas.kinds import DType
+from recordforge.schemas.model import Feature
 from recordforge.schemas.plan import Plan
 
 __all__ = ["LABEL_FEATURE", "SINGLE_SPLIT", "TFDS_VERSION", "tfds_features", "tfds_metadata"]

@@ -6,7 +6,8 @@ from google.protobuf import text_format
 from tensorflow_metadata.proto.v0 import schema_pb2
 
 from recordforge.errors import SchemaError
-from recordforge.schemas.model import RAGGED, VARIABLE, DType, Feature, NullPolicy, Schema
+from recordforge.schemas.kinds import RAGGED, VARIABLE, DType, NullPolicy
+from recordforge.schemas.model import Feature, Schema
 
 __all__ = ["schema_from_tfmd", "schema_from_tfmd_text"]
 

@@ -1,5 +1,4 @@
-"""tf.train.Example's messages, built from a descriptor at import, in a private pool: parsing
-records needs protobuf, not TensorFlow (which takes seconds to import)."""
+"""tf.train.Example's messages from a descriptor, in a private pool: parsing without TensorFlow."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""A labelled grid of images of a bundle or file: a seeded random sample spread over the labels
-(round robin over them), tiles apart, each with its label written under it."""
+"""A labelled grid of images of a bundle or file: a seeded sample spread over the labels."""
+# Design notes: docs/architecture.md, "Module notes".
 
 from __future__ import annotations
 
@@ -11,17 +11,18 @@ from typing import Any
 import numpy as np
 
 from recordforge.errors import RecordForgeError
+from recordforge.image_headers import image_format
+from recordforge.record_chunks import read_record_chunks
 from recordforge.storage import exists, open_read
-from recordforge.tfrecord import read_record_chunks
 from recordforge.tools.records import record_files
-from recordforge.tools.wire import BYTES, INT64, Column, KeyTable, decode_batch
+from recordforge.tools.wire import BYTES, INT64, Column, decode_batch
+from recordforge.tools.wire_keys import KeyTable
 
 __all__ = ["image_grid"]
 
 TILE = 128
 GAP = 8
 _LABEL_H = 22
-_MAGIC = (b"\x89PNG", b"\xff\xd8\xff", b"GIF8", b"BM", b"RIFF")
 
 
 def _files(path: str, split: str | None) -> tuple[list[tuple[str, str]], bool]:
@@ -61,7 +62,7 @@ def _pick_features(
     if image is None:
         for name in sorted(columns):
             values = _first_value(columns[name], BYTES)
-            if values and next(iter(values.values())).startswith(_MAGIC):
+            if values and image_format(next(iter(values.values()))):
                 image = name
                 break
         if image is None:

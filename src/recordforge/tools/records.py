@@ -1,5 +1,4 @@
-"""Reading any TFRecord file of tf.train.Examples: compression detected from content, records with
-their byte offsets and CRC checks, and a feature spec inferred from a sample."""
+"""Reading any TFRecord file of tf.train.Examples: compression detected, offsets, CRCs, a feature spec."""
 
 from __future__ import annotations
 
@@ -7,17 +6,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from recordforge.storage import exists, open_read
-from recordforge.tfrecord import CorruptRecord, detect_compression, read_records
+from recordforge.tfrecord import detect_compression
 
-__all__ = [
-    "CorruptRecord",
-    "FeatureSummary",
-    "detect_compression",
-    "infer_feature_spec",
-    "parse_example",
-    "read_records",
-    "record_files",
-]
+__all__ = ["FeatureSummary", "infer_feature_spec", "parse_example", "record_files"]
 
 _CHUNK = 4 << 20
 

@@ -1,10 +1,5 @@
-"""Every record of a set of shards through a per-chunk function, on all cores, in bounded memory.
-
-Many shards: each worker process reads whole shards. Fewer shards than workers (one large GZIP
-shard, say): threads of this process read, hash and inflate them (isal and hashlib run without
-the GIL) and hand chunks of records to the worker processes. Either way a chunk's records are
-CRC-checked and decoded where they are used, and progress counts records as chunks finish.
-"""
+"""Every record of a set of shards through a per-chunk function, on all cores, in bounded memory."""
+# Design notes: docs/architecture.md, "Module notes".
 
 from __future__ import annotations
 
@@ -20,8 +15,9 @@ from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from recordforge.record_chunks import RecordChunk, read_record_chunks
 from recordforge.storage import exists
-from recordforge.tfrecord import CorruptRecord, FileDigest, RecordChunk, read_record_chunks
+from recordforge.tfrecord import CorruptRecord, FileDigest
 from recordforge.tools.progress import Progress
 
 __all__ = ["Accumulator", "ShardResult", "scan_shards"]
@@ -46,8 +42,8 @@ class ShardResult:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-# Records per batch: about 8,000 of the benchmark's, whose numpy arrays stay in cache (batches
-# of 32,000 decoded some 20% slower).
+# Bytes of records per batch: few enough that a batch's numpy arrays stay in the CPU's cache,
+# enough that the per-batch work is spread over thousands of records.
 CHUNK_BYTES = 2 << 20
 _COUNTERS: Any = None  # (records, raw bytes) shared with the worker processes
 

@@ -1,8 +1,5 @@
-"""stats: per-feature counts, missing, min/max/mean/std, histograms, list lengths (list features
-only), values per position of fixed-shape features, top values and distinct counts of strings,
-formats and thumbnails of images. Every shard is read in parallel (tools/scan.py) and each
-chunk of records is summarised with numpy over whole columns (tools/wire.py); the summaries
-merge exactly (counts, moments, extremes) or as said (histograms from a uniform sample)."""
+"""stats: per-feature counts, ranges, moments, histograms, lengths, top values and image sizes."""
+# Design notes: docs/architecture.md, "Module notes".
 
 from __future__ import annotations
 
@@ -14,44 +11,23 @@ from typing import Any
 
 import numpy as np
 
+from recordforge.image_headers import FORMATS, header_values, sniff
+from recordforge.record_chunks import RecordChunk, data_crc_mismatches
 from recordforge.storage import exists, open_read
-from recordforge.tfrecord import RecordChunk, data_crc_mismatches
-from recordforge.tools.image_headers import image_sizes
-from recordforge.tools.records import CorruptRecord, record_files
+from recordforge.tfrecord import CorruptRecord
+from recordforge.tools.records import record_files
 from recordforge.tools.scan import scan_shards
-from recordforge.tools.wire import BYTES, FLOAT, INT64, NONE, Column, KeyTable, decode_batch
-from recordforge.tools.wire_keys import HashIndex, key_hash, words_at
+from recordforge.tools.stats_sample import UniformSample
+from recordforge.tools.wire import FLOAT, INT64, Column, decode_batch, kind_name
+from recordforge.tools.wire_keys import HashIndex, KeyTable, key_hash, words_at
 
 __all__ = ["FeatureStats", "stats"]
 
-SAMPLE = 20_000  # values kept per feature (uniformly at random) for histograms
 DISTINCT_EXACT = 10_000  # distinct strings counted exactly; beyond, estimated
 SHORT = 64  # strings up to this many bytes are counted as values; longer ones are blobs
 _SKETCH = 2048  # smallest hashes kept to estimate distinct counts
 _POSITIONS = 16  # fixed-shape features up to this many values get statistics per position
 _THUMBS = 8
-_MAGIC = {b"\x89PNG": "png", b"\xff\xd8\xff": "jpeg", b"GIF8": "gif", b"BM": "bmp"}
-_MASKS = np.array([(1 << (8 * k)) - 1 for k in range(9)], dtype=np.uint64)
-
-
-_KIND_NAMES = {NONE: "none", BYTES: "bytes", FLOAT: "float", INT64: "int64"}
-
-
-def _bernoulli(n: int, p: float, rng: np.random.Generator) -> np.ndarray:
-    """The indices below n that each pass a coin of probability p, drawn as geometric gaps."""
-    out = []
-    last = -1
-    while True:
-        want = int(n * p + 6 * math.sqrt(n * p + 1) + 8)
-        steps = np.cumsum(rng.geometric(p, want)) + last
-        out.append(steps[steps < n])
-        if steps[-1] >= n:
-            return np.concatenate(out)
-        last = int(steps[-1])
-
-
-def _word(raw: bytes) -> np.uint64:
-    return np.uint64(int.from_bytes(raw, "little"))
 
 
 @dataclass
@@ -68,12 +44,7 @@ class FeatureStats:
     m2: float = 0.0
     min: float | int | None = None
     max: float | int | None = None
-    _kept: np.ndarray = field(default_factory=lambda: np.zeros(0))  # the sample's values
-    _kept_pos: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # their positions
-    _priority: np.ndarray = field(default_factory=lambda: np.zeros(0))
-    _bound: float = 1.0  # values with a priority above it cannot enter the sample
-    _waiting: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = field(default_factory=list)
-    _held: int = 0  # sample values, those waiting included
+    _sample: UniformSample = field(default_factory=UniformSample)  # of the numeric values
     _index: HashIndex | None = None  # where each counted value's hash is, once they stop changing
     width: int | None = None  # values per record when every record has the same number
     _top_hash: np.ndarray = field(default_factory=lambda: np.zeros(0, np.uint64))  # sorted
@@ -113,7 +84,7 @@ class FeatureStats:
     def add(self, col: Column, rng: np.random.Generator) -> None:
         kinds = np.bincount(col.kind, minlength=4)
         for k in np.flatnonzero(kinds).tolist():
-            self.kinds[_KIND_NAMES[k]] += int(kinds[k])
+            self.kinds[kind_name(k)] += int(kinds[k])
         self.present += len(col.rec)
         if len(col.count) and int(col.count.max()) < 1 << 16:
             per_length = np.bincount(col.count)
@@ -159,70 +130,17 @@ class FeatureStats:
             lo, hi = exact.min().item(), exact.max().item()
             self.min = lo if self.min is None else min(self.min, lo)
             self.max = hi if self.max is None else max(self.max, hi)
-        self._sample(as_float, counts, rng)
-
-    def _sample(self, values: np.ndarray, counts: np.ndarray | None, rng: np.random.Generator) -> None:
-        """A uniform sample: every value draws a random priority and the SAMPLE smallest stay.
-        Once SAMPLE are held, only a value whose priority falls below the largest held can
-        enter: which values do is drawn directly (gaps between them are geometric), and only
-        they draw their priority (uniform below that bound), the same law at a cost per value
-        kept instead of per value read."""
-        n = len(values)
-        bound = self._bound
-        if bound < 1.0 and n:
-            idx = _bernoulli(n, bound, rng)
-            priority = rng.random(len(idx)) * bound
-        else:
-            idx = np.arange(n)
-            priority = rng.random(n)
-            if n > SAMPLE:
-                keep = np.argpartition(priority, SAMPLE)[:SAMPLE]
-                idx, priority = idx[keep], priority[keep]
-        if counts is None:
-            positions = np.zeros(len(idx), np.int64)
-        else:
-            ends = np.cumsum(counts)
-            entry = np.searchsorted(ends, idx, side="right")
-            positions = idx - (ends[entry] - counts[entry])
-        # Joined to the sample at the next trim: joining now would copy the whole sample.
-        self._waiting.append((values[idx], positions, priority))
-        self._held += len(idx)
-        if self._held > 2 * SAMPLE:
-            self._trim()
-
-    def _trim(self, *, exact: bool = False) -> None:
-        """Keeps the SAMPLE smallest priorities once twice as many are held (or now: `exact`).
-        Between trims the bound is the largest priority kept at the last one, at least the
-        true SAMPLE-th smallest: a value that can enter is never left out by it."""
-        self._join()
-        if len(self._kept) > (SAMPLE if exact else 2 * SAMPLE):
-            keep = np.argpartition(self._priority, SAMPLE)[:SAMPLE]
-            self._kept, self._kept_pos, self._priority = (
-                self._kept[keep],
-                self._kept_pos[keep],
-                self._priority[keep],
-            )
-        if len(self._priority) >= SAMPLE:
-            self._bound = min(self._bound, float(self._priority.max()))
-        self._held = len(self._kept)
-
-    def _join(self) -> None:
-        if self._waiting:
-            parts = [(self._kept, self._kept_pos, self._priority), *self._waiting]
-            self._kept, self._kept_pos, self._priority = (np.concatenate(p) for p in zip(*parts, strict=True))
-            self._waiting = []
+        self._sample.add(as_float, counts, rng)
 
     @property
     def sample(self) -> np.ndarray:
         """Values drawn uniformly at random: SAMPLE of them (all, if fewer) after finish()."""
-        self._join()
-        return self._kept
+        return self._sample.values
 
     @property
     def sample_pos(self) -> np.ndarray:
         """The position of each sample value in its record's list."""
-        self._join()
-        return self._kept_pos
+        return self._sample.positions
 
     def _strings(self, col: Column, rng: np.random.Generator) -> None:
         starts, ends = col.starts, col.ends
@@ -231,16 +149,14 @@ class FeatureStats:
         if int(starts.max()) + SHORT + 32 > len(blob):
             blob = np.concatenate([blob, np.zeros(SHORT + 32, np.uint8)])
         words = words_at(blob)
-        head = words[starts]
-        for magic, name in _MAGIC.items():
-            hit = ((head & _MASKS[len(magic)]) == _word(magic)) & (lengths >= len(magic))
-            if hit.any():
-                self.formats[name] += int(hit.sum())
-                found = np.flatnonzero(hit)
-                self._image_sizes(name, blob, starts[found], ends[found], rng)
-                if len(self.thumbs) < _THUMBS:
-                    first = found[: _THUMBS - len(self.thumbs)]
-                    self.thumbs += [blob[starts[i] : ends[i]].tobytes() for i in first.tolist()]
+        codes = sniff(blob, starts, ends)
+        for code in np.unique(codes[codes > 0]).tolist():
+            found = np.flatnonzero(codes == code)
+            self.formats[FORMATS[code]] += len(found)
+            self._image_sizes(blob, starts[found], ends[found], codes[found], rng)
+            if len(self.thumbs) < _THUMBS:
+                first = found[: _THUMBS - len(self.thumbs)]
+                self.thumbs += [blob[starts[i] : ends[i]].tobytes() for i in first.tolist()]
         short = lengths <= SHORT
         self.long_values += int((~short).sum())
         if not short.any():
@@ -261,15 +177,23 @@ class FeatureStats:
 
     def finish(self) -> None:
         """The sample cut to its SAMPLE values (between merges it may hold up to twice that)."""
-        self._trim(exact=True)
+        self._sample.finish()
         for dim in self.dims.values():
             dim.finish()
 
     def _image_sizes(
-        self, fmt: str, blob: np.ndarray, starts: np.ndarray, ends: np.ndarray, rng: np.random.Generator
+        self,
+        blob: np.ndarray,
+        starts: np.ndarray,
+        ends: np.ndarray,
+        codes: np.ndarray,
+        rng: np.random.Generator,
     ) -> None:
-        for part, values in zip(
-            ("height", "width", "channels"), image_sizes(fmt, blob, starts, ends), strict=True
+        height, width, channels, read = header_values(blob, starts, ends, codes)
+        for part, values in (
+            ("height", height[read]),
+            ("width", width[read]),
+            ("channels", channels[channels > 0]),
         ):
             if len(values):
                 dim = self.dims.setdefault(part, FeatureStats())
@@ -341,9 +265,7 @@ class FeatureStats:
         self.width = (
             other.width if self.width in (None, other.width) else (self.width if other.width is None else -1)
         )
-        other._trim()
-        self._waiting.append((other._kept, other._kept_pos, other._priority))
-        self._trim(exact=True)
+        self._sample.merge(other._sample)
         self.top_exact = self.top_exact and other.top_exact
         values = other._values
         self._count(other._top_hash, other._top_count, lambda i: values[int(other._top_hash[i])])
@@ -431,9 +353,3 @@ def stats(path: str, *, workers: int | None = None) -> dict[str, Any]:
         "feature_spec": spec,
         "features": dict(sorted(total.features.items())),
     }
-
-
-# The text and HTML views, importable from here as before.
-from recordforge.tools.stats_format import format_stats, stats_html  # noqa: E402
-
-__all__ += ["format_stats", "stats_html"]

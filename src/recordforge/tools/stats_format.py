@@ -1,6 +1,5 @@
-"""The stats as a terminal table and as a self-contained HTML page: integers as integers with
-thousands separators, timestamps and dates as ISO dates where the schema says so, floats to
-four significant digits, histograms with their axis range and counts written out."""
+"""The stats as a terminal table and as a self-contained HTML page."""
+# Design notes: docs/architecture.md, "Module notes".
 
 from __future__ import annotations
 

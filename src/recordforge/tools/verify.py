@@ -14,10 +14,11 @@ import numpy as np
 
 from recordforge import layout
 from recordforge.output_state import committed_versions
+from recordforge.record_chunks import RecordChunk, data_crc_mismatches
 from recordforge.storage import exists, is_local, list_files, open_read, read_bytes
-from recordforge.tfrecord import RecordChunk, data_crc_mismatches
 from recordforge.tools.scan import ShardResult, scan_shards
-from recordforge.tools.wire import BYTES, FLOAT, INT64, NONE, Batch, KeyTable, decode_batch, kind_name
+from recordforge.tools.wire import BYTES, FLOAT, INT64, NONE, Batch, decode_batch, kind_name
+from recordforge.tools.wire_keys import KeyTable
 
 __all__ = ["verify"]
 

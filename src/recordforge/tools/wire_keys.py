@@ -1,5 +1,5 @@
-"""Feature names of a batch of map entries, found by a hash of their bytes and then checked
-word for word against the names already met, so that two names never merge."""
+"""Feature names of a batch of map entries, found by hash and checked word for word against those met."""
+# Design notes: docs/architecture.md, "Module notes".
 
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ from collections.abc import Iterable
 
 import numpy as np
 
-__all__ = ["HashIndex", "KeyTable", "key_hash", "words_at"]
+__all__ = ["BYTE_MASKS", "HashIndex", "KeyTable", "key_hash", "words_at"]
 
 _C1, _C2 = np.uint64(0x9E3779B97F4A7C15), np.uint64(0xBF58476D1CE4E5B9)
-# _MASKS[k] keeps the first k bytes of a little-endian word.
-_MASKS = np.array([(1 << (8 * k)) - 1 for k in range(9)], dtype=np.uint64)
+# BYTEBYTE_MASKS[k] keeps the first k bytes of a little-endian word.
+BYTE_MASKS = np.array([(1 << (8 * k)) - 1 for k in range(9)], dtype=np.uint64)
 _MAX_SLOT_BITS = 16
 
 
@@ -121,7 +121,7 @@ def _key_words(w: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> list[n
         word = w[np.minimum(starts + 8 * j, len(w) - 1)]
         rest = lengths - 8 * j
         if j or int(lengths.min()) < 8:
-            word &= _MASKS[np.clip(rest, 0, 8)]
+            word &= BYTE_MASKS[np.clip(rest, 0, 8)]
         out.append(word)
     return out
 

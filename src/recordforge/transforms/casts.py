@@ -1,9 +1,5 @@
-"""Value-level conforming: casts to the declared type, vectorised (ops and checks: ops.py).
-
-Each function takes a flat array of source values and returns the converted values plus the
-failures as (value indices, rule, reason): a value that fails is nulled in the output so that
-the rest of the batch converts, and the caller rejects its row.
-"""
+"""Value-level conforming: casts to the declared type, vectorised (ops and checks: ops.py)."""
+# Design notes: docs/architecture.md, "Module notes".
 
 from __future__ import annotations
 
@@ -16,7 +12,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from recordforge.errors import SourceError
-from recordforge.schemas.model import DType, ExampleKind, Feature
+from recordforge.schemas.kinds import DType, ExampleKind
+from recordforge.schemas.model import Feature
 
 __all__ = ["Failure", "cast_values", "parse_timestamps"]
 

@@ -1,12 +1,5 @@
-"""Coders for the pipeline's big elements: record batches and encoded-record arrays.
-
-Encoded as Beam's default coder would (pickle: Arrow pickles its buffers), but sized from the
-Arrow buffers. Beam estimates the size of the first ten elements of every output, then about
-one in N, by encoding them: with Beam's default coder that meant pickling almost every batch (a
-20 MB copy each, ~4% of a conversion) only to measure it. Registered for the type hints
-`SourceBatch` (sources.py), `pa.Array` and `pa.RecordBatch` (examples.py), which those transforms
-declare.
-"""
+"""Coders for the pipeline's big elements: record batches and encoded-record arrays."""
+# Design notes: docs/architecture.md, "Module notes".
 
 from __future__ import annotations
 

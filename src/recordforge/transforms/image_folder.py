@@ -16,8 +16,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from recordforge.errors import SourceError
-from recordforge.images import IMAGE_EXTENSIONS, read_local_files
-from recordforge.schemas.model import DType, Feature, NullPolicy, Schema
+from recordforge.image_files import IMAGE_EXTENSIONS, read_local_files
+from recordforge.schemas.kinds import DType, NullPolicy
+from recordforge.schemas.model import Feature, Schema
 from recordforge.storage import is_local, match
 from recordforge.transforms.coders import declare_element_type
 from recordforge.transforms.sharing import Claims, SharedItemsFn, known_items

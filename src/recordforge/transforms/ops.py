@@ -6,7 +6,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from recordforge.schemas.model import DType, ExampleKind, Feature, Op
+from recordforge.schemas.kinds import DType, ExampleKind, Op
+from recordforge.schemas.model import Feature
 from recordforge.transforms.casts import Failure, _valid
 
 __all__ = ["apply_ops", "check_values"]

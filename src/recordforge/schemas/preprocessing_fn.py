@@ -1,15 +1,5 @@
-"""The tensorflow-transform side of a schema: the preprocessing_fn, and the plan of its output.
-
-Imports TensorFlow and tensorflow-transform, so it is imported only by runs that declare a
-`transform:` or pass --preprocessing_fn; plain conversions never load either.
-
-What the records hold:
-- without --preprocessing_fn: every raw feature, each declared transform replacing its feature in
-  place (or written beside it under `output:`);
-- with --preprocessing_fn: as in TFT's own contract, exactly what the function returns (return a
-  raw input to keep it), plus the outputs of the schema's declared transforms. The function
-  receives the raw features as parsed with the bundle's raw feature spec.
-"""
+"""The tensorflow-transform side of a schema: the preprocessing_fn, and the plan of its output."""
+# Design notes: docs/architecture.md, "Module notes".
 
 from __future__ import annotations
 
@@ -25,7 +15,8 @@ import tensorflow_transform as tft
 from recordforge.errors import RecordForgeError
 from recordforge.schemas.analyzers import Analyzer, Transform
 from recordforge.schemas.export import to_tf_feature_spec
-from recordforge.schemas.model import DType, Feature, NullPolicy, Schema
+from recordforge.schemas.kinds import DType, NullPolicy
+from recordforge.schemas.model import Feature, Schema
 from recordforge.schemas.plan import Plan, compile_schema
 from recordforge.storage import open_input
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from recordforge.demo import _FONT, DIGITS_MARKER, draw_digit, ensure_digit_folder
+from demo.digits import _FONT, DIGITS_MARKER, draw_digit, ensure_digit_folder
 
 
 def _files(root: Path) -> dict[str, bytes]:

@@ -1,4 +1,4 @@
-"""Deterministic sample data for the demo and the tests (no binaries are committed)."""
+"""Deterministic sample data for the demo, the tests and the benchmarks (no binaries are committed)."""
 
 from __future__ import annotations
 

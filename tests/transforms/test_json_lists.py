@@ -1,4 +1,4 @@
-"""Pure conforming functions, without a pipeline."""
+"""JSON list cells parsed, vectorised and cell by cell, against json.loads."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pyarrow as pa
 import pytest
 
 from recordforge.schemas import schema_from_dict
-from recordforge.transforms.conform import _numeric_json_lists
+from recordforge.transforms.json_lists import numeric_json_lists, parse_json_lists
 
 
 @pytest.mark.parametrize("dtype", ["int64", "float32", "float64", "bool"])
@@ -40,7 +40,7 @@ def test_vectorised_json_lists_match_json_loads(dtype: str) -> None:
             values = [float(v) for v in rng.standard_normal(int(k)) * 1e6]
         sep = [",", ", ", " ,  "][int(rng.integers(0, 3))]
         cells.append("[" + sep.join(json.dumps(v) for v in values) + "]")
-    got = _numeric_json_lists(pa.array(cells), feature)
+    got = numeric_json_lists(pa.array(cells), feature)
     assert got is not None
     value_type = {"int64": pa.int64(), "bool": pa.bool_(), "float32": pa.float32(), "float64": pa.float64()}[
         dtype
@@ -71,19 +71,18 @@ def test_vectorised_json_lists_match_json_loads(dtype: str) -> None:
 )
 def test_vectorised_json_lists_defer_anything_else(cell: str) -> None:
     feature = schema_from_dict({"features": [{"name": "x", "type": "int64", "shape": [-1]}]}).features[0]
-    assert _numeric_json_lists(pa.array(["[1]", cell]), feature) is None
+    assert numeric_json_lists(pa.array(["[1]", cell]), feature) is None
 
 
 def test_json_list_cells_parse_as_json_loads_reads_them() -> None:
     """Whichever path a column takes (vectorised, or json.loads per cell when one cell is not
     simple), valid cells give json.loads' values and invalid ones are rejected rows."""
-    from recordforge.transforms.conform import _Failures, _parse_json_lists
-
     feature = schema_from_dict({"features": [{"name": "x", "type": "int64", "shape": [-1]}]}).features[0]
     valid = ["[1, 2]", " [3,4] ", "[ ]", "[]", "[5,\t6]", "[\n7\n]", "[-8]", "", None, "  "]
     for cells in (valid, [*valid, "[1,]", "[9] x"]):
-        fails = _Failures("f.csv", 0)
-        got = _parse_json_lists(pa.array(cells), feature, fails).to_pylist()
+        lists, bad = parse_json_lists(pa.array(cells), feature)
+        got = lists.to_pylist()
+        rules = {i: rule for i, rule, _ in bad}
         for i, cell in enumerate(cells):
             if cell is None or not cell.strip():
                 assert got[i] is None
@@ -91,7 +90,7 @@ def test_json_list_cells_parse_as_json_loads_reads_them() -> None:
             try:
                 expected = json.loads(cell)
             except ValueError:
-                assert got[i] is None and fails.rows[i].rule == "type"
+                assert got[i] is None and rules[i] == "type"
                 continue
-            assert got[i] == expected and i not in fails.rows
-        assert len(fails.rows) == len(cells) - len(valid)
+            assert got[i] == expected and i not in rules
+        assert len(bad) == len(rules) == len(cells) - len(valid)

@@ -1,7 +1,5 @@
-"""What the schema is inferred from, without Beam: input formats from file names, local patterns
-expanded, and a sample of a file's first rows read with the types the readers produce. So
-`recordforge infer-schema` on local files starts without importing Beam; object stores still go
-through Beam's filesystems (imported on first use)."""
+"""What a schema is inferred from, without Beam: formats from names, patterns expanded, first rows."""
+# Design notes: docs/architecture.md, "Module notes".
 
 from __future__ import annotations
 

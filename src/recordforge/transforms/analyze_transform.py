@@ -1,21 +1,5 @@
-"""analyze_and_transform: full-pass preprocessing of conformed batches with tensorflow-transform.
-
-    ((split, file, first_row), conformed pa.RecordBatch)   (ToExamples with encode=False)
-        --as TFT input (every column a list)-->  pa.RecordBatch + three passthrough columns
-        --AnalyzeDataset (fitting split only)-->  transform_fn (a SavedModel)
-        --TransformDataset(output_record_batches=True)-->  transformed pa.RecordBatch
-                                    (features no transform touches pass by as passthrough columns)
-        --ExampleEncoder-->  ((split, file, first_row), transformed Examples)
-
-Analyzers see exactly the raw records that a plain conversion would have written: the conformed
-rows the encoder would have encoded, in the Arrow layout tfx-bsl's decoder gives raw Examples
-parsed with the raw feature spec (every feature a list, an absent one null; a sparse feature no
-analyzer reads comes as empty lists, the preprocessing_fn being the schema's own). Serving, which
-parses raw Examples with that spec and applies the same transform_fn, therefore sees what
-training saw; the rows are never encoded only to be decoded again. The key columns ride along
-as TFT passthrough columns, so every output batch keeps its split and position (the
-deterministic sink's order).
-"""
+"""analyze_and_transform: full-pass preprocessing of conformed batches with tensorflow-transform."""
+# Design notes: docs/architecture.md, "Module notes".
 
 from __future__ import annotations
 
@@ -35,9 +19,9 @@ from tfx_bsl.public import tfxio
 from recordforge.arrays import binary_array, binary_parts, drop_hidden_values, list_offsets
 from recordforge.encoding import ExampleEncoder
 from recordforge.layout import RAW_METADATA, temp_dir
-from recordforge.schemas.model import NullPolicy
+from recordforge.schemas.kinds import NullPolicy
 from recordforge.schemas.plan import Plan, value_type
-from recordforge.schemas.preprocessing import (
+from recordforge.schemas.preprocessing_fn import (
     build_preprocessing_fn,
     load_user_fn,
     output_plan,

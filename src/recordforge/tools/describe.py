@@ -9,7 +9,8 @@ from typing import Any
 import yaml
 
 from recordforge.storage import exists, open_read
-from recordforge.tools.records import detect_compression, infer_feature_spec, parse_example, read_records
+from recordforge.tfrecord import detect_compression, read_records
+from recordforge.tools.records import infer_feature_spec, parse_example
 
 __all__ = [
     "feature_description_code",

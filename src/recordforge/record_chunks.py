@@ -1,0 +1,175 @@
+"""TFRecord files read a chunk of records at a time, framing and CRCs checked with numpy (the tools)."""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import google_crc32c
+import numpy as np
+
+from recordforge.crc32c import crc32c_rows, masked_crc32c, masked_crc32c_array
+from recordforge.tfrecord import CorruptRecord, decompressed_chunks, detect_compression
+
+__all__ = ["RecordChunk", "data_crc_mismatches", "read_record_chunks"]
+
+
+@dataclass
+class RecordChunk:
+    """Whole records of a stream, as one buffer: record i's header is at heads[i] in `data`,
+    its payload data[heads[i] + 12 : heads[i] + 12 + lengths[i]]; `offset` is where `data`
+    begins in the decompressed stream, `raw_bytes` how many file bytes were read for it."""
+
+    data: bytes
+    offset: int
+    heads: np.ndarray
+    lengths: np.ndarray
+    raw_bytes: int = 0
+    first_record: int = 0  # the index in the file of the chunk's first record
+
+    def __len__(self) -> int:
+        return len(self.heads)
+
+    @property
+    def starts(self) -> np.ndarray:
+        return self.heads + 12
+
+    @property
+    def ends(self) -> np.ndarray:
+        return self.heads + 12 + self.lengths
+
+
+_U64 = struct.Struct("<Q")
+
+
+def _hop(data: bytes) -> tuple[list[int], int]:
+    """Where each whole record starts, by its length field; and where the rest begins. Record
+    boundaries depend on every length before them, so this one loop is sequential; every check
+    of what it finds is done over the whole chunk at once."""
+    unpack = _U64.unpack_from
+    heads: list[int] = []
+    append = heads.append
+    pos, n = 0, len(data)
+    while pos + 12 <= n:
+        end = pos + unpack(data, pos)[0] + 16
+        if end > n:
+            break
+        append(pos)
+        pos = end
+    return heads, pos
+
+
+def _gather(arr: np.ndarray, at: np.ndarray, width: int) -> np.ndarray:
+    return arr[at[:, None] + np.arange(width)] if len(at) else np.zeros((0, width), np.uint8)
+
+
+def _frame(
+    path: str, data: bytes, base: int, raw_bytes: int, final: bool
+) -> tuple[RecordChunk, bytes, str | None]:
+    """The whole records at the front of `data` whose length CRC holds, the bytes after them,
+    and what is wrong at the first byte not taken (None: only an incomplete record, more to come)."""
+    heads_list, used = _hop(data)
+    arr = np.frombuffer(data, np.uint8)
+    heads = np.asarray(heads_list, np.int64)
+    head_rows = _gather(arr, heads, 12)
+    lengths = np.ascontiguousarray(head_rows[:, :8]).view("<u8").ravel().astype(np.int64)
+    stored = np.ascontiguousarray(head_rows[:, 8:]).view("<u4").ravel()
+    bad = np.flatnonzero(masked_crc32c_array(crc32c_rows(head_rows[:, :8])) != stored)
+    problem = None
+    if len(bad):
+        cut = int(bad[0])
+        heads, lengths, used = heads[:cut], lengths[:cut], int(heads[cut])
+        problem = "corrupt length (CRC mismatch)"
+    elif used < len(data):
+        tail = data[used : used + 12]
+        if len(tail) == 12 and struct.unpack("<I", tail[8:])[0] != masked_crc32c(tail[:8]):
+            problem = "corrupt length (CRC mismatch)"  # else a garbage length would keep it waiting
+        elif final:
+            problem = "truncated record header" if len(tail) < 12 else "truncated record"
+    chunk = RecordChunk(data[:used], base, heads, lengths, raw_bytes)
+    return chunk, data[used:], problem
+
+
+def read_record_chunks(
+    path: str,
+    compression: str | None = None,
+    *,
+    on_raw: Callable[[bytes], None] | None = None,
+    chunk_bytes: int = 8 << 20,
+) -> Iterator[RecordChunk]:
+    """The records of a file in chunks of about `chunk_bytes`, streaming in bounded memory, every
+    length CRC checked (data CRCs: `data_crc_mismatches`, where the chunk is used). Raises
+    CorruptRecord after the last good chunk, at the first bad frame, as `read_records` does."""
+    pending = b""
+    base = 0
+    records = 0
+    raw_seen = 0
+    raw_at_last = 0
+
+    def count_raw(raw: bytes) -> None:
+        nonlocal raw_seen
+        raw_seen += len(raw)
+        if on_raw is not None:
+            on_raw(raw)
+
+    for piece in decompressed_chunks(path, compression or detect_compression(path), count_raw):
+        pending = pending + piece if pending else piece
+        if len(pending) < chunk_bytes:
+            continue
+        chunk, pending, problem = _frame(path, pending, base, raw_seen - raw_at_last, False)
+        raw_at_last = raw_seen
+        chunk.first_record = records
+        records += len(chunk)
+        if len(chunk):
+            yield from _split(chunk, chunk_bytes)
+        if problem:
+            raise CorruptRecord(path, base + len(chunk.data), problem)
+        base += len(chunk.data)
+    chunk, pending, problem = _frame(path, pending, base, raw_seen - raw_at_last, True)
+    chunk.first_record = records
+    if len(chunk) or chunk.raw_bytes:
+        yield from _split(chunk, chunk_bytes)
+    if problem:
+        raise CorruptRecord(path, base + len(chunk.data), problem)
+
+
+def _split(chunk: RecordChunk, chunk_bytes: int) -> Iterator[RecordChunk]:
+    """The chunk in pieces of whole records, about `chunk_bytes` each (an inflated read is often
+    several times that: batches decoded by numpy run faster when their arrays stay in cache)."""
+    size = len(chunk.data)
+    if size <= chunk_bytes * 3 // 2 or len(chunk) < 2:
+        yield chunk
+        return
+    cuts = np.unique(np.searchsorted(chunk.heads, np.arange(chunk_bytes, size, chunk_bytes)))
+    cuts = [0, *[int(c) for c in cuts if 0 < c < len(chunk)], len(chunk)]
+    raw_given = 0
+    for a, b in zip(cuts, cuts[1:], strict=False):
+        lo = int(chunk.heads[a])
+        hi = int(chunk.heads[b]) if b < len(chunk) else size
+        raw = chunk.raw_bytes - raw_given if b == len(chunk) else chunk.raw_bytes * (hi - lo) // size
+        raw_given += raw
+        yield RecordChunk(
+            chunk.data[lo:hi],
+            chunk.offset + lo,
+            chunk.heads[a:b] - lo,
+            chunk.lengths[a:b],
+            raw,
+            chunk.first_record + a,
+        )
+
+
+def data_crc_mismatches(chunk: RecordChunk) -> np.ndarray:
+    """Indices of the chunk's records whose data CRC does not hold (one C call per record:
+    google-crc32c uses the CPU's CRC32C instruction)."""
+    n = len(chunk)
+    if not n:
+        return np.zeros(0, np.int64)
+    value = google_crc32c.value
+    data = chunk.data
+    starts, ends = chunk.starts, chunk.ends
+    crcs = np.fromiter(
+        (value(data[s:e]) for s, e in zip(starts.tolist(), ends.tolist(), strict=True)), np.uint64, n
+    )
+    stored = np.ascontiguousarray(_gather(np.frombuffer(data, np.uint8), ends, 4)).view("<u4").ravel()
+    return np.flatnonzero(masked_crc32c_array(crcs) != stored)
