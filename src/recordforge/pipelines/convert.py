@@ -208,6 +208,7 @@ def _bundle_spec(run: Run, transformed: Transformed | None) -> BundleSpec:
             split_column=splits.column if splits else None,
             transform=transform,
             shuffle_seed=config.seed if config.shuffle else None,
+            sharding={name: spec.describe() for name, spec in run.shards.items()},
         ),
         max_rejected=config.max_rejected,
         max_rejected_fraction=config.max_rejected_fraction,

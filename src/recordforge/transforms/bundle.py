@@ -64,6 +64,7 @@ class RunFacts:
     split_column: str | None = None
     transform: dict[str, Any] | None = None  # the declared transforms and the split fitted on
     shuffle_seed: int | None = None
+    sharding: dict[str, dict[str, Any]] | None = None  # how each split's shards were cut
 
     def metadata(self) -> dict[str, Any]:
         out: dict[str, Any] = {"input_fingerprint": self.input_fingerprint}
@@ -75,6 +76,7 @@ class RunFacts:
             ("split_column", self.split_column),
             ("transform", self.transform),
             ("shuffle_seed", self.shuffle_seed),
+            ("sharding", self.sharding),
         ):
             if value is not None:
                 out[name] = list(value) if isinstance(value, tuple) else value

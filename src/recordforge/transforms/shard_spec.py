@@ -83,3 +83,16 @@ class ShardSpec:
                 raise ValueError(f"{self.sizing.value} sizing takes {need} {field}, not {value}")
         if self.seed is not None and self.sizing is not Sizing.PLACED:
             raise ValueError("a seed places records: it needs placed sizing")
+
+    def describe(self) -> dict[str, object]:
+        """How the shards were cut, as metadata.json records it."""
+        if self.sizing is Sizing.PLACED:
+            order = "input order" if self.seed is None else "a permutation drawn from shuffle_seed"
+            # Boundaries fall on records, not on the input's batches: shard s of S holds the
+            # records at places [sN/S, (s+1)N/S).
+            return {"by": "placed", "shards": self.count, "places": f"records, in {order}"}
+        if self.sizing is Sizing.COUNT:
+            return {"by": "count", "shards": self.count}
+        if self.sizing is Sizing.RECORDS:
+            return {"by": "records", "records_per_shard": self.max_records}
+        return {"by": "size", "shard_bytes": self.max_bytes}
