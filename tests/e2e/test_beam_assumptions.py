@@ -1,4 +1,4 @@
-"""Each Beam internal that RecordForge's local runner relies on still holds (pipelines/local_runner.py
+"""Each Beam internal that RecordForge's local runner relies on still holds (runners/local_runner.py
 lists them, numbered as the tests here): after a Beam upgrade, the test that fails names the
 assumption that no longer holds, and the feature that rests on it."""
 
@@ -21,8 +21,8 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.runners.portability.fn_api_runner import FnApiRunner
 from apache_beam.testing.util import assert_that, equal_to
 
-from recordforge.pipelines import local_runner
-from recordforge.pipelines.local_runner import BEAM_VERSION, BEAM_WORKER_COMMAND, unmet_assumptions
+from recordforge.runners import local_runner
+from recordforge.runners.local_runner import BEAM_VERSION, BEAM_WORKER_COMMAND, unmet_assumptions
 
 
 def _assumption(number: int) -> str:
@@ -35,7 +35,7 @@ def _assumption(number: int) -> str:
 
 def _check(number: int, holds: bool, detail: object = "") -> None:
     assert holds, (
-        f"Beam {beam.__version__}: assumption {number} of recordforge/pipelines/local_runner.py no "
+        f"Beam {beam.__version__}: assumption {number} of recordforge/runners/local_runner.py no "
         f"longer holds ({detail}): {_assumption(number)}"
     )
 
@@ -94,7 +94,7 @@ _FORKED_RUN = textwrap.dedent(
     import json, logging, os, sys
     import apache_beam as beam
     from apache_beam.options.pipeline_options import PipelineOptions
-    from recordforge.pipelines.local_runner import LocalRunner
+    from recordforge.runners.local_runner import LocalRunner
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("recordforge").setLevel(logging.INFO)
@@ -333,7 +333,8 @@ try:
     with startup.heavy_imports():
         import apache_beam as beam
         from apache_beam.runners.dataflow.dataflow_runner import DataflowRunner
-        from recordforge.pipelines import convert, dask_runner, dryrun, local_runner
+        from recordforge.pipelines import convert
+        from recordforge.runners import dask_runner, dryrun, local_runner
     loaded = [m for m in startup.UNUSED_BY_CONVERSIONS if m in sys.modules]
     with beam.Pipeline(runner=local_runner.LocalRunner()) as p:
         _ = p | beam.Create([1, 2]) | beam.Map(lambda x: 2 * x)

@@ -26,7 +26,7 @@ from recordforge.tfrecord import iter_records
 from recordforge.transforms import csv_ranges
 from recordforge.transforms.csv_ranges import CsvRange, chunks, header_names, plan_ranges, scan_chunk, whole
 from recordforge.transforms.csv_source import ReadCsv, _ReadCsvFn
-from recordforge.transforms.sources import SourceBatch
+from recordforge.transforms.source_types import SourceBatch
 
 TYPES = {"id": pa.int64(), "name": pa.string(), "score": pa.float64()}
 # Beam's own local runner, which shares no work: ranges spread by a Reshuffle, as on Dataflow and Dask.
@@ -295,7 +295,7 @@ def test_read_csv_reads_ranges_as_work_items(tmp_path: Path, runner: str, option
 
 
 def test_small_files_and_compressed_files_are_not_split() -> None:
-    from recordforge.transforms.sources import FileInfo
+    from recordforge.transforms.source_types import FileInfo
 
     assert csv_ranges.splittable(FileInfo("/a.csv", 64 << 20), 32 << 20)
     assert not csv_ranges.splittable(FileInfo("/a.csv", (64 << 20) - 1), 32 << 20)

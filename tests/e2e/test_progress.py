@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
-from recordforge.pipelines import progress
+from recordforge.runners import progress
 from recordforge.sampledata import taxi_table
 
 

@@ -18,8 +18,9 @@ from conftest import published_root
 
 from recordforge.pipelines.convert import DEFAULT_RUNNER, run
 from recordforge.tfrecord import iter_records
+from recordforge.transforms.parquet_source import ReadParquet
 from recordforge.transforms.row_groups import MAX_PIECES, piece_rows, pieces, read_rows
-from recordforge.transforms.sources import ReadParquet, expand_patterns
+from recordforge.transforms.source_types import expand_patterns
 
 # Beam's own local runner, which shares no work: the graph Dataflow and Dask run (row groups listed
 # by workers, spread by a Reshuffle), run in this process.

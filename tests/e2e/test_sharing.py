@@ -27,8 +27,9 @@ from recordforge.tfrecord import detect_compression, iter_records
 from recordforge.transforms.csv_ranges import whole
 from recordforge.transforms.csv_source import _ReadCsvFn
 from recordforge.transforms.image_folder import ImageFolder, _carried, _LocalChunkFn
+from recordforge.transforms.parquet_source import _ReadParquetFn
 from recordforge.transforms.sharing import ONE, SHARE, SHARED_WORK_ENV, SPREAD, Claims
-from recordforge.transforms.sources import SourceBatch, _ReadParquetFn
+from recordforge.transforms.source_types import SourceBatch
 
 TWO_WORKERS = ["--direct_running_mode=multi_processing", "--direct_num_workers=2"]
 

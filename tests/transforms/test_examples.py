@@ -15,7 +15,7 @@ from conftest import example_to_dict
 from recordforge.schemas import compile_schema, schema_from_dict
 from recordforge.transforms import examples
 from recordforge.transforms.examples import ToExamples
-from recordforge.transforms.sources import SourceBatch
+from recordforge.transforms.source_types import SourceBatch
 
 _PLAN = compile_schema(
     schema_from_dict(

@@ -46,10 +46,8 @@ from recordforge import layout, startup
 from recordforge.errors import RecordForgeError, TypesChanged
 from recordforge.layout import new_version, version_root
 from recordforge.pipelines.config import ConvertConfig
-from recordforge.pipelines.dryrun import dataflow_preflight
 from recordforge.pipelines.inputs import Inputs, input_fingerprint, resolve_inputs
 from recordforge.pipelines.options import ConvertOptions
-from recordforge.pipelines.progress import Watch
 from recordforge.pipelines.publishing import (
     OutputState,
     Publication,
@@ -59,6 +57,8 @@ from recordforge.pipelines.publishing import (
     finish_interrupted_commit,
     read_state,
 )
+from recordforge.runners.dryrun import dataflow_preflight
+from recordforge.runners.progress import Watch
 from recordforge.schemas import Plan
 from recordforge.storage import is_local, list_files
 from recordforge.transforms.bundle import BundleSpec, RunFacts, WriteBundle, rule_of
@@ -66,10 +66,11 @@ from recordforge.transforms.coders import declare_element_type
 from recordforge.transforms.csv_source import ReadCsv
 from recordforge.transforms.examples import REJECTED, ToExamples
 from recordforge.transforms.image_folder import ReadImageFolder
+from recordforge.transforms.parquet_source import ReadParquet
 from recordforge.transforms.rejects import WriteRejected
 from recordforge.transforms.sharing import SPREAD, work_plan
 from recordforge.transforms.sinks import WriteTFRecords
-from recordforge.transforms.sources import UNREADABLE, ReadParquet
+from recordforge.transforms.source_types import UNREADABLE
 from recordforge.transforms.splits import SplitSpec, in_split
 
 __all__ = ["DEFAULT_RUNNER", "build", "run", "worker_mode"]
@@ -80,8 +81,8 @@ _GCS_PATH = re.compile(r"gs://[a-z0-9][-_a-z0-9.]{1,61}[a-z0-9]/.+", re.DOTALL)
 
 # Beam's FnApiRunner (what DirectRunner ends up using for batch pipelines, without first trying,
 # and offline failing, to download the Prism runner binary), with multi_processing workers that
-# are forked rather than started from scratch (pipelines/local_runner.py).
-DEFAULT_RUNNER = "recordforge.pipelines.local_runner.LocalRunner"
+# are forked rather than started from scratch (runners/local_runner.py).
+DEFAULT_RUNNER = "recordforge.runners.local_runner.LocalRunner"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -370,7 +371,7 @@ def _up_to_date(config: ConvertConfig, published: dict[str, Any]) -> dict[str, A
 
 
 def _progress(options: PipelineOptions, inputs: Inputs) -> Any:
-    """A progress line while RecordForge's local runner converts (pipelines/progress.py); the
+    """A progress line while RecordForge's local runner converts (runners/progress.py); the
     total rows where they are known cheaply: Parquet footers of local files, an image listing."""
     if worker_mode(options) == SPREAD:
         return contextlib.nullcontext()
@@ -406,8 +407,8 @@ def _pipeline_options(argv: list[str]) -> PipelineOptions:
     if standard.runner is None:
         standard.runner = DEFAULT_RUNNER
     elif "dask" in str(standard.runner).lower():
-        # Beam's own DaskRunner loses outputs; RecordForge's corrects it (pipelines/dask_runner.py).
-        from recordforge.pipelines.dask_runner import resolve_runner
+        # Beam's own DaskRunner loses outputs; RecordForge's corrects it (runners/dask_runner.py).
+        from recordforge.runners.dask_runner import resolve_runner
 
         standard.runner = resolve_runner(standard.runner) or standard.runner
     if not any(a.split("=")[0] in ("--pipeline_type_check", "--no_pipeline_type_check") for a in argv):
@@ -469,9 +470,9 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
     """Parses flags, runs the conversion, publishes it (pipelines/publishing.py), returns the
     published metadata. Nothing in the output is touched until inputs, schema and flags have been
     checked and the pipeline built. With --dry_run=True (Dataflow only), returns the summary of
-    the job built offline instead (pipelines/dryrun.py) and touches nothing in the output."""
+    the job built offline instead (runners/dryrun.py) and touches nothing in the output."""
     from recordforge.errors import UsageError
-    from recordforge.pipelines.dryrun import dry_run
+    from recordforge.runners.dryrun import dry_run
 
     argv = list(sys.argv[1:] if argv is None else argv)
     options = _pipeline_options(argv)

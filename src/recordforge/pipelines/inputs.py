@@ -18,7 +18,7 @@ from recordforge.sampling import format_from_path, never_null_columns, read_arro
 from recordforge.schemas import Plan, compile_schema, infer_schema, load_schema
 from recordforge.schemas.loader import dump_schema
 from recordforge.transforms.image_folder import folder_schema, list_image_folder
-from recordforge.transforms.sources import FileInfo, expand_patterns
+from recordforge.transforms.source_types import FileInfo, expand_patterns
 
 __all__ = [
     "Inputs",

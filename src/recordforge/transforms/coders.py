@@ -4,7 +4,7 @@ Encoded as Beam's default coder would (pickle: Arrow pickles its buffers), but s
 Arrow buffers. Beam estimates the size of the first ten elements of every output, then about
 one in N, by encoding them: with Beam's default coder that meant pickling almost every batch (a
 20 MB copy each, ~4% of a conversion) only to measure it. Registered for the type hints
-`SourceBatch` (sources.py), `pa.Array` and `pa.RecordBatch` (examples.py), which those transforms
+`SourceBatch` (source_types.py), `pa.Array` and `pa.RecordBatch` (examples.py), which those transforms
 declare.
 """
 

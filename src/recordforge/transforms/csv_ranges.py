@@ -32,7 +32,7 @@ from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
 from recordforge.transforms.sharing import Claims, SharedItemsFn, known_items
-from recordforge.transforms.sources import FileInfo
+from recordforge.transforms.source_types import FileInfo
 
 __all__ = [
     "CHUNK_BYTES",

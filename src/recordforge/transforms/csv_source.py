@@ -36,14 +36,14 @@ from recordforge.transforms.csv_ranges import (
     whole,
 )
 from recordforge.transforms.sharing import Claims, SharedItemsFn, known_items, made_items, several_workers
-from recordforge.transforms.sources import (
+from recordforge.transforms.source_types import (
     REJECTED,
     UNREADABLE,
     FileInfo,
     SourceBatch,
-    _unreadable,
     expand_patterns,
     read_ahead,
+    unreadable,
 )
 
 __all__ = ["ReadCsv"]
@@ -198,12 +198,12 @@ class _ReadCsvFn(SharedItemsFn):
                 yield from self._read(item, text, cursor, skip=skip, empty_is_null=text_nulls, as_text=True)
         except SourceError as exn:
             if self._skip:
-                yield _unreadable(path, str(exn), rows_read_before=item.first_row + cursor.done)
+                yield unreadable(path, str(exn), rows_read_before=item.first_row + cursor.done)
                 return
             raise
         except (pa.ArrowInvalid, OSError) as exn:
             if self._skip:
-                yield _unreadable(
+                yield unreadable(
                     path, f"not a readable CSV file: {exn}", rows_read_before=item.first_row + cursor.done
                 )
                 return

@@ -14,13 +14,13 @@ from apache_beam.metrics import Metrics
 
 from recordforge.encoding import ExampleEncoder
 from recordforge.errors import TypesChanged
-from recordforge.pipelines import progress
+from recordforge.runners import progress
 from recordforge.schemas.model import Schema
 from recordforge.schemas.plan import Plan, compile_schema
 from recordforge.transforms.coders import ArrowCoder, declare_element_type
 from recordforge.transforms.conform import BadRow, conform_batch
 from recordforge.transforms.rejects import rejected_line, source_record
-from recordforge.transforms.sources import SourceBatch
+from recordforge.transforms.source_types import SourceBatch
 from recordforge.transforms.splits import SplitSpec, assign_by_hash, assign_by_value
 
 # The records of a batch: sized from their buffers, not by pickling them (see coders.py).

@@ -20,7 +20,7 @@ from recordforge.images import IMAGE_EXTENSIONS, read_local_files
 from recordforge.schemas.model import DType, Feature, NullPolicy, Schema
 from recordforge.transforms.coders import declare_element_type
 from recordforge.transforms.sharing import Claims, SharedItemsFn, known_items
-from recordforge.transforms.sources import UNREADABLE, SourceBatch
+from recordforge.transforms.source_types import UNREADABLE, SourceBatch
 
 __all__ = [
     "chunk_at",
@@ -131,7 +131,7 @@ class ImageFolder:
 
 
 # Listings made in this process, by listing_id: a worker running in the driver's process, or
-# forked from it (pipelines/local_runner.py), takes the listing the pipeline was built on instead
+# forked from it (runners/local_runner.py), takes the listing the pipeline was built on instead
 # of listing the folder again (0.3 s per 60k files). The last few are kept.
 _LISTINGS: dict[str, ImageFolder] = {}
 _KEEP_LISTINGS = 4

@@ -4,7 +4,7 @@ its runner (`work_plan`), and the work sharing of RecordForge's local runner.
 Every reader hands its work items to `known_items` (items listed at construction) or
 `made_items` (items made at run time) and reads them with a `SharedItemsFn`; none of them knows
 which runner it is on. On any runner the items are read by that DoFn, and on RecordForge's local
-runner (pipelines/local_runner.py) its workers also share them as they go:
+runner (runners/local_runner.py) its workers also share them as they go:
 
 Beam's local runner hands each worker a fixed part of a stage's input (every other element, in
 the order they arrive) and has no dynamic rebalancing. When the parts are uneven (a file's last

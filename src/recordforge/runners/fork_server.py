@@ -20,7 +20,7 @@ import traceback
 from collections.abc import Callable
 
 from recordforge.pipelines.lease import quiet_heartbeats
-from recordforge.pipelines.progress import quiet_watches
+from recordforge.runners.progress import quiet_watches
 
 __all__ = ["ForkServer", "private_temp_dir", "request_worker"]
 

@@ -3,7 +3,7 @@ and a dry run, the job built offline and summarised with nothing submitted, read
 to the output (`dry_run`).
 
 What it relies on in Beam's internals (the job a dry run keeps, the stages of Beam's own fuser) is
-in pipelines/local_runner.py, the one module that relies on them, as its assumptions 9 and 10.
+in runners/local_runner.py, the one module that relies on them, as its assumptions 9 and 10.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from apache_beam.portability import common_urns
 from recordforge.errors import RecordForgeError, UsageError
 from recordforge.layout import version_root
 from recordforge.pipelines.config import ConvertConfig
-from recordforge.pipelines.local_runner import dry_run_job, fused_stages
+from recordforge.runners.local_runner import dry_run_job, fused_stages
 from recordforge.schemas import load_schema
 from recordforge.storage import delete_tree, is_local
 

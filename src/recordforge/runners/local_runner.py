@@ -65,7 +65,7 @@ Beam internals relied on, as found in apache-beam 2.77.0 (`BEAM_VERSION`):
 8. Beam's own subprocess workers inherit the driver's environment variables, so that workers
    started as fresh processes see the claims folder too. (Work sharing's speed.)
 
-Two more, used by Dataflow dry runs (pipelines/dryrun.py) rather than by LocalRunner:
+Two more, used by Dataflow dry runs (runners/dryrun.py) rather than by LocalRunner:
 
 9. `fn_api_runner.translations.create_and_optimize_stages(proto, phases, known_runner_urns)`
    with the phases the FnApiRunner applies up to fusion (`greedily_fuse` and those before it)
@@ -107,9 +107,9 @@ import apache_beam as beam
 from apache_beam.options.pipeline_options import DirectOptions
 from apache_beam.runners.portability.fn_api_runner import FnApiRunner
 
-from recordforge.pipelines.fork_server import ForkServer, private_temp_dir, request_worker
 from recordforge.pipelines.lease import heartbeat_threads
-from recordforge.pipelines.progress import watch_threads
+from recordforge.runners.fork_server import ForkServer, private_temp_dir, request_worker
+from recordforge.runners.progress import watch_threads
 from recordforge.startup import BEAM_VERSION
 from recordforge.transforms.sharing import SHARED_WORK_ENV, WorkSharingRunner
 

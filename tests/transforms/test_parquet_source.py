@@ -15,7 +15,8 @@ import pyarrow.parquet as pq
 import pytest
 from apache_beam.testing.util import assert_that, equal_to
 
-from recordforge.transforms.sources import ReadParquet, read_ahead
+from recordforge.transforms.parquet_source import ReadParquet
+from recordforge.transforms.source_types import read_ahead
 
 
 def _threads() -> list[threading.Thread]:

@@ -97,7 +97,7 @@ __all__ = ["BEAM_VERSION", "RUNNER", "DaskRunner", "resolve_runner"]
 _LOGGER = logging.getLogger(__name__)
 
 # The dotted path `--runner` takes for this runner.
-RUNNER = "recordforge.pipelines.dask_runner.DaskRunner"
+RUNNER = "recordforge.runners.dask_runner.DaskRunner"
 # How long a failed run waits for its tasks still executing on workers.
 STRAGGLER_WAIT_S = 60.0
 
@@ -120,7 +120,7 @@ def _check_beam_version() -> None:
         raise RecordForgeError(
             f"RecordForge's DaskRunner corrects Beam {BEAM_VERSION}'s Dask runner, but Beam "
             f"{beam.__version__} is installed: re-check the assumptions listed in "
-            "recordforge/pipelines/dask_runner.py against it, run tests/e2e/test_dask_runner.py, "
+            "recordforge/runners/dask_runner.py against it, run tests/e2e/test_dask_runner.py, "
             "then change BEAM_VERSION"
         )
 
