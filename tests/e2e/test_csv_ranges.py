@@ -22,6 +22,7 @@ from apache_beam.testing.util import assert_that, equal_to
 from conftest import published_root
 
 from recordforge.pipelines.convert import DEFAULT_RUNNER, run
+from recordforge.runners.session import runner_traits
 from recordforge.tfrecord import iter_records
 from recordforge.transforms import csv_ranges
 from recordforge.transforms.csv_ranges import CsvRange, chunks, header_names, plan_ranges, scan_chunk, whole
@@ -280,7 +281,10 @@ def test_read_csv_reads_ranges_as_work_items(tmp_path: Path, runner: str, option
     fn = _ReadCsvFn(TYPES, 1 << 20, strict=False)
     expected = sorted((row, dict(v)["id"]) for row, v in _rows(fn, whole(str(src)))[0])
     p = beam.Pipeline(runner=runner, options=PipelineOptions(flags=[], **options))
-    read = p | ReadCsv([str(src)], column_types=TYPES, strict=False, chunk_bytes=len(data) // 7)
+    traits = runner_traits(PipelineOptions(flags=[f"--runner={runner}"], **options))
+    read = p | ReadCsv(
+        [str(src)], column_types=TYPES, strict=False, chunk_bytes=len(data) // 7, traits=traits
+    )
     rows = read["batches"] | beam.FlatMap(
         lambda b: [(b.first_row + i + 1, str(v)) for i, v in enumerate(b.batch.column("id").to_pylist())]
     )

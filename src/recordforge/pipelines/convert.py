@@ -21,7 +21,6 @@ run() holds the output's lock around the run and deletes what a failed run wrote
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import logging
 import math
@@ -58,9 +57,10 @@ from recordforge.pipelines.publishing import (
     read_state,
 )
 from recordforge.runners.dryrun import dataflow_preflight
-from recordforge.runners.progress import Watch
+from recordforge.runners.session import LOCAL_RUNNER, runner_name, runner_traits, session
 from recordforge.schemas import Plan
 from recordforge.storage import is_local, list_files
+from recordforge.traits import RunnerTraits
 from recordforge.transforms.bundle import BundleSpec, RunFacts, WriteBundle, rule_of
 from recordforge.transforms.coders import declare_element_type
 from recordforge.transforms.csv_source import ReadCsv
@@ -68,12 +68,11 @@ from recordforge.transforms.examples import REJECTED, ToExamples
 from recordforge.transforms.image_folder import ReadImageFolder
 from recordforge.transforms.parquet_source import ReadParquet
 from recordforge.transforms.rejects import WriteRejected
-from recordforge.transforms.sharing import SPREAD, work_plan
 from recordforge.transforms.sinks import WriteTFRecords
 from recordforge.transforms.source_types import UNREADABLE
 from recordforge.transforms.splits import SplitSpec, in_split
 
-__all__ = ["DEFAULT_RUNNER", "build", "run", "worker_mode"]
+__all__ = ["DEFAULT_RUNNER", "build", "run"]
 
 _LOGGER = logging.getLogger(__name__)
 # A GCS object path as Dataflow takes it: gs://bucket/object, the bucket named as GCS allows.
@@ -82,7 +81,7 @@ _GCS_PATH = re.compile(r"gs://[a-z0-9][-_a-z0-9.]{1,61}[a-z0-9]/.+", re.DOTALL)
 # Beam's FnApiRunner (what DirectRunner ends up using for batch pipelines, without first trying,
 # and offline failing, to download the Prism runner binary), with multi_processing workers that
 # are forked rather than started from scratch (runners/local_runner.py).
-DEFAULT_RUNNER = "recordforge.runners.local_runner.LocalRunner"
+DEFAULT_RUNNER = LOCAL_RUNNER
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,6 +97,7 @@ class _Run:
     shares: dict[str, float]  # each split's share of the input, where weights do not say it
     preprocessing: bool  # the schema declares a `transform:`, or --preprocessing_fn is given
     fit_split: str | None  # the split analyzers are fitted on (None: all rows)
+    traits: RunnerTraits  # the runner as the transforms see it
 
     @property
     def plan(self) -> Plan:
@@ -105,12 +105,18 @@ class _Run:
 
 
 def build(
-    pipeline: beam.Pipeline, config: ConvertConfig, inputs: Inputs | None = None
+    pipeline: beam.Pipeline,
+    config: ConvertConfig,
+    inputs: Inputs | None = None,
+    traits: RunnerTraits | None = None,
 ) -> beam.PCollection[str]:
     """Adds the conversion to `pipeline`; returns a PCollection holding the output path once the
     bundle is published. Input patterns and the schema are resolved now, not at run time (or
-    given: `inputs` as resolve_inputs(config) returned them, so that they are listed once)."""
-    run = _resolve(pipeline.options, config, inputs or resolve_inputs(config))
+    given: `inputs` as resolve_inputs(config) returned them, so that they are listed once), as
+    is the runner (`traits`, runner_traits(pipeline.options) if not given: the run enters
+    `session(traits)` around pipeline.run())."""
+    traits = traits or runner_traits(pipeline.options)
+    run = _resolve(pipeline.options, config, inputs or resolve_inputs(config), traits)
     source = pipeline | "Read" >> _read(run)
     batches = source["batches"]
     # SourceBatch: a pa.RecordBatch with its file and first row   [+ UNREADABLE files, REJECTED rows]
@@ -119,7 +125,11 @@ def build(
     rows_per_batch = batches | "RowsPerBatch" >> beam.Map(lambda b: b.batch.num_rows)
     # tensorflow-transform reads the conformed rows themselves, not their encoded Examples.
     encoded = batches | "ToExamples" >> ToExamples(
-        run.plan, strict=config.strict, splits=run.splits, encode=not run.preprocessing
+        run.plan,
+        strict=config.strict,
+        splits=run.splits,
+        encode=not run.preprocessing,
+        progress=run.traits.progress,
     )
     # examples: ((split, file, first_row), pa.LargeBinaryArray of serialized tf.train.Examples),
     #   or with preprocessing the conformed rows as a pa.RecordBatch; split is "" without splits
@@ -147,7 +157,7 @@ def build(
     )
 
 
-def _resolve(options: PipelineOptions, config: ConvertConfig, inputs: Inputs) -> _Run:
+def _resolve(options: PipelineOptions, config: ConvertConfig, inputs: Inputs, traits: RunnerTraits) -> _Run:
     files, plan, folder = inputs.files, inputs.plan, inputs.folder
     check_not_inside(config.output, [f.path for f in files], "the input")
     if config.schema_path:
@@ -173,6 +183,7 @@ def _resolve(options: PipelineOptions, config: ConvertConfig, inputs: Inputs) ->
         shares=shares,
         preprocessing=preprocessing,
         fit_split=config.fit_split(splits) if preprocessing else None,
+        traits=traits,
     )
 
 
@@ -181,7 +192,7 @@ def _read(run: _Run) -> beam.PTransform:
     schema (and a split column) needs."""
     config, inputs = run.config, run.inputs
     if inputs.folder is not None:
-        return ReadImageFolder(inputs.folder)
+        return ReadImageFolder(inputs.folder, traits=run.traits)
     columns = list(run.plan.schema.source_columns)
     csv_types = dict(run.plan.csv_column_types)
     if run.splits is not None and run.splits.column is not None:
@@ -194,6 +205,7 @@ def _read(run: _Run) -> beam.PTransform:
             batch_size=config.batch_size,
             expanded=inputs.files,
             skip_unreadable=config.skip_unreadable_files,
+            traits=run.traits,
         )
     return ReadCsv(
         config.sources,
@@ -319,13 +331,6 @@ def _deterministic_shards(files: list[Any], folder: Any, config: ConvertConfig, 
     return max(1, math.ceil(sum(sizes) * share / config.shard_bytes))
 
 
-def worker_mode(options: PipelineOptions) -> str:
-    """How the run's workers get the input (transforms/sharing.py, `work_plan`): SHARE on
-    RecordForge's local runner with several workers, ONE with its single worker (the default),
-    SPREAD on any other runner."""
-    return work_plan(options.view_as(StandardOptions).runner, options)
-
-
 def _nothing(_: object) -> list[str]:
     return []
 
@@ -370,11 +375,10 @@ def _up_to_date(config: ConvertConfig, published: dict[str, Any]) -> dict[str, A
     return {**published, "skipped": True}
 
 
-def _progress(options: PipelineOptions, inputs: Inputs) -> Any:
-    """A progress line while RecordForge's local runner converts (runners/progress.py); the
-    total rows where they are known cheaply: Parquet footers of local files, an image listing."""
-    if worker_mode(options) == SPREAD:
-        return contextlib.nullcontext()
+def _progress(traits: RunnerTraits, inputs: Inputs) -> Any:
+    """The run's session (runners/session.py): its workers' folders, and a progress line while
+    RecordForge's local runner converts, with the total rows where they are known cheaply:
+    Parquet footers of local files, an image listing."""
 
     def total() -> int | None:
         if inputs.folder is not None:
@@ -389,7 +393,7 @@ def _progress(options: PipelineOptions, inputs: Inputs) -> Any:
 
         return sum(pq.ParquetFile(f.path).metadata.num_rows for f in inputs.files)
 
-    return Watch(total)
+    return session(traits, total=total)
 
 
 def _remove_if_empty(folder: str) -> None:
@@ -404,13 +408,8 @@ def _pipeline_options(argv: list[str]) -> PipelineOptions:
 
     options = PipelineOptions(argv)
     standard = options.view_as(StandardOptions)
-    if standard.runner is None:
-        standard.runner = DEFAULT_RUNNER
-    elif "dask" in str(standard.runner).lower():
-        # Beam's own DaskRunner loses outputs; RecordForge's corrects it (runners/dask_runner.py).
-        from recordforge.runners.dask_runner import resolve_runner
-
-        standard.runner = resolve_runner(standard.runner) or standard.runner
+    # None: DEFAULT_RUNNER; Beam's own DaskRunner loses outputs, RecordForge's corrects it.
+    standard.runner = runner_name(standard.runner)
     if not any(a.split("=")[0] in ("--pipeline_type_check", "--no_pipeline_type_check") for a in argv):
         # Beam's construction-time type check is a noticeable part of a small job and checks
         # nothing here: elements are Arrow batches and dataclasses its hints cannot see.
@@ -446,10 +445,11 @@ def _run_once(
 ) -> dict[str, Any]:
     """Builds and runs one attempt under the output's lock; returns the metadata it published."""
     try:
-        build(pipeline, config, inputs)
+        traits = runner_traits(pipeline.options)
+        build(pipeline, config, inputs, traits)
         with (
             Publication(config, published_is_success=True) as publication,
-            _progress(pipeline.options, inputs),
+            _progress(traits, inputs),
         ):
             assert publication.state is not None
             # Another run may have published since `state` was read: it decides again.

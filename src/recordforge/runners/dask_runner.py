@@ -1,67 +1,4 @@
-"""RecordForge's Dask runner: Beam 2.77.0's DaskRunner with its translation to Dask corrected.
-
-Run with ``--runner DaskRunner --dask_client_address tcp://HOST:PORT`` (Beam's flag names; see
-`resolve_runner`), or ``--dask_scheduler_file FILE``; with neither, Dask starts a local cluster.
-
-Beam's own ``apache_beam.runners.dask.dask_runner.DaskRunner`` (Beam 2.77.0) fails a RecordForge
-pipeline at translation (``Impulse`` is not translated) and, on plain Beam pipelines, gets several
-things wrong without an error: a tagged output also receives the main output; outputs emitted in
-``finish_bundle`` are dropped; only the last-visited terminal branch is computed; a side input is
-recomputed in every task that reads it; ``WriteToTFRecord`` with default sharding exits 0 having
-written one empty file (its writes happen in ``finish_bundle``). ``tests/e2e/test_dask_runner.py``
-holds a probe for each, run against both runners. This subclass keeps Beam's options, its
-PTransform overrides and its result class, and replaces the translation:
-
-- each PCollection is one dask Bag of WindowedValues, one Bag per output tag;
-- translated: Impulse, Create, Read of a bounded source, ParDo and its subclasses (Map, FlatMap,
-  WindowInto, GroupByKey's regrouping by window), GroupByKey, Reshuffle, Flatten. Any other
-  primitive, a stateful or splittable DoFn, fails the translation naming its step;
-- a DoFn runs through Beam's DoFnRunner, one bundle per partition: setup, start_bundle, process,
-  finish_bundle (whose outputs are kept), teardown, in the task; the DoFn is deserialized there
-  with the pickler the pipeline used;
-- a side input is one task that gathers its PCollection, computed once; the reading tasks depend
-  on it;
-- GroupByKey and Reshuffle are shuffles between partitions: a key goes to the partition given by a
-  CRC32 of its encoding with the key's deterministic coder (the same in every process; Python's
-  hash is not), and keys are equal when their encodings are, as in Beam; Reshuffle deals the
-  elements out round robin;
-- every PCollection that nothing reads is computed (its partitions counted, not fetched);
-- the run's client closes when the run ends. On failure, the run's tasks are cancelled and the
-  result waits (up to `STRAGGLER_WAIT_S`) for those still executing on workers before it raises,
-  so that nothing the failed run started still writes after its caller has cleaned up.
-
-Parallelism: Create, GroupByKey and Reshuffle make ``--dask_npartitions`` partitions, by default
-twice the cluster's worker threads when the run starts; ``--dask_partition_size`` sizes Create's.
-
-What this module assumes of Beam's internals (Beam 2.77.0; `BEAM_VERSION`). Construction fails
-on any other Beam minor version, naming this list: re-check each item, run
-``tests/e2e/test_dask_runner.py``, then change `BEAM_VERSION` (in startup.py).
-
-1. ``apache_beam.runners.dask.dask_runner``: ``DaskRunner`` (``run_pipeline(pipeline, options)``),
-   ``DaskOptions`` (dests ``address``, ``timeout``, ``scheduler_file``, ``name``,
-   ``connection_limit``, ``npartitions``, ``partition_size``; ``_extract_bag_kwargs`` pops the
-   last two) and ``DaskRunnerResult(client, futures)``.
-2. ``apache_beam.runners.dask.overrides``: ``dask_overrides()`` replaces Create by
-   ``_Create(values)``, Reshuffle by ``_Reshuffle``, Read by ``_Read(source)``, GroupByKey by
-   ReifyWindows (a ParDo), ``_GroupByKeyOnly`` and ``_GroupAlsoByWindow`` (a ParDo), Flatten by
-   ``_Flatten``; ReifyWindows emits ``(key, WindowedValue)``.
-3. ``apache_beam.runners.common.DoFnRunner(fn, args, kwargs, side_inputs, windowing,
-   tagged_receivers, step_name=...)`` with ``setup``, ``start``, ``process(windowed_value)``,
-   ``finish``, ``teardown``; it asks ``tagged_receivers[None]`` for the main output and
-   ``tagged_receivers[tag]`` for others, and calls ``receive(windowed_value)`` on them.
-4. A ParDo's ``fn``, ``args`` and ``kwargs`` hold placeholders for its side inputs, filled in the
-   order of ``AppliedPTransform.side_inputs``; ``AsSideInput._view_options()`` and
-   ``SideInputMap(view_class, view_options, windowed_values)`` make a side input's value;
-   ``AppliedPTransform.outputs`` maps tags (None for the main output) to PCollections;
-   ``Pipeline.visit`` visits producers (side inputs included) before consumers.
-5. ``apache_beam.internal.pickler.desired_pickle_lib`` is the module (with ``dumps``/``loads``)
-   that the pipeline pickles with.
-6. ``DoFnSignature(fn).is_splittable_dofn()`` / ``.is_stateful_dofn()``;
-   ``trivial_inference.key_value_types``; ``iobase.BoundedSource.split`` and ``SourceBundle``.
-
-Of Dask (``dask[distributed]`` 2026.8): Bag, ``dask.delayed`` and ``Client`` public APIs; and, only
-for the wait on failure, a worker's ``state.all_running_tasks`` (distributed's worker state).
-"""
+"""RecordForge's Dask runner: Beam's DaskRunner with its translation to Dask corrected."""
 
 from __future__ import annotations
 
@@ -119,8 +56,8 @@ def _check_beam_version() -> None:
     if not beam.__version__.startswith(BEAM_VERSION + "."):
         raise RecordForgeError(
             f"RecordForge's DaskRunner corrects Beam {BEAM_VERSION}'s Dask runner, but Beam "
-            f"{beam.__version__} is installed: re-check the assumptions listed in "
-            "recordforge/runners/dask_runner.py against it, run tests/e2e/test_dask_runner.py, "
+            f"{beam.__version__} is installed: re-check the Dask runner's assumptions in "
+            "recordforge/runners/assumptions.py against it, run tests/e2e/test_dask_runner.py, "
             "then change BEAM_VERSION"
         )
 
@@ -454,7 +391,7 @@ if _IMPORT_ERROR is None:
                 self.client.close()
 
     class DaskRunner(_beam_dask.DaskRunner):
-        """Beam's DaskRunner with RecordForge's corrections (see the module docstring)."""
+        """Beam's DaskRunner with RecordForge's corrections (docs/architecture.md)."""
 
         def __init__(self) -> None:
             _check_beam_version()

@@ -1,19 +1,8 @@
-"""Rows converted so far, shown while a local run converts.
-
-The encoder counts the rows of every batch it has read (`count`). In the driver's own process
-(one local worker) the count is a number in memory; a forked worker keeps its running total in a
-small file of its own in the run's progress folder, which the driver sums. `Watch` shows the sum:
-a live line on a terminal (rows, share of the total where Parquet footers or an image listing
-give it, rows/s, elapsed time, ETA), otherwise a line a minute. Workers of other runners run
-elsewhere and count nothing here: no line is shown for them.
-"""
+"""The progress line of a local run: the rows its workers have counted, shown while it converts."""
 
 from __future__ import annotations
 
-import os
-import struct
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -21,11 +10,10 @@ from contextlib import ExitStack, contextmanager
 from types import TracebackType
 from typing import TextIO
 
-__all__ = ["count", "ENV", "line", "quiet_watches", "Watch", "watch_threads"]
+from recordforge import progress_counts
 
-ENV = "RECORDFORGE_PROGRESS"  # "<folder>:<driver pid>", set while a watch is on
-_rows = [0]  # the driver process's count
-_worker: dict[str, int] = {"pid": -1, "rows": 0, "fd": -1}  # a forked worker's own count
+__all__ = ["line", "quiet_watches", "Watch", "watch_threads"]
+
 _LIVE: set[Watch] = set()
 
 
@@ -45,21 +33,6 @@ def quiet_watches() -> Iterator[None]:
         yield
 
 
-def count(rows: int) -> None:
-    """Adds `rows` to this process's count (cheap: called once per batch)."""
-    where = os.environ.get(ENV)
-    folder, driver = where.rsplit(":", 1) if where else ("", "")
-    pid = os.getpid()
-    if not where or str(pid) == driver:
-        _rows[0] += rows
-        return
-    if _worker["pid"] != pid:  # a fresh fork: what its parent counted is not its own
-        path = os.path.join(folder, str(pid))
-        _worker.update(pid=pid, rows=0, fd=os.open(path, os.O_CREAT | os.O_WRONLY, 0o600))
-    _worker["rows"] += rows
-    os.pwrite(_worker["fd"], struct.pack("<q", _worker["rows"]), 0)
-
-
 def _clock(seconds: float) -> str:
     s = int(seconds)
     return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60}:{s % 60:02d}"
@@ -77,18 +50,22 @@ def line(rows: int, total: int | None, elapsed: float) -> str:
 
 
 class Watch:
-    """Shows the rows converted while the block runs. `total` is called once, on the watcher's
-    thread (it may read Parquet footers), and may return None when the total is unknown."""
+    """Shows the rows counted into `folder` (progress_counts.py) while the block runs: a live line
+    on a terminal (rows, share of the total, rows/s, elapsed time, ETA), otherwise a line a minute.
+    `total` is called once, on the watcher's thread (it may read Parquet footers), and may return
+    None when the total is unknown."""
 
     def __init__(
         self,
         total: Callable[[], int | None],
+        folder: str,
         *,
         stream: TextIO | None = None,
         tty: bool | None = None,
         every_s: float | None = None,
     ) -> None:
         self._total_fn = total
+        self._folder = folder
         self._stream = stream or sys.stderr
         self._tty = self._stream.isatty() if tty is None else tty
         self._every = every_s if every_s is not None else (0.5 if self._tty else 60.0)
@@ -97,10 +74,6 @@ class Watch:
         self._shown = 0
 
     def __enter__(self) -> Watch:
-        self._folder = tempfile.mkdtemp(prefix="recordforge-progress-")
-        self._previous = os.environ.get(ENV)
-        os.environ[ENV] = f"{self._folder}:{os.getpid()}"
-        self._base = _rows[0]
         self._start = time.monotonic()
         self._thread = threading.Thread(target=self._loop, name="recordforge-progress", daemon=True)
         _LIVE.add(self)
@@ -108,16 +81,7 @@ class Watch:
         return self
 
     def rows(self) -> int:
-        total = _rows[0] - self._base
-        for name in os.listdir(self._folder):
-            try:
-                with open(os.path.join(self._folder, name), "rb") as f:
-                    data = f.read(8)
-            except OSError:
-                continue
-            if len(data) == 8:
-                total += struct.unpack("<q", data)[0]
-        return total
+        return progress_counts.total(self._folder)
 
     def _loop(self) -> None:
         with self._mutex:
@@ -144,10 +108,3 @@ class Watch:
         if self._tty and self._shown:
             self._stream.write("\r" + " " * self._shown + "\r")  # the summary follows on a clean line
             self._stream.flush()
-        if self._previous is None:
-            os.environ.pop(ENV, None)
-        else:
-            os.environ[ENV] = self._previous
-        for name in os.listdir(self._folder):
-            os.unlink(os.path.join(self._folder, name))
-        os.rmdir(self._folder)

@@ -31,6 +31,7 @@ import numpy as np
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
+from recordforge.traits import ANY_RUNNER, RunnerTraits
 from recordforge.transforms.sharing import Claims, SharedItemsFn, known_items
 from recordforge.transforms.source_types import FileInfo
 
@@ -270,15 +271,23 @@ class ScanChunks(beam.PTransform):
     """Plans the ranges of the files to split. In: a PBegin. Out: `CsvRange`s, a file's once all
     its chunks are scanned (the chunks are work items: sharing.py)."""
 
-    def __init__(self, files: list[FileInfo], chunk_bytes: int, columns: list[str]) -> None:
+    def __init__(
+        self,
+        files: list[FileInfo],
+        chunk_bytes: int,
+        columns: list[str],
+        *,
+        traits: RunnerTraits = ANY_RUNNER,
+    ) -> None:
         super().__init__()
+        self._traits = traits
         self._columns = columns
         self._items = [c for f in files for c in chunks(f.path, f.size or 0, chunk_bytes)]
         self._sizes = {f.path: f.size or 0 for f in files}
 
     def expand(self, pbegin: beam.pvalue.PBegin) -> beam.PCollection:
-        scan_fn = _ScanChunkFn()
-        items, extra = known_items(pbegin, scan_fn, self._items, label="Chunks")
+        scan_fn = _ScanChunkFn(self._traits.claims)
+        items, extra = known_items(pbegin, scan_fn, self._items, self._traits, label="Chunks")
         return (
             items
             | "Scan" >> beam.ParDo(scan_fn, *extra)

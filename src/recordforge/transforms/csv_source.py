@@ -26,6 +26,7 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
 from recordforge.errors import SourceError
+from recordforge.traits import ANY_RUNNER, RunnerTraits
 from recordforge.transforms import csv_ranges
 from recordforge.transforms.coders import declare_element_type
 from recordforge.transforms.csv_ranges import (
@@ -35,7 +36,7 @@ from recordforge.transforms.csv_ranges import (
     splittable,
     whole,
 )
-from recordforge.transforms.sharing import Claims, SharedItemsFn, known_items, made_items, several_workers
+from recordforge.transforms.sharing import Claims, SharedItemsFn, known_items, made_items
 from recordforge.transforms.source_types import (
     REJECTED,
     UNREADABLE,
@@ -160,8 +161,9 @@ class _ReadCsvFn(SharedItemsFn):
         *,
         strict: bool = True,
         skip_unreadable: bool = False,
+        claims: str | None = None,
     ) -> None:
-        super().__init__()
+        super().__init__(claims)
         self._column_types = column_types
         self._block_size = block_size
         self._strict = strict
@@ -346,7 +348,7 @@ class ReadCsv(beam.PTransform):
     `skip_unreadable` is listed in "unreadable", as is a file that cannot be read or whose header
     names a column to read twice. A large file is read as byte ranges that start at record
     boundaries (csv_ranges.py), work items as files are, unless the run has one worker
-    (sharing.several_workers) or its quoting breaks the rule that finds them; a smaller one is
+    (`traits.several_workers`) or its quoting breaks the rule that finds them; a smaller one is
     read by one worker. Rows with the wrong number of columns are rejected (or fail the pipeline
     when `strict`), each with its row number in the file.
     """
@@ -361,8 +363,10 @@ class ReadCsv(beam.PTransform):
         strict: bool = True,
         skip_unreadable: bool = False,
         chunk_bytes: int | None = None,
+        traits: RunnerTraits = ANY_RUNNER,
     ) -> None:
         super().__init__()
+        self._traits = traits
         self._chunk_bytes = chunk_bytes or csv_ranges.CHUNK_BYTES
         self._files = expanded if expanded is not None else expand_patterns(patterns)
         self._strict = strict
@@ -384,17 +388,20 @@ class ReadCsv(beam.PTransform):
             self._block_size,
             strict=self._strict,
             skip_unreadable=self._skip,
+            claims=self._traits.claims,
         )
         split: list[FileInfo] = []
-        if several_workers(pbegin.pipeline):  # with one, splitting would only add a pass over the bytes
+        if self._traits.several_workers:  # with one, splitting would only add a pass over the bytes
             split = [f for f in self._files if splittable(f, self._chunk_bytes)]
         whole_files = [whole(f.path) for f in self._files if f not in split]
         if not split:
-            items, extra = known_items(pbegin, read_fn, whole_files, label="Files")
+            items, extra = known_items(pbegin, read_fn, whole_files, self._traits, label="Files")
         else:
-            ranges = pbegin | "Split" >> ScanChunks(split, self._chunk_bytes, list(self._column_types))
+            ranges = pbegin | "Split" >> ScanChunks(
+                split, self._chunk_bytes, list(self._column_types), traits=self._traits
+            )
             files = pbegin | "Files" >> beam.Create(whole_files)
-            items, extra = made_items((files, ranges) | "Ranges" >> beam.Flatten())
+            items, extra = made_items((files, ranges) | "Ranges" >> beam.Flatten(), self._traits)
         # CsvRange: a whole file or a range of one
         read = items | "Read" >> beam.ParDo(read_fn, *extra).with_outputs(
             UNREADABLE, REJECTED, main="batches"

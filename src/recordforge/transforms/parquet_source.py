@@ -13,6 +13,7 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
 from recordforge.errors import SourceError
+from recordforge.traits import ANY_RUNNER, RunnerTraits
 from recordforge.transforms.coders import declare_element_type
 from recordforge.transforms.row_groups import group_start, read_rows, resolve_columns, work_items
 from recordforge.transforms.sharing import Claims, SharedItemsFn, known_items
@@ -40,8 +41,15 @@ class _RowGroupItems:
 
 
 class _ReadParquetFn(SharedItemsFn):
-    def __init__(self, columns: list[str] | None, batch_size: int, skip_unreadable: bool = False) -> None:
-        super().__init__()
+    def __init__(
+        self,
+        columns: list[str] | None,
+        batch_size: int,
+        skip_unreadable: bool = False,
+        *,
+        claims: str | None = None,
+    ) -> None:
+        super().__init__(claims)
         self._columns = columns
         self._batch_size = batch_size
         self._skip = skip_unreadable
@@ -128,9 +136,9 @@ class ReadParquet(beam.PTransform):
     `batch_size` rows), "unreadable": JSON lines}. Patterns are expanded at
     construction: one matching nothing raises SourceError. A file that cannot be read fails the
     pipeline naming it, or with `skip_unreadable` is listed in "unreadable". The work items are
-    the files' row groups (sharing.py says where the footers are read); where workers do not share
-    work, a group larger than a batch is split into pieces (row_groups.py), counted in the
-    `recordforge/parquet_work_items` metric.
+    the files' row groups: read at construction where `traits` say the workers are local, on the
+    workers otherwise, where a group larger than a batch is also split into pieces (row_groups.py),
+    counted in the `recordforge/parquet_work_items` metric (sharing.py).
     """
 
     def __init__(
@@ -141,8 +149,10 @@ class ReadParquet(beam.PTransform):
         batch_size: int = 16384,
         expanded: list[FileInfo] | None = None,
         skip_unreadable: bool = False,
+        traits: RunnerTraits = ANY_RUNNER,
     ) -> None:
         super().__init__()
+        self._traits = traits
         # `expanded`: the patterns' matches when the caller already listed them.
         self._files = expanded if expanded is not None else expand_patterns(patterns)
         self._columns = columns
@@ -154,10 +164,10 @@ class ReadParquet(beam.PTransform):
         return self._files
 
     def expand(self, pbegin: beam.pvalue.PBegin) -> dict[str, beam.PCollection]:
-        read_fn = _ReadParquetFn(self._columns, self._batch_size, self._skip)
+        read_fn = _ReadParquetFn(self._columns, self._batch_size, self._skip, claims=self._traits.claims)
         row_groups = ("RowGroups", _RowGroupItems(self._batch_size, self._skip))
         paths = [f.path for f in self._files]
-        items, extra = known_items(pbegin, read_fn, paths, label="Files", expand=row_groups)
+        items, extra = known_items(pbegin, read_fn, paths, self._traits, label="Files", expand=row_groups)
         # (path, row group, first row[, rows]), or (path, -1, error) for a file without a footer
         read = items | "Read" >> beam.ParDo(read_fn, *extra).with_outputs(UNREADABLE, main="batches")
         return {"batches": declare_element_type(read.batches, SourceBatch), UNREADABLE: read[UNREADABLE]}
