@@ -77,4 +77,3 @@ def test_a_session_never_takes_over_a_folder_it_did_not_make(tmp_path: Path) -> 
     with pytest.raises(FileExistsError), session(RunnerTraits(local=True, claims=str(tmp_path / "claims"))):
         pass
     assert (tmp_path / "claims" / "theirs").read_text() == "x"
-
