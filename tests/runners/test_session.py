@@ -14,14 +14,16 @@ from recordforge.runners.session import LOCAL_RUNNER, runner_name, runner_traits
 from recordforge.traits import RunnerTraits
 
 STOCK = "--runner=apache_beam.runners.portability.fn_api_runner.FnApiRunner"
+LOCAL = f"--runner={LOCAL_RUNNER}"
 
 
 @pytest.mark.parametrize(
     ("flags", "local", "workers", "claims", "spill"),
     [
-        ([], True, 1, True, True),  # no runner named: RecordForge's local runner, one worker
-        (["--direct_num_workers=2", "--direct_running_mode=multi_processing"], True, 2, True, True),
-        (["--direct_num_workers=2", "--direct_runner_bundle_repeat=1"], True, 2, False, True),
+        ([LOCAL], True, 1, True, True),  # RecordForge's local runner, one worker
+        ([LOCAL, "--direct_num_workers=2", "--direct_running_mode=multi_processing"], True, 2, True, True),
+        ([LOCAL, "--direct_num_workers=2", "--direct_runner_bundle_repeat=1"], True, 2, False, True),
+        ([], False, 0, False, True),  # no runner named: Beam's default, as beam.Pipeline makes it
         (["--runner=DirectRunner"], False, 0, False, True),
         ([STOCK, "--direct_num_workers=2"], False, 0, False, True),
         (["--runner=DataflowRunner"], False, 0, False, False),
@@ -45,7 +47,7 @@ def test_traits_follow_from_the_options(
 
 
 def test_each_run_gets_folders_of_its_own() -> None:
-    a, b = runner_traits(PipelineOptions([])), runner_traits(PipelineOptions([]))
+    a, b = runner_traits(PipelineOptions([LOCAL])), runner_traits(PipelineOptions([LOCAL]))
     assert len({a.claims, a.progress, b.claims, b.progress}) == 4
 
 

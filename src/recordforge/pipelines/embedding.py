@@ -35,6 +35,8 @@ from recordforge.pipelines.publishing import (
     check_state,
     read_state,
 )
+from recordforge.runners.session import runner_traits, session
+from recordforge.traits import RunnerTraits
 
 __all__ = ["Conversion", "add_conversion", "flags_argv"]
 
@@ -65,6 +67,7 @@ class Conversion:
 
     config: ConvertConfig
     done: beam.PCollection  # the output path, once the bundle is published
+    traits: RunnerTraits  # the runner as the conversion's transforms were told it
     # The metadata.json committed, read under the lock (after it another run may replace it).
     _committed: list[dict[str, Any]] = dataclasses.field(default_factory=list, compare=False, repr=False)
 
@@ -74,7 +77,7 @@ class Conversion:
         but with no lock against another run and no cleanup if it fails."""
         publication = Publication(self.config)
         try:
-            with publication:
+            with publication, session(self.traits):
                 yield
         finally:
             if publication.published is not None:
@@ -113,5 +116,6 @@ def add_conversion(
     state = read_state(config.output)
     check_state(state, overwrite=config.overwrite, if_changed=False)
     config = dataclasses.replace(config, version=new_version())
-    done = build(pipeline, config, resolve_inputs(config))
-    return Conversion(config, done)
+    traits = runner_traits(pipeline.options)
+    done = build(pipeline, config, resolve_inputs(config), traits)
+    return Conversion(config, done, traits)

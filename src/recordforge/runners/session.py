@@ -42,7 +42,9 @@ def runner_traits(options: PipelineOptions) -> RunnerTraits:
 
     from recordforge.runners.local_runner import LocalRunner, shares_work
 
-    runner = _runner_class(runner_name(options.view_as(StandardOptions).runner))
+    # No runner named: Beam's default, as beam.Pipeline(options=options) makes it (a run of
+    # `recordforge convert` always names one: runner_name).
+    runner = _runner_class(options.view_as(StandardOptions).runner or "DirectRunner")
     in_memory = runner is not None and issubclass(runner, FnApiRunner | DirectRunner)
     if runner is None or not issubclass(runner, LocalRunner):
         return RunnerTraits(spill=in_memory)
