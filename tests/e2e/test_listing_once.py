@@ -19,6 +19,7 @@ from apache_beam.testing.util import assert_that, equal_to
 
 from recordforge.pipelines.convert import run
 from recordforge.sampledata import mnist_folder, taxi_table
+from recordforge.traits import ANY_RUNNER
 from recordforge.transforms import image_folder
 
 # Beam's own local runner, which shares no work: the graph Dataflow and Dask run (chunks and row
@@ -91,7 +92,7 @@ def test_a_gcs_image_folder_is_listed_once(gcs_bucket: str, tmp_path: Path, matc
     ]
     labels = [(p, label, folder.labels.index(label), split) for p, label, split in folder.entries]
     with beam.Pipeline(runner=STOCK_RUNNER) as p:
-        read = p | image_folder.ReadImageFolder(folder, batch_size=16)
+        read = p | image_folder.ReadImageFolder(folder, batch_size=16, traits=ANY_RUNNER)
         batches = read["batches"]
         # Batches cut at the chunks (16 images, well under the byte bound), keyed by first row.
         assert_that(batches | beam.Map(lambda b: _rows([b])[0]), equal_to(expected), label="Chunks")

@@ -213,6 +213,7 @@ def _read(run: _Run) -> beam.PTransform:
         expanded=inputs.files,
         strict=config.strict,
         skip_unreadable=config.skip_unreadable_files,
+        traits=run.traits,
     )
 
 

@@ -31,7 +31,7 @@ import numpy as np
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
-from recordforge.traits import ANY_RUNNER, RunnerTraits
+from recordforge.traits import RunnerTraits
 from recordforge.transforms.sharing import Claims, SharedItemsFn, known_items
 from recordforge.transforms.source_types import FileInfo
 
@@ -277,7 +277,7 @@ class ScanChunks(beam.PTransform):
         chunk_bytes: int,
         columns: list[str],
         *,
-        traits: RunnerTraits = ANY_RUNNER,
+        traits: RunnerTraits,
     ) -> None:
         super().__init__()
         self._traits = traits

@@ -26,7 +26,7 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
 from recordforge.errors import SourceError
-from recordforge.traits import ANY_RUNNER, RunnerTraits
+from recordforge.traits import RunnerTraits
 from recordforge.transforms import csv_ranges
 from recordforge.transforms.coders import declare_element_type
 from recordforge.transforms.csv_ranges import (
@@ -363,7 +363,7 @@ class ReadCsv(beam.PTransform):
         strict: bool = True,
         skip_unreadable: bool = False,
         chunk_bytes: int | None = None,
-        traits: RunnerTraits = ANY_RUNNER,
+        traits: RunnerTraits,
     ) -> None:
         super().__init__()
         self._traits = traits

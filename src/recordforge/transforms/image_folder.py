@@ -17,7 +17,7 @@ import pyarrow.compute as pc
 from recordforge.errors import SourceError
 from recordforge.images import IMAGE_EXTENSIONS, read_local_files
 from recordforge.schemas.model import DType, Feature, NullPolicy, Schema
-from recordforge.traits import ANY_RUNNER, RunnerTraits
+from recordforge.traits import RunnerTraits
 from recordforge.transforms.coders import declare_element_type
 from recordforge.transforms.sharing import Claims, SharedItemsFn, known_items
 from recordforge.transforms.source_types import UNREADABLE, SourceBatch
@@ -355,7 +355,7 @@ class ReadImageFolder(beam.PTransform):
         *,
         batch_size: int = 4096,
         batch_bytes: int = 64 << 20,
-        traits: RunnerTraits = ANY_RUNNER,
+        traits: RunnerTraits,
     ) -> None:
         super().__init__()
         self._folder = folder

@@ -13,7 +13,7 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
 from recordforge.errors import SourceError
-from recordforge.traits import ANY_RUNNER, RunnerTraits
+from recordforge.traits import RunnerTraits
 from recordforge.transforms.coders import declare_element_type
 from recordforge.transforms.row_groups import group_start, read_rows, resolve_columns, work_items
 from recordforge.transforms.sharing import Claims, SharedItemsFn, known_items
@@ -149,7 +149,7 @@ class ReadParquet(beam.PTransform):
         batch_size: int = 16384,
         expanded: list[FileInfo] | None = None,
         skip_unreadable: bool = False,
-        traits: RunnerTraits = ANY_RUNNER,
+        traits: RunnerTraits,
     ) -> None:
         super().__init__()
         self._traits = traits
