@@ -1,5 +1,4 @@
-"""The Beam internals RecordForge's runners rely on, one table: tests/e2e/test_beam_assumptions.py
-and tests/e2e/test_dask_runner.py check each entry on the installed Beam."""
+"""The Beam internals RecordForge's runners rely on, as one table the assumption tests check."""
 
 from __future__ import annotations
 

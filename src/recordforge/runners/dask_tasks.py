@@ -1,5 +1,4 @@
-"""What the Dask runner's tasks run (runners/dask_runner.py): plain module-level functions, so
-that Dask workers import them by name."""
+"""What the Dask runner's tasks run: module-level functions, which Dask workers import by name."""
 
 from __future__ import annotations
 

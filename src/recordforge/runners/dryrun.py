@@ -1,10 +1,4 @@
-"""Before a Dataflow job is submitted: the checks every Dataflow run gets (`dataflow_preflight`),
-and a dry run, the job built offline and summarised with nothing submitted, read from or written
-to the output (`dry_run`).
-
-What it relies on in Beam's internals (the job a dry run keeps, the stages of Beam's own fuser) is
-in runners/local_runner.py, the one module that relies on them, as its assumptions 9 and 10.
-"""
+"""Before a Dataflow job is submitted: its checks (`dataflow_preflight`) and a dry run (`dry_run`)."""
 
 from __future__ import annotations
 

@@ -1,9 +1,4 @@
-"""A fork server: a forked copy of this process that forks workers on request over a Unix socket.
-
-Knows nothing of Beam: the local runner (local_runner.py) hands it the function a worker runs and
-sends it each worker's environment. A worker's exit status comes back on the socket its request
-came in on, so that the requester can watch it as it would watch a child process.
-"""
+"""A fork server: a forked copy of this process that forks workers on request over a Unix socket."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""The runner as the transforms see it: `runner_traits`, computed once from the pipeline options,
-and `session`, the claims and progress folders those traits name, entered around a run."""
+"""`runner_traits`, computed once from the options, and `session`, the folders they name, for a run."""
 
 from __future__ import annotations
 

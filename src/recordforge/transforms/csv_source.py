@@ -1,15 +1,4 @@
-"""CSV files read as Arrow record batches through Beam's filesystems, every cell read one way.
-
-A file is parsed with the column types Arrow's CSV reader converts exactly (integers, dates,
-strings, bytes); floats, bools and timestamps are read as text and parsed by the cast
-(transforms/casts.py), which tells a number beyond float range from a written `inf` and reads a
-timestamp with a zone offset as UTC. A cell
-that does not convert makes Arrow fail its whole block and name no row, so the rest of the file
-(or of the range, csv_ranges.py) is then read again as text: numbers, dates and timestamps by
-the cast, which parses text as Arrow's CSV reader does, and strings decoded as the first pass
-has them, so that every good row reads the same whichever pass read it, and conforming names
-each bad cell's row and column.
-"""
+"""ReadCsv: CSV files read as Arrow record batches through Beam's filesystems, every cell read one way."""
 
 from __future__ import annotations
 

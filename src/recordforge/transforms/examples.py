@@ -1,5 +1,4 @@
-"""ToExamples: source record batches to batches of serialized tf.train.Examples (or, for
-tensorflow-transform, of conformed rows)."""
+"""ToExamples: source record batches to serialized tf.train.Examples (or conformed rows, for TFT)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""ReadParquet: Parquet files read as Arrow record batches, a row group (or a piece of one) at a
-time, through Beam's filesystems."""
+"""ReadParquet: Parquet files read as Arrow record batches, a row group (or a piece of one) at a time."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""How a read's work items reach the workers (`known_items`, `made_items`) and how local workers
-share them as they go (`SharedItemsFn`, `Claims`); docs/architecture.md says why."""
+"""How a read's work items reach the workers, and how local workers share them as they go."""
 
 from __future__ import annotations
 

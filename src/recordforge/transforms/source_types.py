@@ -1,5 +1,4 @@
-"""What every source shares: the batches they yield (`SourceBatch`), the files they list, their
-tagged outputs, and reading ahead on a thread."""
+"""What every source shares: `SourceBatch`, the files it lists, its tagged outputs, reading ahead."""
 
 from __future__ import annotations
 
