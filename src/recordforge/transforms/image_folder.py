@@ -7,6 +7,7 @@ import functools
 import hashlib
 import itertools
 import os
+import zlib
 from collections.abc import Iterator
 
 import apache_beam as beam
@@ -72,9 +73,25 @@ class ImageFolder:
 
     def __getstate__(self) -> dict[str, object]:
         # Pickled with a reading DoFn: the listing itself, not what is derived from it (the names
-        # again as Arrow arrays), which a worker makes once when it first needs it.
-        kept = ("root", "groups", "count", "labels", "splits", "sizes", "modified")
-        return {**{k: self.__dict__[k] for k in kept}, "_label_ids": {}}
+        # again as Arrow arrays, which a worker makes when it first needs them). The names go as
+        # one compressed string: Beam's pickler walks a list of strings an object at a time and
+        # then compresses the result at its slowest setting, which costs the driver more than
+        # the whole listing took to make.
+        kept = ("root", "count", "labels", "splits", "sizes", "modified")
+        names = "\0".join(itertools.chain.from_iterable(g[1] for g in self.groups)).encode()
+        groups = [(folder, len(names_), label, split) for folder, names_, label, split in self.groups]
+        return {**{k: self.__dict__[k] for k in kept}, "groups": groups, "names": zlib.compress(names, 1)}
+
+    def __setstate__(self, state: dict[str, object]) -> None:
+        groups = state.pop("groups")
+        names = zlib.decompress(state.pop("names")).decode().split("\0")  # type: ignore[arg-type]
+        self.__dict__.update(state)
+        starts = itertools.accumulate((n for _, n, _, _ in groups), initial=0)  # type: ignore[attr-defined]
+        self.groups = [
+            (folder, names[start : start + n], label, split)
+            for (folder, n, label, split), start in zip(groups, starts, strict=False)  # type: ignore[attr-defined]
+        ]
+        self._label_ids = {}
 
     @property
     def entries(self) -> list[tuple[str, str, str]]:
