@@ -212,8 +212,9 @@ def beam_sink(source: str, output: str, rows: int, schema: str) -> dict:
     from recordforge.pipelines.config import ConvertConfig
     from recordforge.pipelines.convert import DEFAULT_RUNNER
     from recordforge.pipelines.inputs import resolve_inputs
+    from recordforge.traits import RunnerTraits
     from recordforge.transforms.examples import ToExamples
-    from recordforge.transforms.sources import ReadParquet
+    from recordforge.transforms.parquet_source import ReadParquet
 
     config = ConvertConfig(sources=(source,), output=output, schema_path=schema)
     start = time.perf_counter()
@@ -221,7 +222,11 @@ def beam_sink(source: str, output: str, rows: int, schema: str) -> dict:
     columns = list(inputs.plan.schema.source_columns)
     with beam.Pipeline(options=PipelineOptions([], runner=DEFAULT_RUNNER)) as p:
         read = p | "Read" >> ReadParquet(
-            config.sources, columns=columns, batch_size=config.batch_size, expanded=inputs.files
+            list(config.sources),
+            columns=columns,
+            batch_size=config.batch_size,
+            expanded=inputs.files,
+            traits=RunnerTraits(local=True, workers=1),  # one worker in the driver's process
         )
         encoded = read["batches"] | "ToExamples" >> ToExamples(inputs.plan, strict=True)
         _ = (

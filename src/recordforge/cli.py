@@ -87,7 +87,7 @@ def _convert(argv: list[str]) -> int:
 
     run, meta = convert(request_from_argv(argv))
     if run is None:
-        from recordforge.pipelines.dryrun import format_summary
+        from recordforge.runners.dryrun import format_summary
 
         print("\n".join(format_summary(meta)))
         return 0
@@ -148,7 +148,7 @@ def _infer_schema(argv: list[str]) -> int:
         if not matches:
             raise SourceError(f"input pattern {args.source!r} matched no files")
     else:
-        from recordforge.transforms.sources import expand_patterns
+        from recordforge.transforms.source_types import expand_patterns
 
         matches = [f.path for f in expand_patterns([args.source])]
     first = matches[0]

@@ -5,7 +5,7 @@ owns the process (the console script and `python -m recordforge` call `own_proce
 library caller's imports and heap are left as they are.
 
 - Importing Beam imports the BigQuery and Pub/Sub clients, which a conversion has no use for.
-  Beam imports them only if it can (assumption 11 in pipelines/local_runner.py), so while Beam is
+  Beam imports them only if it can (assumption 11 in runners/local_runner.py), so while Beam is
   imported they are reported missing. Afterwards they import normally, for whoever asks, but
   `beam.io` stays without the BigQuery, Pub/Sub and cross-language transforms, none of which a
   conversion uses. (pandas is not hidden: pyarrow would import it at its first conversion anyway,

@@ -1,13 +1,13 @@
-"""Each Beam internal that RecordForge's local runner relies on still holds (pipelines/local_runner.py
-lists them, numbered as the tests here): after a Beam upgrade, the test that fails names the
-assumption that no longer holds, and the feature that rests on it."""
+"""Each Beam internal that RecordForge's runners rely on still holds (runners/assumptions.py lists
+them, numbered as the tests here; the Dask runner's are probed by test_dask_runner.py): after a
+Beam upgrade, the test that fails names the assumption that no longer holds, and the feature that
+rests on it."""
 
 from __future__ import annotations
 
 import inspect
 import json
 import os
-import re
 import subprocess
 import sys
 import textwrap
@@ -21,21 +21,21 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.runners.portability.fn_api_runner import FnApiRunner
 from apache_beam.testing.util import assert_that, equal_to
 
-from recordforge.pipelines import local_runner
-from recordforge.pipelines.local_runner import BEAM_VERSION, BEAM_WORKER_COMMAND, unmet_assumptions
+from recordforge.runners import local_runner
+from recordforge.runners.assumptions import ASSUMPTIONS, DASK
+from recordforge.runners.local_runner import BEAM_VERSION, BEAM_WORKER_COMMAND, unmet_assumptions
 
 
 def _assumption(number: int) -> str:
-    """Assumption `number` as the local runner's module docstring states it."""
-    doc = local_runner.__doc__ or ""
-    found = re.search(rf"^{number}\. (.*?)(?=^\d+\. |^\S|\Z)", doc, re.M | re.S)
-    assert found, f"local_runner's docstring lists no assumption {number}"
-    return " ".join(found.group(1).split())
+    """Assumption `number` as the table states it."""
+    found = [a.statement for a in ASSUMPTIONS if a.number == number]
+    assert found, f"runners/assumptions.py lists no assumption {number}"
+    return found[0]
 
 
 def _check(number: int, holds: bool, detail: object = "") -> None:
     assert holds, (
-        f"Beam {beam.__version__}: assumption {number} of recordforge/pipelines/local_runner.py no "
+        f"Beam {beam.__version__}: assumption {number} of recordforge/runners/assumptions.py no "
         f"longer holds ({detail}): {_assumption(number)}"
     )
 
@@ -46,6 +46,16 @@ def test_every_assumption_is_listed_with_the_features_resting_on_it() -> None:
     assert numbers == list(range(1, 12))
     for number in numbers:
         assert _assumption(number)
+
+
+@pytest.mark.parametrize("assumption", ASSUMPTIONS, ids=lambda a: str(a.number))
+def test_each_assumption_in_the_table_is_tested_and_rests_something(assumption: Any) -> None:
+    assert [a.number for a in ASSUMPTIONS] == list(range(1, len(ASSUMPTIONS) + 1))
+    assert assumption.statement and assumption.rests_on
+    if DASK in assumption.rests_on and assumption.number != 1:
+        return  # probed on a cluster, runner against runner, by test_dask_runner.py
+    tests = [name for name in globals() if name.startswith(f"test_{assumption.number}_")]
+    assert tests, f"no test_{assumption.number}_... checks assumption {assumption.number}"
 
 
 def test_1_the_beam_version_is_the_one_checked() -> None:
@@ -94,7 +104,7 @@ _FORKED_RUN = textwrap.dedent(
     import json, logging, os, sys
     import apache_beam as beam
     from apache_beam.options.pipeline_options import PipelineOptions
-    from recordforge.pipelines.local_runner import LocalRunner
+    from recordforge.runners.local_runner import LocalRunner
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("recordforge").setLevel(logging.INFO)
@@ -260,10 +270,9 @@ def test_7_every_worker_runs_a_bundle_of_each_stage_its_input_dealt_round_robin(
     _check(7, counts["b"] == [5, 5], f"bundles of the stage after it: {counts['b']}")
 
 
-def test_8_beams_own_worker_processes_inherit_the_drivers_environment(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv("RECORDFORGE_ASSUMPTION_8", "inherited")
+def test_8_workers_see_the_drivers_file_system(tmp_path: Path) -> None:
+    (tmp_path / "claims").mkdir()
+    (tmp_path / "claims" / "made by the driver").write_text("inherited")
     options = PipelineOptions(["--direct_running_mode=multi_processing", "--direct_num_workers=2"])
     folder = str(tmp_path)
     with beam.Pipeline(runner=FnApiRunner(), options=options) as p:
@@ -272,10 +281,10 @@ def test_8_beams_own_worker_processes_inherit_the_drivers_environment(
             p
             | beam.Create([0, 1], reshuffle=False)
             | beam.Map(
-                lambda x: open(f"{folder}/{x}", "w").write(os.environ.get("RECORDFORGE_ASSUMPTION_8", ""))
+                lambda x: open(f"{folder}/{x}", "w").write(open(f"{folder}/claims/made by the driver").read())
             )
         )
-    seen = sorted(f.read_text() for f in tmp_path.iterdir())
+    seen = sorted(f.read_text() for f in tmp_path.iterdir() if f.is_file())
     _check(8, seen == ["inherited", "inherited"], f"workers saw {seen}")
 
 
@@ -333,7 +342,8 @@ try:
     with startup.heavy_imports():
         import apache_beam as beam
         from apache_beam.runners.dataflow.dataflow_runner import DataflowRunner
-        from recordforge.pipelines import convert, dask_runner, dryrun, local_runner
+        from recordforge.pipelines import convert
+        from recordforge.runners import dask_runner, dryrun, local_runner
     loaded = [m for m in startup.UNUSED_BY_CONVERSIONS if m in sys.modules]
     with beam.Pipeline(runner=local_runner.LocalRunner()) as p:
         _ = p | beam.Create([1, 2]) | beam.Map(lambda x: 2 * x)
@@ -350,3 +360,12 @@ def test_11_beam_imports_without_the_integrations_conversions_never_use() -> Non
     got = json.loads(lines[-1])
     _check(11, "error" not in got, got.get("error"))
     _check(11, got["loaded"] == [], f"imported anyway: {got['loaded']}")
+
+
+@pytest.mark.parametrize("name", ["DirectRunner", "direct", "FnApiRunner", "DataflowRunner", "dataflow"])
+def test_12_beams_runner_lookup_maps_short_names_to_class_paths(name: str) -> None:
+    from apache_beam.runners.runner import _RUNNER_MAP
+
+    path = _RUNNER_MAP.get(name.lower(), _RUNNER_MAP.get(name.lower() + "runner"))
+    _check(12, path is not None and "." in path, f"{name!r} maps to {path!r}")
+    _check(12, path.rsplit(".", 1)[1].lower().startswith(name.lower()), f"{name!r} maps to {path!r}")

@@ -22,11 +22,12 @@ from apache_beam.testing.util import assert_that, equal_to
 from conftest import published_root
 
 from recordforge.pipelines.convert import DEFAULT_RUNNER, run
+from recordforge.runners.session import runner_traits
 from recordforge.tfrecord import iter_records
 from recordforge.transforms import csv_ranges
 from recordforge.transforms.csv_ranges import CsvRange, chunks, header_names, plan_ranges, scan_chunk, whole
 from recordforge.transforms.csv_source import ReadCsv, _ReadCsvFn
-from recordforge.transforms.sources import SourceBatch
+from recordforge.transforms.source_types import SourceBatch
 
 TYPES = {"id": pa.int64(), "name": pa.string(), "score": pa.float64()}
 # Beam's own local runner, which shares no work: ranges spread by a Reshuffle, as on Dataflow and Dask.
@@ -280,7 +281,10 @@ def test_read_csv_reads_ranges_as_work_items(tmp_path: Path, runner: str, option
     fn = _ReadCsvFn(TYPES, 1 << 20, strict=False)
     expected = sorted((row, dict(v)["id"]) for row, v in _rows(fn, whole(str(src)))[0])
     p = beam.Pipeline(runner=runner, options=PipelineOptions(flags=[], **options))
-    read = p | ReadCsv([str(src)], column_types=TYPES, strict=False, chunk_bytes=len(data) // 7)
+    traits = runner_traits(PipelineOptions(flags=[f"--runner={runner}"], **options))
+    read = p | ReadCsv(
+        [str(src)], column_types=TYPES, strict=False, chunk_bytes=len(data) // 7, traits=traits
+    )
     rows = read["batches"] | beam.FlatMap(
         lambda b: [(b.first_row + i + 1, str(v)) for i, v in enumerate(b.batch.column("id").to_pylist())]
     )
@@ -295,7 +299,7 @@ def test_read_csv_reads_ranges_as_work_items(tmp_path: Path, runner: str, option
 
 
 def test_small_files_and_compressed_files_are_not_split() -> None:
-    from recordforge.transforms.sources import FileInfo
+    from recordforge.transforms.source_types import FileInfo
 
     assert csv_ranges.splittable(FileInfo("/a.csv", 64 << 20), 32 << 20)
     assert not csv_ranges.splittable(FileInfo("/a.csv", (64 << 20) - 1), 32 << 20)

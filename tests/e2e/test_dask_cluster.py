@@ -1,4 +1,4 @@
-"""RecordForge on a real Dask cluster (pipelines/dask_runner.py): a scheduler and two worker
+"""RecordForge on a real Dask cluster (runners/dask_runner.py): a scheduler and two worker
 processes started as subprocesses on 127.0.0.1, each worker in its own working folder; inputs
 read from and bundles written to the GCS emulator; every result compared with the local runner's.
 """
@@ -29,7 +29,7 @@ import recordforge
 from demo.sampledata import taxi_table
 from recordforge import layout
 from recordforge.pipelines.convert import run
-from recordforge.pipelines.dask_runner import RUNNER
+from recordforge.runners.dask_runner import RUNNER
 from recordforge.storage import read_bytes
 from recordforge.tfrecord import iter_records
 from recordforge.tools.verify import verify

@@ -1,4 +1,4 @@
-"""RecordForge's Dask runner (pipelines/dask_runner.py) probed on plain Beam pipelines, on a real
+"""RecordForge's Dask runner (runners/dask_runner.py) probed on plain Beam pipelines, on a real
 Dask cluster of two worker processes; and Beam's own DaskRunner on the same probes.
 
 Each probe builds a small pipeline whose terminal steps record every element they see in files
@@ -24,13 +24,13 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.transforms.window import FixedWindows, GlobalWindows, TimestampedValue
 
 from recordforge.errors import RecordForgeError
-from recordforge.pipelines import dask_runner
-from recordforge.pipelines.dask_runner import RUNNER, resolve_runner
+from recordforge.runners import dask_runner
+from recordforge.runners.dask_runner import RUNNER, resolve_runner
 from recordforge.tfrecord import iter_records
 
 BEAM_RUNNER = "apache_beam.runners.dask.dask_runner.DaskRunner"
 # The probes Beam 2.77.0's own DaskRunner fails (test_beams_own_runner_still_fails), every time.
-# When a Beam upgrade changes this, the corrections in pipelines/dask_runner.py may no longer all
+# When a Beam upgrade changes this, the corrections in runners/dask_runner.py may no longer all
 # be needed (or new ones may be): re-check them.
 SHIPPED_FAILURES = frozenset(
     {
@@ -476,6 +476,6 @@ def test_beams_own_runner_still_fails(scheduler: str, tmp_path: Path) -> None:
         f"Beam's own DaskRunner now fails {sorted(failed)}; newly passing: "
         f"{sorted(SHIPPED_FAILURES - failed)}, newly failing: "
         f"{sorted(failed - SHIPPED_FAILURES - SHIPPED_RACY_FAILURES)}. "
-        "Re-check which corrections in recordforge/pipelines/dask_runner.py are still needed."
+        "Re-check which corrections in recordforge/runners/dask_runner.py are still needed."
     )
     print(f"Beam's own DaskRunner fails {len(failed)} of {len(PROBES)} probes: {sorted(failed)}")

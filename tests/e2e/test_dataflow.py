@@ -21,13 +21,13 @@ from conftest import published_root
 from recordforge.errors import RecordForgeError, UsageError
 from recordforge.pipelines.config import ConvertConfig
 from recordforge.pipelines.convert import build, run
-from recordforge.pipelines.dryrun import dataflow_preflight
 from recordforge.pipelines.flags import FLAGS
 from recordforge.pipelines.options import ConvertOptions
 from recordforge.pipelines.resolve import resolve
 from recordforge.pipelines.template import template_metadata
+from recordforge.runners.dryrun import dataflow_preflight
 from recordforge.tfrecord import iter_records
-from recordforge.transforms.sources import expand_patterns
+from recordforge.transforms.source_types import expand_patterns
 
 IMPULSE = "beam:transform:impulse:v1"
 
@@ -284,7 +284,7 @@ def test_batch_coders_round_trip_and_size_from_buffers() -> None:
     import pyarrow as pa
 
     from recordforge.transforms.coders import ArrowCoder, SourceBatchCoder
-    from recordforge.transforms.sources import SourceBatch
+    from recordforge.transforms.source_types import SourceBatch
 
     batch = pa.record_batch({"x": pa.array([1, None, 3]), "s": pa.array([b"", b"\x00\xff", None])})
     element = SourceBatch("gs://b/f.parquet", 7, batch, text_lists=True)

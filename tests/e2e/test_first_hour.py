@@ -151,7 +151,7 @@ def test_check_flags_raises_usage_error() -> None:
 
 
 def test_relative_glob_in_the_current_folder_matches(tmp_path: Any, monkeypatch: Any) -> None:
-    from recordforge.transforms.sources import expand_patterns
+    from recordforge.transforms.source_types import expand_patterns
 
     for name in ("part-a.parquet", "part-b.parquet"):
         pq.write_table(pa.table({"x": [1]}), tmp_path / name)

@@ -271,26 +271,35 @@ def test_workers_convert_the_listing_the_pipeline_was_built_on(tmp_path: Path) -
     assert meta["num_records"] == meta["images"] == len(written)
 
 
-def test_a_worker_without_the_listing_lists_again_and_checks_it(tmp_path: Path) -> None:
-    from recordforge.errors import SourceError
+def test_local_workers_get_the_listing_as_data_pickled_with_the_reader(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The reader of a local run holds the listing the pipeline was built on: a worker unpickles it
+    and lists nothing, even after the folder changed. One that holds none needs carried chunks."""
+    import pickle
+
     from recordforge.transforms import image_folder
 
     mnist_folder(str(tmp_path / "digits"), per_class=1)
     folder = image_folder.list_image_folder(str(tmp_path / "digits"))
     ids = {label: i for i, label in enumerate(folder.labels)}
     expected = [(path, label, ids[label], split) for path, label, split in folder.entries]
-    # Never remembered in this process: the reader is a fresh worker and lists the folder itself.
-    fn = image_folder._LocalChunkFn(folder, 1 << 20)
+    fn = pickle.loads(pickle.dumps(image_folder._LocalChunkFn(folder, 1 << 20)))
+    walks: list[str] = []
+    monkeypatch.setattr(image_folder, "_walk_local", lambda root: walks.append(root))
+    late = tmp_path / "digits" / "train" / "0" / "late.png"
+    Image.fromarray(np.zeros((28, 28), np.uint8), mode="L").save(late)
     fn.setup()
     fn.start_bundle()
     batches = [b for chunk in image_folder.chunk_ranges(folder.count, 8) for b in fn.process(chunk)]
     assert [tuple(r.values()) for b in batches for r in b.batch.to_pylist()] == expected
     assert [b.first_row for b in batches] == [0, 8, 16]
-    # A rename keeps the count; the digest tells the listings apart.
-    del image_folder._LISTINGS[folder.listing_id]
-    (tmp_path / "digits" / "train" / "0" / "00000.png").rename(tmp_path / "digits" / "train" / "0" / "0.png")
-    with pytest.raises(SourceError, match="the folder changed during the run"):
-        list(fn.process((0, 8)))
+    assert walks == []
+    spread = image_folder._LocalChunkFn(folder, 1 << 20, held=False)
+    spread.setup()
+    spread.start_bundle()
+    with pytest.raises(ValueError, match="carries no listing"):
+        list(spread.process((0, 8)))
 
 
 def test_folder_batches_are_bounded_in_file_bytes_on_the_worker(tmp_path: Path) -> None:

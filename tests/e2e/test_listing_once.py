@@ -19,8 +19,8 @@ from apache_beam.testing.util import assert_that, equal_to
 
 from demo.sampledata import mnist_folder, taxi_table
 from recordforge.pipelines.convert import run
+from recordforge.traits import ANY_RUNNER
 from recordforge.transforms import image_folder
-from recordforge.transforms.sharing import ONE, SPREAD
 
 # Beam's own local runner, which shares no work: the graph Dataflow and Dask run (chunks and row
 # groups spread by a Reshuffle), run in this process so that every listing is seen.
@@ -41,13 +41,6 @@ def matches(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
     monkeypatch.setattr(FileSystems, "match", counting)
     return seen
-
-
-@pytest.fixture
-def no_shared_listing(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Workers in this process would otherwise find the launcher's listing in memory; workers on
-    other machines do not."""
-    monkeypatch.setattr(image_folder, "_remember", lambda folder: None)
 
 
 def _upload(local: Path, remote: str) -> None:
@@ -83,9 +76,7 @@ def test_a_part_of_a_listing_is_its_rows_in_compact_form(groups: list[int], star
     assert all(names for _, names, _, _ in part_groups)  # only the folders the rows are in
 
 
-def test_a_gcs_image_folder_is_listed_once(
-    gcs_bucket: str, tmp_path: Path, matches: list[str], no_shared_listing: None
-) -> None:
+def test_a_gcs_image_folder_is_listed_once(gcs_bucket: str, tmp_path: Path, matches: list[str]) -> None:
     """On a runner that spreads work, the launcher's listing is carried to the workers in the
     chunks: reading lists nothing, and the batches hold every image of the listing, in order,
     with its label."""
@@ -101,7 +92,7 @@ def test_a_gcs_image_folder_is_listed_once(
     ]
     labels = [(p, label, folder.labels.index(label), split) for p, label, split in folder.entries]
     with beam.Pipeline(runner=STOCK_RUNNER) as p:
-        read = p | image_folder.ReadImageFolder(folder, batch_size=16)
+        read = p | image_folder.ReadImageFolder(folder, batch_size=16, traits=ANY_RUNNER)
         batches = read["batches"]
         # Batches cut at the chunks (16 images, well under the byte bound), keyed by first row.
         assert_that(batches | beam.Map(lambda b: _rows([b])[0]), equal_to(expected), label="Chunks")
@@ -111,7 +102,7 @@ def test_a_gcs_image_folder_is_listed_once(
 
 
 def test_a_local_image_folder_is_listed_once_with_spread_workers(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, no_shared_listing: None
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     walks: list[str] = []
     real = image_folder._walk_local
@@ -130,7 +121,7 @@ def test_a_local_image_folder_is_listed_once_with_spread_workers(
     assert meta["num_records"] == meta["images"] == len(written)
 
 
-@pytest.mark.parametrize("flags", [[], SPREAD_FLAGS], ids=[ONE, SPREAD])
+@pytest.mark.parametrize("flags", [[], SPREAD_FLAGS], ids=["one", "spread"])
 def test_gcs_parquet_and_csv_inputs_are_listed_once(
     gcs_bucket: str, tmp_path: Path, matches: list[str], flags: list[str]
 ) -> None:

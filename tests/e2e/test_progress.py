@@ -16,7 +16,8 @@ from pathlib import Path
 import pyarrow.parquet as pq
 
 from demo.sampledata import taxi_table
-from recordforge.pipelines import progress
+from recordforge import progress_counts
+from recordforge.runners import progress
 
 
 def test_the_line_says_rows_share_rate_and_eta() -> None:
@@ -26,24 +27,24 @@ def test_the_line_says_rows_share_rate_and_eta() -> None:
     assert progress.line(5_000, None, 3725.0) == "converting: 5,000 rows, 1 rows/s, 1:02:05 elapsed"
 
 
-def _forked_worker(rows: list[int]) -> None:
+def _forked_worker(folder: str, rows: list[int]) -> None:
     for n in rows:
-        progress.count(n)
+        progress_counts.count(folder, n)
 
 
-def test_rows_counted_here_and_in_forked_workers_add_up() -> None:
+def test_rows_counted_here_and_in_forked_workers_add_up(tmp_path: Path) -> None:
     out = io.StringIO()
-    with progress.Watch(lambda: 1000, stream=out, tty=False, every_s=0.05) as watch:
-        progress.count(100)
+    folder = str(tmp_path)  # the run's progress folder, as runners.session makes it
+    with progress.Watch(lambda: 1000, folder, stream=out, tty=False, every_s=0.05) as watch:
+        progress_counts.count(folder, 100)
         ctx = multiprocessing.get_context("fork")
-        workers = [ctx.Process(target=_forked_worker, args=([50, 50, 25],)) for _ in range(2)]
+        workers = [ctx.Process(target=_forked_worker, args=(folder, [50, 50, 25])) for _ in range(2)]
         for w in workers:
             w.start()
         for w in workers:
             w.join()
         assert watch.rows() == 100 + 2 * 125
         time.sleep(0.2)
-    assert os.environ.get(progress.ENV) is None
     lines = out.getvalue().splitlines()
     assert lines and lines[-1].startswith("converting: 350 rows of 1,000 (35%)"), lines
 

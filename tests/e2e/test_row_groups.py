@@ -13,13 +13,16 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from apache_beam.metrics.metric import MetricsFilter
+from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.testing.util import assert_that, equal_to
 from conftest import published_root
 
 from recordforge.pipelines.convert import DEFAULT_RUNNER, run
+from recordforge.runners.session import runner_traits
 from recordforge.tfrecord import iter_records
+from recordforge.transforms.parquet_source import ReadParquet
 from recordforge.transforms.row_groups import MAX_PIECES, piece_rows, pieces, read_rows
-from recordforge.transforms.sources import ReadParquet, expand_patterns
+from recordforge.transforms.source_types import expand_patterns
 
 # Beam's own local runner, which shares no work: the graph Dataflow and Dask run (row groups listed
 # by workers, spread by a Reshuffle), run in this process.
@@ -101,7 +104,8 @@ def _read(pattern: str, runner: str, batch_size: int, expected: list[tuple[str, 
     """Checks that ReadParquet gives exactly the `expected` batches on `runner`; returns the work
     items its workers listed."""
     p = beam.Pipeline(runner=runner)
-    read = p | ReadParquet([pattern], batch_size=batch_size)
+    traits = runner_traits(PipelineOptions([f"--runner={runner}"]))
+    read = p | ReadParquet([pattern], batch_size=batch_size, traits=traits)
     keyed = read["batches"] | beam.Map(
         lambda b: (b.file, b.first_row, tuple(b.batch.column("id").to_pylist()))
     )

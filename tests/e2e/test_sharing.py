@@ -22,14 +22,16 @@ import pytest
 from apache_beam.utils.windowed_value import WindowedValue
 
 from recordforge.pipelines.config import ConvertConfig
-from recordforge.pipelines.convert import build, run, worker_mode
+from recordforge.pipelines.convert import build, run
 from recordforge.pipelines.resolve import request_from_argv, resolve
+from recordforge.runners.session import runner_traits
 from recordforge.tfrecord import detect_compression, iter_records
 from recordforge.transforms.csv_ranges import whole
 from recordforge.transforms.csv_source import _ReadCsvFn
 from recordforge.transforms.image_folder import ImageFolder, _carried, _LocalChunkFn
-from recordforge.transforms.sharing import ONE, SHARE, SHARED_WORK_ENV, SPREAD, Claims
-from recordforge.transforms.sources import SourceBatch, _ReadParquetFn
+from recordforge.transforms.parquet_source import _ReadParquetFn
+from recordforge.transforms.sharing import Claims
+from recordforge.transforms.source_types import SourceBatch
 
 TWO_WORKERS = ["--direct_running_mode=multi_processing", "--direct_num_workers=2"]
 
@@ -53,9 +55,14 @@ def test_each_name_is_claimed_by_exactly_one_process(tmp_path: Path) -> None:
     assert Claims(str(tmp_path)).claimed("item-7") and not Claims(str(tmp_path)).claimed("other")
 
 
-def _workers(fn: Any, n: int, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> list[Any]:
+def _claims(tmp_path: Path) -> str:
+    """A run's claims folder, as `runners.session` makes it."""
+    (tmp_path / "claims").mkdir(exist_ok=True)
+    return str(tmp_path / "claims")
+
+
+def _workers(fn: Any, n: int) -> list[Any]:
     """`n` copies of one DoFn, as n worker processes would unpickle it."""
-    monkeypatch.setenv(SHARED_WORK_ENV, str(tmp_path / "claims"))
     fns = [pickle.loads(pickle.dumps(fn)) for _ in range(n)]
     for fn in fns:
         fn.setup()
@@ -78,7 +85,7 @@ def test_an_idle_worker_takes_the_tail_of_a_row_group_being_read(
     path = tmp_path / "t.parquet"
     pq.write_table(pa.table({"id": pa.array(range(1000), pa.int64())}), path, row_group_size=400)
     items = [(str(path), 0, 0), (str(path), 1, 400), (str(path), 2, 800)]
-    a, b = _workers(_ReadParquetFn(None, 50), 2, monkeypatch, tmp_path)
+    a, b = _workers(_ReadParquetFn(None, 50, claims=_claims(tmp_path)), 2)
     # a holds row group 0 and has read 3 of its 8 batches when b is done with row group 1.
     a_out = a.process(items[0], items)
     got_a = [next(a_out) for _ in range(3)]
@@ -106,14 +113,13 @@ def test_an_idle_worker_takes_the_tail_of_a_row_group_being_read(
     assert all(first_rows[r] == 50 for r in range(0, 1000, 50))  # batches keep their rows' place
 
 
-def test_without_a_claims_folder_each_worker_reads_its_own_part(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+@pytest.mark.parametrize("claims", [None, "never made"])
+def test_without_a_claims_folder_each_worker_reads_its_own_part(tmp_path: Path, claims: str | None) -> None:
     path = tmp_path / "t.parquet"
     pq.write_table(pa.table({"id": pa.array(range(100), pa.int64())}), path, row_group_size=50)
     items = [(str(path), 0, 0), (str(path), 1, 50)]
-    monkeypatch.delenv(SHARED_WORK_ENV, raising=False)
-    fn = _ReadParquetFn(None, 20)
+    # No folder named, or one named that the run did not make (run without `runners.session`).
+    fn = _ReadParquetFn(None, 20, claims=claims and str(tmp_path / claims))
     fn.setup()
     fn.start_bundle()
     assert _ids(list(fn.process(items[0], items))) == list(range(50))
@@ -128,7 +134,7 @@ def test_csv_files_and_image_chunks_are_claimed_whole(
         path = tmp_path / f"f{i}.csv"
         path.write_text("id\n" + "".join(f"{i * 10 + k}\n" for k in range(10)))
         files.append(whole(str(path)))  # a file read whole: one work item
-    a, b = _workers(_ReadCsvFn({"id": pa.int64()}, 1 << 20), 2, monkeypatch, tmp_path)
+    a, b = _workers(_ReadCsvFn({"id": pa.int64()}, 1 << 20, claims=_claims(tmp_path)), 2)
     got_a = list(a.process(files[0], files))
     got_b = list(b.process(files[1], files)) + list(_values(b.finish_bundle()))  # and file 2
     got_a += list(_values(a.finish_bundle()))
@@ -138,7 +144,7 @@ def test_csv_files_and_image_chunks_are_claimed_whole(
     groups = [("gs://b/root/x", [f"img{k:02d}.png" for k in range(16)], "x", "")]
     folder = ImageFolder("gs://b/root", groups, ["x"], [], [100] * 16, 0.0)
     chunks = [_carried(folder, (first, 4)) for first in (0, 4, 8, 12)]
-    c, d = _workers(_LocalChunkFn(folder, 1 << 20), 2, monkeypatch, tmp_path)
+    c, d = _workers(_LocalChunkFn(folder, 1 << 20, held=False, claims=_claims(tmp_path)), 2)
     got_c = list(c.process(chunks[0], chunks)) + list(c.process(chunks[2], chunks))
     got_d = list(d.process(chunks[1], chunks)) + list(_values(d.finish_bundle()))
     got_c += list(_values(c.finish_bundle()))
@@ -147,7 +153,7 @@ def test_csv_files_and_image_chunks_are_claimed_whole(
         f"gs://b/root/x/img{k:02d}.png" for k in (*range(4, 8), *range(12, 16))
     ]
     # A chunk that another worker claimed in its end of bundle is not read again by its owner.
-    e, f = _workers(_LocalChunkFn(folder, 1 << 20), 2, monkeypatch, tmp_path)
+    e, f = _workers(_LocalChunkFn(folder, 1 << 20, held=False, claims=_claims(tmp_path)), 2)
     assert [b.first_row for b in e.process(chunks[0], chunks)] == [0]
     assert sorted(b.first_row for b in _values(e.finish_bundle())) == [4, 8, 12]
     assert list(f.process(chunks[1], chunks)) == [] and list(f.finish_bundle()) == []
@@ -236,21 +242,21 @@ STOCK_RUNNER = "--runner=apache_beam.runners.portability.fn_api_runner.FnApiRunn
 
 
 @pytest.mark.parametrize(
-    ("flags", "mode"),
+    ("flags", "local"),
     [
-        ([], ONE),
-        (TWO_WORKERS, SHARE),
-        (["--direct_num_workers=2"], SHARE),  # in_memory: in-process workers, with claims too
-        (["--runner=DirectRunner"], SPREAD),
-        ([STOCK_RUNNER, "--direct_num_workers=2"], SPREAD),
+        ([], True),  # one worker: as several, without splitting CSV files (RunnerTraits.workers)
+        (TWO_WORKERS, True),
+        (["--direct_num_workers=2"], True),  # in_memory: in-process workers, with claims too
+        (["--runner=DirectRunner"], False),
+        ([STOCK_RUNNER, "--direct_num_workers=2"], False),
     ],
 )
-def test_how_workers_get_the_input(parquet_source: str, flags: list[str], mode: str) -> None:
+def test_how_workers_get_the_input(parquet_source: str, flags: list[str], local: bool) -> None:
     """RecordForge's local runner reads row groups listed at construction, known to each worker
     from the start (no stage before the reads, no Reshuffle); any other runner lists them on
-    workers and reshuffles them. The readers are given no mode: the runner decides."""
+    workers and reshuffles them. The readers are told the runner's traits, nothing else."""
     options = request_from_argv(["--source", parquet_source, "--output", "/unused", *flags]).options
-    assert worker_mode(options) == mode
+    assert runner_traits(options).local == local
     pipeline = beam.Pipeline(options=options)
     build(
         pipeline,
@@ -259,7 +265,7 @@ def test_how_workers_get_the_input(parquet_source: str, flags: list[str], mode: 
         ),
     )
     names = {t.unique_name for t in pipeline.to_runner_api().components.transforms.values()}
-    assert ("Read/Spread" in names) == ("Read/Files" in names) == (mode == SPREAD)
+    assert ("Read/Spread" in names) == ("Read/Files" in names) == (not local)
     reads: list[Any] = []
 
     class Find(beam.pipeline.PipelineVisitor):
@@ -271,4 +277,4 @@ def test_how_workers_get_the_input(parquet_source: str, flags: list[str], mode: 
     # Three files of 700 rows in groups of 300, in path order.
     files = sorted(glob.glob(parquet_source))
     groups = [(path, i, 300 * i) for path in files for i in range(3)]
-    assert [r._known for r in reads] == [None if mode == SPREAD else groups]
+    assert [r._known for r in reads] == [groups if local else None]

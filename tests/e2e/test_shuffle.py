@@ -3,6 +3,7 @@ nothing to the input's; the same bytes for the same input, flags and seed whoeve
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections import Counter
 from pathlib import Path
@@ -15,7 +16,7 @@ from conftest import published_root
 
 from demo.sampledata import taxi_table
 from recordforge.errors import RecordForgeError
-from recordforge.pipelines import convert
+from recordforge.pipelines import resolve
 from recordforge.pipelines.convert import run
 from recordforge.tfrecord import iter_records
 from recordforge.tools.records import parse_example
@@ -91,7 +92,8 @@ def test_shuffled_shards_are_the_same_bytes_whoever_writes_them(
     # The local runner spills batches and pieces to files, deleted once the shards are written;
     # other runners group the pieces themselves: the same bytes.
     assert not list((tmp_path / "one").rglob("_tmp-*"))
-    monkeypatch.setattr(convert, "holds_in_memory", lambda _: False)
+    traits = resolve.runner_traits
+    monkeypatch.setattr(resolve, "runner_traits", lambda o: dataclasses.replace(traits(o), spill=False))
     run([*common, "--output", str(tmp_path / "grouped")])
     assert _shard_bytes(tmp_path / "grouped") == expected
 

@@ -17,7 +17,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from recordforge.pipelines.convert import run
-from recordforge.pipelines.local_runner import LocalRunner
+from recordforge.runners.local_runner import LocalRunner
 from recordforge.tfrecord import iter_records
 
 TWO_WORKERS = ["--direct_running_mode=multi_processing", "--direct_num_workers=2"]
@@ -102,7 +102,7 @@ def test_a_forked_worker_logs_like_the_driver(parquet_source: str, tmp_path: Pat
     proc = _cli("--source", parquet_source, "--output", str(out), "--skip_unreadable_files", *TWO_WORKERS)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "workers are forked from the driver" in proc.stderr
-    warning = f"WARNING recordforge.transforms.sources: skipping unreadable input {folder / 'z.parquet'}"
+    warning = f"WARNING recordforge.transforms.source_types: skipping unreadable input {folder / 'z.parquet'}"
     assert proc.stderr.count(warning) == 1, proc.stderr[-3000:]
     for noise in ("semi_persistent", "sdk harness starting", "Worker: severity"):
         assert noise not in proc.stderr
@@ -118,7 +118,7 @@ def test_with_other_threads_running_workers_start_fresh(parquet_source: str, tmp
     busy.start()
     args = ["--source", parquet_source, "--batch_size", "128"]
     try:
-        with caplog.at_level("INFO", logger="recordforge.pipelines.local_runner"):
+        with caplog.at_level("INFO", logger="recordforge.runners.local_runner"):
             run([*args, "--output", str(tmp_path / "two"), *TWO_WORKERS])
     finally:
         stop.set()
@@ -144,10 +144,8 @@ def test_bundles_sample_their_state_promptly_and_the_swap_is_undone() -> None:
     assert statesampler.StateSampler is original
 
 
-def _seen_by_a_worker(_: object) -> tuple[int, bool]:
-    from recordforge.transforms.sharing import SHARED_WORK_ENV
-
-    return _sampling_period(_), bool(os.environ.get(SHARED_WORK_ENV))
+def _seen_by_a_worker(_: object, claims: str | None) -> tuple[int, bool]:
+    return _sampling_period(_), claims is not None and os.path.isdir(claims)
 
 
 def _warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
@@ -170,7 +168,8 @@ def test_a_feature_whose_assumption_fails_is_left_to_beam_with_one_log_line(
     from apache_beam.options.pipeline_options import PipelineOptions
     from apache_beam.testing.util import assert_that, equal_to
 
-    from recordforge.pipelines import local_runner
+    from recordforge.runners import local_runner
+    from recordforge.runners.session import LOCAL_RUNNER, runner_traits, session
 
     flags = []
     if broken == "version":
@@ -179,9 +178,11 @@ def test_a_feature_whose_assumption_fails_is_left_to_beam_with_one_log_line(
         monkeypatch.setitem(local_runner._RUN_TIME_CHECKS, 5, lambda: "StateSampler.__init__ takes []")
     elif broken == "repeat":
         flags = ["--direct_runner_bundle_repeat=1"]
-    with caplog.at_level("INFO", logger="recordforge.pipelines.local_runner"):
-        with beam.Pipeline(runner=LocalRunner(), options=PipelineOptions(flags)) as p:
-            assert_that(p | beam.Create([0]) | beam.Map(_seen_by_a_worker), equal_to([expected]))
+    with caplog.at_level("INFO", logger="recordforge.runners.local_runner"):
+        traits = runner_traits(PipelineOptions([f"--runner={LOCAL_RUNNER}", *flags]))
+        with session(traits), beam.Pipeline(runner=LocalRunner(), options=PipelineOptions(flags)) as p:
+            seen = p | beam.Create([0]) | beam.Map(_seen_by_a_worker, traits.claims)
+            assert_that(seen, equal_to([expected]))
     warnings = _warnings(caplog)
     if broken is None:
         assert warnings == []

@@ -4,6 +4,7 @@ key, bad rows out through the tagged output with their reason, strict mode faili
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import apache_beam as beam
@@ -12,10 +13,11 @@ import pytest
 from apache_beam.testing.util import assert_that, equal_to
 from conftest import example_to_dict
 
+from recordforge import progress_counts
 from recordforge.schemas import compile_schema, schema_from_dict
 from recordforge.transforms import examples
 from recordforge.transforms.examples import ToExamples
-from recordforge.transforms.sources import SourceBatch
+from recordforge.transforms.source_types import SourceBatch
 
 _PLAN = compile_schema(
     schema_from_dict(
@@ -71,3 +73,15 @@ def test_strict_fails_the_pipeline_on_the_first_bad_row(pipeline: beam.Pipeline)
         Exception, match=r"in\.parquet, row 12, column 'id': null in a feature with `nulls: required`"
     ):
         pipeline.run().wait_until_finish()
+
+
+@pytest.mark.parametrize("progress", [True, False])
+def test_rows_read_are_counted_into_the_progress_folder_when_given_one(
+    pipeline: beam.Pipeline, tmp_path: Path, progress: bool
+) -> None:
+    folder = str(tmp_path) if progress else None  # RunnerTraits.progress, made by runners.session
+    batches = pipeline | beam.Create([_batch([1, 2, 3], 0), _batch([4, None], 3)])
+    out = batches | ToExamples(_PLAN, strict=False, progress=folder)
+    assert_that(out.examples | beam.Map(lambda kv: len(kv[1])), equal_to([3, 1]))
+    pipeline.run().wait_until_finish()
+    assert progress_counts.total(str(tmp_path)) == (5 if progress else 0)

@@ -21,7 +21,6 @@ run() holds the output's lock around the run and deletes what a failed run wrote
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import shutil
@@ -31,12 +30,11 @@ from typing import TYPE_CHECKING, Any
 
 import apache_beam as beam
 import pyarrow as pa
-from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
+from apache_beam.options.pipeline_options import PipelineOptions
 
 from recordforge import layout, startup
 from recordforge.errors import RecordForgeError, TypesChanged, UsageError
 from recordforge.pipelines.inputs import Inputs
-from recordforge.pipelines.progress import Watch
 from recordforge.pipelines.resolve import (
     DEFAULT_RUNNER,
     Request,
@@ -46,23 +44,25 @@ from recordforge.pipelines.resolve import (
     retyped,
 )
 from recordforge.publishing import Publication
+from recordforge.runners.session import session
 from recordforge.storage import is_local, list_files
+from recordforge.traits import RunnerTraits
 from recordforge.transforms.bundle import BundleSpec, RunFacts, WriteBundle, rule_of
 from recordforge.transforms.coders import declare_element_type
 from recordforge.transforms.csv_source import ReadCsv
 from recordforge.transforms.examples import REJECTED, ToExamples
 from recordforge.transforms.image_folder import ReadImageFolder
+from recordforge.transforms.parquet_source import ReadParquet
 from recordforge.transforms.rejects import WriteRejected
-from recordforge.transforms.sharing import SPREAD, holds_in_memory, work_plan
 from recordforge.transforms.sinks import WriteTFRecords
-from recordforge.transforms.sources import UNREADABLE, ReadParquet
+from recordforge.transforms.source_types import UNREADABLE
 from recordforge.transforms.splits import in_split
 from recordforge.unwrap import from_worker
 
 if TYPE_CHECKING:  # tensorflow-transform is imported only by runs that preprocess
     from recordforge.transforms.analyze_transform import Transformed
 
-__all__ = ["DEFAULT_RUNNER", "build", "convert", "run", "worker_mode"]
+__all__ = ["DEFAULT_RUNNER", "build", "convert", "run"]
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -80,7 +80,11 @@ def build(pipeline: beam.Pipeline, run: Run) -> beam.PCollection[str]:
     rows_per_batch = batches | "RowsPerBatch" >> beam.Map(lambda b: b.batch.num_rows)
     # tensorflow-transform reads the conformed rows themselves, not their encoded Examples.
     encoded = batches | "ToExamples" >> ToExamples(
-        run.plan, strict=config.strict, splits=run.splits, encode=not run.preprocessing
+        run.plan,
+        strict=config.strict,
+        splits=run.splits,
+        encode=not run.preprocessing,
+        progress=run.traits.progress,
     )
     # examples: ((split, file, first_row), pa.LargeBinaryArray of serialized tf.train.Examples),
     #   or with preprocessing the conformed rows as a pa.RecordBatch; split is "" without splits
@@ -113,7 +117,7 @@ def _read(run: Run) -> beam.PTransform:
     schema (and a split column) needs."""
     config, inputs = run.config, run.inputs
     if inputs.folder is not None:
-        return ReadImageFolder(inputs.folder)
+        return ReadImageFolder(inputs.folder, traits=run.traits)
     columns = list(run.plan.schema.source_columns)
     csv_types = dict(run.plan.csv_column_types)
     if run.splits is not None and run.splits.column is not None:
@@ -126,6 +130,7 @@ def _read(run: Run) -> beam.PTransform:
             batch_size=config.batch_size,
             expanded=inputs.files,
             skip_unreadable=config.skip_unreadable_files,
+            traits=run.traits,
         )
     return ReadCsv(
         list(config.sources),
@@ -133,6 +138,7 @@ def _read(run: Run) -> beam.PTransform:
         expanded=inputs.files,
         strict=config.strict,
         skip_unreadable=config.skip_unreadable_files,
+        traits=run.traits,
     )
 
 
@@ -162,7 +168,7 @@ def _write_shards(run: Run, examples: beam.PCollection) -> beam.PCollection:
     """One writer per split ({version}/{split}/{split}-SSSSS-of-NNNNN), or one for all records
     ({version}/data-SSSSS-of-NNNNN), each by its shard spec as resolved; returns their ShardInfos."""
     # Beam's local runners hold a grouping's input in memory: the placed writer spills there.
-    spill = holds_in_memory(examples.pipeline)
+    spill = run.traits.spill
     if run.splits is None:
         return examples | "WriteTFRecords" >> WriteTFRecords(run.root, run.shards["data"], spill=spill)
     written = []
@@ -215,13 +221,6 @@ def _bundle_spec(run: Run, transformed: Transformed | None) -> BundleSpec:
     )
 
 
-def worker_mode(options: PipelineOptions) -> str:
-    """How the run's workers get the input (transforms/sharing.py, `work_plan`): SHARE on
-    RecordForge's local runner with several workers, ONE with its single worker (the default),
-    SPREAD on any other runner."""
-    return work_plan(options.view_as(StandardOptions).runner, options)
-
-
 def _nothing(_: object) -> list[str]:
     return []
 
@@ -231,11 +230,10 @@ def _up_to_date(run: Run, published: dict[str, Any]) -> dict[str, Any]:
     return {**published, "skipped": True}
 
 
-def _progress(options: PipelineOptions, inputs: Inputs) -> Any:
-    """A progress line while RecordForge's local runner converts (pipelines/progress.py); the
-    total rows where they are known cheaply: Parquet footers of local files, an image listing."""
-    if worker_mode(options) == SPREAD:
-        return contextlib.nullcontext()
+def _progress(traits: RunnerTraits, inputs: Inputs) -> Any:
+    """The run's session (runners/session.py): its workers' folders, and a progress line while
+    RecordForge's local runner converts, with the total rows where they are known cheaply:
+    Parquet footers of local files, an image listing."""
 
     def total() -> int | None:
         if inputs.folder is not None:
@@ -250,7 +248,7 @@ def _progress(options: PipelineOptions, inputs: Inputs) -> Any:
 
         return sum(pq.ParquetFile(f.path).metadata.num_rows for f in inputs.files)
 
-    return Watch(total)
+    return session(traits, total=total)
 
 
 def _remove_if_empty(folder: str) -> None:
@@ -278,7 +276,7 @@ def _run_once(pipeline: beam.Pipeline, run: Run) -> dict[str, Any]:
         build(pipeline, run)
         with (
             Publication(run.config, run.version, published_is_success=True) as publication,
-            _progress(run.options, run.inputs),
+            _progress(run.traits, run.inputs),
         ):
             assert publication.state is not None
             # Another run may have published since `state` was read: it decides again.
@@ -304,10 +302,10 @@ def _run_once(pipeline: beam.Pipeline, run: Run) -> dict[str, Any]:
 def convert(request: Request) -> tuple[Run | None, dict[str, Any]]:
     """Runs the conversion `request` asks for and publishes it (publishing.py): the run
     as resolved (None for a dry run) and the published metadata, or with --dry_run=True (Dataflow
-    only) the summary of the job built offline (pipelines/dryrun.py), the output untouched."""
+    only) the summary of the job built offline (runners/dryrun.py), the output untouched."""
     pipeline = _pipeline(request.options)
     if request.dry_run:
-        from recordforge.pipelines.dryrun import dry_run
+        from recordforge.runners.dryrun import dry_run
 
         # The job is built offline and summarised; the output is not looked at (on gs:// even a
         # listing would need credentials), so --overwrite and --if_changed are not checked.

@@ -28,6 +28,7 @@ from recordforge.errors import RecordForgeError, UsageError
 from recordforge.output_state import read_state
 from recordforge.pipelines.resolve import Run, request_from_kwargs, resolve
 from recordforge.publishing import Publication
+from recordforge.runners.session import session
 
 __all__ = ["Conversion", "add_conversion"]
 
@@ -52,7 +53,7 @@ class Conversion:
         but with no lock against another run and no cleanup if it fails."""
         publication = Publication(self.resolved.config, self.resolved.version)
         try:
-            with publication:
+            with publication, session(self.resolved.traits):
                 yield
         finally:
             if publication.published is not None:

@@ -16,7 +16,7 @@ from recordforge.schemas.loader import dump_schema
 from recordforge.source_probe import format_from_path
 from recordforge.storage import open_input
 from recordforge.transforms.image_folder import ImageFolder, folder_schema, list_image_folder
-from recordforge.transforms.sources import FileInfo, expand_patterns
+from recordforge.transforms.source_types import FileInfo, expand_patterns
 
 __all__ = [
     "Inputs",

@@ -77,7 +77,7 @@ def _load_dask_options() -> None:
     """Beam declares its Dask flags (--dask_client_address, ...) only once its Dask runner module
     is imported; RecordForge's runner imports it."""
     try:
-        import recordforge.pipelines.dask_runner  # noqa: F401
+        import recordforge.runners.dask_runner  # noqa: F401
     except ImportError as exn:
         raise UsageError(
             f"the Dask runner needs dask[distributed] ({exn}): pip install 'recordforge[dask]'"

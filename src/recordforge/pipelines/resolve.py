@@ -24,12 +24,14 @@ from recordforge.errors import RecordForgeError, UsageError
 from recordforge.layout import new_version, version_root
 from recordforge.output_state import OutputState, check_not_inside, check_output_path, check_state, read_state
 from recordforge.pipelines.config import ConvertConfig, shard_spec
-from recordforge.pipelines.dryrun import dataflow_preflight
 from recordforge.pipelines.flags import FLAGS, Flag
 from recordforge.pipelines.inputs import Inputs, resolve_inputs
 from recordforge.pipelines.options import ConvertOptions, beam_flag_names, check_flags
 from recordforge.publishing import finish_interrupted_commit
+from recordforge.runners.dryrun import dataflow_preflight
+from recordforge.runners.session import LOCAL_RUNNER, runner_name, runner_traits
 from recordforge.schemas import Plan
+from recordforge.traits import RunnerTraits
 from recordforge.transforms.shard_spec import ShardSpec
 from recordforge.transforms.splits import SplitSpec
 
@@ -50,8 +52,8 @@ _GCS_PATH = re.compile(r"gs://[a-z0-9][-_a-z0-9.]{1,61}[a-z0-9]/.+", re.DOTALL)
 
 # Beam's FnApiRunner (what DirectRunner ends up using for batch pipelines, without first trying,
 # and offline failing, to download the Prism runner binary), with multi_processing workers that
-# are forked rather than started from scratch (pipelines/local_runner.py).
-DEFAULT_RUNNER = "recordforge.pipelines.local_runner.LocalRunner"
+# are forked rather than started from scratch (runners/local_runner.py).
+DEFAULT_RUNNER = LOCAL_RUNNER
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,6 +86,7 @@ class Run:
     preprocessing: bool  # the schema declares a `transform:`, or --preprocessing_fn is given
     fit_split: str | None  # the split analyzers are fitted on (None: all rows)
     shards: dict[str, ShardSpec]  # how each split's writer ("data" without splits) sizes shards
+    traits: RunnerTraits  # the runner as the transforms are told it (runners/session.py)
     up_to_date: dict[str, Any] | None = None  # --if_changed: the published metadata, if it is current
 
     @property
@@ -175,7 +178,6 @@ def _pipeline_options(options: PipelineOptions, *, explicit: Sequence[str]) -> P
     check unless asked for) and the combinations refused before Beam would act on them."""
     standard = options.view_as(StandardOptions)
     if standard.runner is None:
-        standard.runner = DEFAULT_RUNNER
         direct = options.view_as(DirectOptions)
         given = {a.lstrip("-").split("=")[0] for a in explicit}
         if not given & {"direct_num_workers", "direct_running_mode"} and cores() > 1:
@@ -183,11 +185,9 @@ def _pipeline_options(options: PipelineOptions, *, explicit: Sequence[str]) -> P
             # machine expects of a plain `convert` (the flags still choose otherwise).
             direct.direct_running_mode = "multi_processing"
             direct.direct_num_workers = cores()
-    elif "dask" in str(standard.runner).lower():
-        # Beam's own DaskRunner loses outputs; RecordForge's corrects it (pipelines/dask_runner.py).
-        from recordforge.pipelines.dask_runner import resolve_runner
-
-        standard.runner = resolve_runner(standard.runner) or standard.runner
+    # None: RecordForge's local runner; Beam's own DaskRunner loses outputs, RecordForge's
+    # corrects it (runners/dask_runner.py).
+    standard.runner = runner_name(standard.runner)
     if not any("pipeline_type_check" in a.split("=")[0] for a in explicit):
         # Beam's construction-time type check is a noticeable part of a small job and checks
         # nothing here: elements are Arrow batches and dataclasses its hints cannot see.
@@ -322,5 +322,6 @@ def _run(
         preprocessing=preprocessing,
         fit_split=config.fit_split(splits) if preprocessing else None,
         shards=shards,
+        traits=runner_traits(options),
         up_to_date=up_to_date,
     )

@@ -1,21 +1,4 @@
-"""One CSV file as byte ranges that start exactly at record boundaries, so that many workers read it.
-
-A quoted field may hold line breaks, so a line break ends a record only outside quotes. With
-RFC 4180 quoting (a quote inside a quoted field is doubled), a byte lies inside a quoted field
-exactly when the number of quote characters before it in the file is odd. So each chunk of a
-file is scanned on its own, in parallel (`scan_chunk`: numpy over the chunk's bytes, for both
-states the chunk may start in), and a prefix sum of the chunks' quote parities tells each chunk
-which state it starts in (`plan_ranges`). A range then starts after the first record-ending line
-break of its chunk, and the non-empty lines before it number its first row: rejected rows keep
-their file row numbers, whichever worker reads them.
-
-The rule holds for what Arrow's CSV reader does with its default quoting (quote character `"`,
-doubled quotes, no escape character) only when every quote that opens a field stands at the
-field's start: Arrow reads a quote inside an unquoted field (`5 inch"`) as a literal character,
-which flips the parity. The scan finds such quotes, and lone `\\r` line ends (Arrow ends a record
-there too, the scan only at `\\n`), outside quotes; a file with either is read whole by one worker,
-and a log line says why.
-"""
+"""One CSV file as byte ranges that start exactly at record boundaries, so that many workers read it."""
 
 from __future__ import annotations
 
@@ -31,8 +14,9 @@ import numpy as np
 from apache_beam.io.filesystem import CompressionTypes
 
 from recordforge.storage import open_read
+from recordforge.traits import RunnerTraits
 from recordforge.transforms.sharing import Claims, SharedItemsFn, known_items
-from recordforge.transforms.sources import FileInfo
+from recordforge.transforms.source_types import FileInfo
 
 __all__ = [
     "CHUNK_BYTES",
@@ -270,15 +254,23 @@ class ScanChunks(beam.PTransform):
     """Plans the ranges of the files to split. In: a PBegin. Out: `CsvRange`s, a file's once all
     its chunks are scanned (the chunks are work items: sharing.py)."""
 
-    def __init__(self, files: list[FileInfo], chunk_bytes: int, columns: list[str]) -> None:
+    def __init__(
+        self,
+        files: list[FileInfo],
+        chunk_bytes: int,
+        columns: list[str],
+        *,
+        traits: RunnerTraits,
+    ) -> None:
         super().__init__()
+        self._traits = traits
         self._columns = columns
         self._items = [c for f in files for c in chunks(f.path, f.size or 0, chunk_bytes)]
         self._sizes = {f.path: f.size or 0 for f in files}
 
     def expand(self, pbegin: beam.pvalue.PBegin) -> beam.PCollection:
-        scan_fn = _ScanChunkFn()
-        items, extra = known_items(pbegin, scan_fn, self._items, label="Chunks")
+        scan_fn = _ScanChunkFn(self._traits.claims)
+        items, extra = known_items(pbegin, scan_fn, self._items, self._traits, label="Chunks")
         return (
             items
             | "Scan" >> beam.ParDo(scan_fn, *extra)

@@ -1,15 +1,4 @@
-"""CSV files read as Arrow record batches through Beam's filesystems, every cell read one way.
-
-A file is parsed with the column types Arrow's CSV reader converts exactly (integers, dates,
-strings, bytes); floats, bools and timestamps are read as text and parsed by the cast
-(transforms/casts.py), which tells a number beyond float range from a written `inf` and reads a
-timestamp with a zone offset as UTC. A cell
-that does not convert makes Arrow fail its whole block and name no row, so the rest of the file
-(or of the range, csv_ranges.py) is then read again as text: numbers, dates and timestamps by
-the cast, which parses text as Arrow's CSV reader does, and strings decoded as the first pass
-has them, so that every good row reads the same whichever pass read it, and conforming names
-each bad cell's row and column.
-"""
+"""ReadCsv: CSV files read as Arrow record batches through Beam's filesystems, every cell read one way."""
 
 from __future__ import annotations
 
@@ -26,6 +15,7 @@ from apache_beam.metrics import Metrics
 
 from recordforge.errors import SourceError
 from recordforge.storage import open_input
+from recordforge.traits import RunnerTraits
 from recordforge.transforms import csv_ranges
 from recordforge.transforms.coders import declare_element_type
 from recordforge.transforms.csv_ranges import (
@@ -35,15 +25,15 @@ from recordforge.transforms.csv_ranges import (
     splittable,
     whole,
 )
-from recordforge.transforms.sharing import Claims, SharedItemsFn, known_items, made_items, several_workers
-from recordforge.transforms.sources import (
+from recordforge.transforms.sharing import Claims, SharedItemsFn, known_items, made_items
+from recordforge.transforms.source_types import (
     REJECTED,
     UNREADABLE,
     FileInfo,
     SourceBatch,
-    _unreadable,
     expand_patterns,
     read_ahead,
+    unreadable,
 )
 
 __all__ = ["ReadCsv"]
@@ -160,8 +150,9 @@ class _ReadCsvFn(SharedItemsFn):
         *,
         strict: bool = True,
         skip_unreadable: bool = False,
+        claims: str | None = None,
     ) -> None:
-        super().__init__()
+        super().__init__(claims)
         self._column_types = column_types
         self._block_size = block_size
         self._strict = strict
@@ -198,12 +189,12 @@ class _ReadCsvFn(SharedItemsFn):
                 yield from self._read(item, text, cursor, skip=skip, empty_is_null=text_nulls, as_text=True)
         except SourceError as exn:
             if self._skip:
-                yield _unreadable(path, str(exn), rows_read_before=item.first_row + cursor.done)
+                yield unreadable(path, str(exn), rows_read_before=item.first_row + cursor.done)
                 return
             raise
         except (pa.ArrowInvalid, OSError) as exn:
             if self._skip:
-                yield _unreadable(
+                yield unreadable(
                     path, f"not a readable CSV file: {exn}", rows_read_before=item.first_row + cursor.done
                 )
                 return
@@ -346,7 +337,7 @@ class ReadCsv(beam.PTransform):
     `skip_unreadable` is listed in "unreadable", as is a file that cannot be read or whose header
     names a column to read twice. A large file is read as byte ranges that start at record
     boundaries (csv_ranges.py), work items as files are, unless the run has one worker
-    (sharing.several_workers) or its quoting breaks the rule that finds them; a smaller one is
+    (`traits.several_workers`) or its quoting breaks the rule that finds them; a smaller one is
     read by one worker. Rows with the wrong number of columns are rejected (or fail the pipeline
     when `strict`), each with its row number in the file.
     """
@@ -361,8 +352,10 @@ class ReadCsv(beam.PTransform):
         strict: bool = True,
         skip_unreadable: bool = False,
         chunk_bytes: int | None = None,
+        traits: RunnerTraits,
     ) -> None:
         super().__init__()
+        self._traits = traits
         self._chunk_bytes = chunk_bytes or csv_ranges.CHUNK_BYTES
         self._files = expanded if expanded is not None else expand_patterns(patterns)
         self._strict = strict
@@ -384,17 +377,20 @@ class ReadCsv(beam.PTransform):
             self._block_size,
             strict=self._strict,
             skip_unreadable=self._skip,
+            claims=self._traits.claims,
         )
         split: list[FileInfo] = []
-        if several_workers(pbegin.pipeline):  # with one, splitting would only add a pass over the bytes
+        if self._traits.several_workers:  # with one, splitting would only add a pass over the bytes
             split = [f for f in self._files if splittable(f, self._chunk_bytes)]
         whole_files = [whole(f.path) for f in self._files if f not in split]
         if not split:
-            items, extra = known_items(pbegin, read_fn, whole_files, label="Files")
+            items, extra = known_items(pbegin, read_fn, whole_files, self._traits, label="Files")
         else:
-            ranges = pbegin | "Split" >> ScanChunks(split, self._chunk_bytes, list(self._column_types))
+            ranges = pbegin | "Split" >> ScanChunks(
+                split, self._chunk_bytes, list(self._column_types), traits=self._traits
+            )
             files = pbegin | "Files" >> beam.Create(whole_files)
-            items, extra = made_items((files, ranges) | "Ranges" >> beam.Flatten())
+            items, extra = made_items((files, ranges) | "Ranges" >> beam.Flatten(), self._traits)
         # CsvRange: a whole file or a range of one
         read = items | "Read" >> beam.ParDo(read_fn, *extra).with_outputs(
             UNREADABLE, REJECTED, main="batches"

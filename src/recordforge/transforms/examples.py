@@ -1,5 +1,4 @@
-"""ToExamples: source record batches to batches of serialized tf.train.Examples (or, for
-tensorflow-transform, of conformed rows)."""
+"""ToExamples: source record batches to serialized tf.train.Examples (or conformed rows, for TFT)."""
 
 from __future__ import annotations
 
@@ -12,15 +11,15 @@ import pyarrow as pa
 from apache_beam import typehints
 from apache_beam.metrics import Metrics
 
+from recordforge import progress_counts
 from recordforge.encoding import ExampleEncoder
 from recordforge.errors import TypesChanged
-from recordforge.pipelines import progress
 from recordforge.schemas.model import Schema
 from recordforge.schemas.plan import Plan, compile_schema
 from recordforge.transforms.coders import ArrowCoder, declare_element_type
 from recordforge.transforms.conform import BadRow, conform_batch
 from recordforge.transforms.rejects import rejected_line, source_record
-from recordforge.transforms.sources import SourceBatch
+from recordforge.transforms.source_types import SourceBatch
 from recordforge.transforms.splits import SplitSpec, assign_by_hash, assign_by_value
 
 # The records of a batch: sized from their buffers, not by pickling them (see coders.py).
@@ -43,9 +42,16 @@ def _check_types(rejected: list[Any], retype_file: str) -> None:
 
 class _ToExamplesFn(beam.DoFn):
     def __init__(
-        self, plan: Plan, strict: bool, splits: SplitSpec | None, namespace: str, encode: bool
+        self,
+        plan: Plan,
+        strict: bool,
+        splits: SplitSpec | None,
+        namespace: str,
+        encode: bool,
+        progress: str | None = None,
     ) -> None:
         self._plan = plan
+        self._progress = progress
         self._encode = encode
         self._strict = strict
         self._splits = splits
@@ -67,8 +73,8 @@ class _ToExamplesFn(beam.DoFn):
     def process(self, element: SourceBatch) -> Iterator[Any]:
         batch = element.batch
         self._rows_read.inc(batch.num_rows)
-        if self._namespace == NAMESPACE:  # the analysis pass of a transform reads the rows again
-            progress.count(batch.num_rows)
+        if self._progress is not None:
+            progress_counts.count(self._progress, batch.num_rows)
         if batch.num_rows == 0:
             return
         result = conform_batch(
@@ -154,7 +160,8 @@ class ToExamples(beam.PTransform):
     one JSON line per bad row (see `rejected_line`). With `strict=True` the first bad row fails the
     pipeline with a DataError naming file, row, column, value and rule instead.
     Metrics: `recordforge/rows_read`, `rows_encoded` (rows passed on, encoded or conformed),
-    `rows_rejected`, `rejected_<rule>`.
+    `rows_rejected`, `rejected_<rule>`. With `progress` (RunnerTraits.progress), the rows read are
+    also counted into that folder for the run's progress line.
     """
 
     def __init__(
@@ -165,9 +172,11 @@ class ToExamples(beam.PTransform):
         splits: SplitSpec | None = None,
         namespace: str = NAMESPACE,
         encode: bool = True,
+        progress: str | None = None,
     ) -> None:
         super().__init__()
         self._encode = encode
+        self._progress = progress
         self._plan = plan
         self._strict = strict
         self._splits = splits
@@ -175,7 +184,9 @@ class ToExamples(beam.PTransform):
 
     def expand(self, batches: beam.PCollection[SourceBatch]) -> beam.pvalue.DoOutputsTuple:
         out = batches | "Encode" >> beam.ParDo(
-            _ToExamplesFn(self._plan, self._strict, self._splits, self._namespace, self._encode)
+            _ToExamplesFn(
+                self._plan, self._strict, self._splits, self._namespace, self._encode, self._progress
+            )
         ).with_outputs(REJECTED, main="examples")
         records = pa.Array if self._encode else pa.RecordBatch
         declare_element_type(out.examples, typehints.Tuple[typehints.Any, records])

@@ -7,7 +7,7 @@ import functools
 import hashlib
 import itertools
 import os
-import uuid
+import zlib
 from collections.abc import Iterator
 
 import apache_beam as beam
@@ -20,9 +20,10 @@ from recordforge.image_files import IMAGE_EXTENSIONS, read_local_files
 from recordforge.schemas.kinds import DType, NullPolicy
 from recordforge.schemas.model import Feature, Schema
 from recordforge.storage import is_local, match
+from recordforge.traits import RunnerTraits
 from recordforge.transforms.coders import declare_element_type
 from recordforge.transforms.sharing import Claims, SharedItemsFn, known_items
-from recordforge.transforms.sources import UNREADABLE, SourceBatch
+from recordforge.transforms.source_types import UNREADABLE, SourceBatch
 
 __all__ = [
     "chunk_at",
@@ -70,9 +71,29 @@ class ImageFolder:
         self.splits = splits
         self.sizes = sizes
         self.modified = modified
-        # Names this listing for workers that share the driver's memory (see _LocalChunkFn).
-        self.listing_id = uuid.uuid4().hex
         self._label_ids: dict[tuple[str, ...], np.ndarray] = {}
+
+    def __getstate__(self) -> dict[str, object]:
+        # Pickled with a reading DoFn: the listing itself, not what is derived from it (the names
+        # again as Arrow arrays, which a worker makes when it first needs them). The names go as
+        # one compressed string: Beam's pickler walks a list of strings an object at a time and
+        # then compresses the result at its slowest setting, which costs the driver more than
+        # the whole listing took to make.
+        kept = ("root", "count", "labels", "splits", "sizes", "modified")
+        names = "\0".join(itertools.chain.from_iterable(g[1] for g in self.groups)).encode()
+        groups = [(folder, len(names_), label, split) for folder, names_, label, split in self.groups]
+        return {**{k: self.__dict__[k] for k in kept}, "groups": groups, "names": zlib.compress(names, 1)}
+
+    def __setstate__(self, state: dict[str, object]) -> None:
+        groups = state.pop("groups")
+        names = zlib.decompress(state.pop("names")).decode().split("\0")  # type: ignore[arg-type]
+        self.__dict__.update(state)
+        starts = itertools.accumulate((n for _, n, _, _ in groups), initial=0)  # type: ignore[attr-defined]
+        self.groups = [
+            (folder, names[start : start + n], label, split)
+            for (folder, n, label, split), start in zip(groups, starts, strict=False)  # type: ignore[attr-defined]
+        ]
+        self._label_ids = {}
 
     @property
     def entries(self) -> list[tuple[str, str, str]]:
@@ -130,19 +151,6 @@ class ImageFolder:
         labels = pa.array([g[2] for g in self.groups], pa.string())
         splits = pa.array([g[3] for g in self.groups], pa.string())
         return names, group_of, prefixes, labels, splits
-
-
-# Listings made in this process, by listing_id: a worker running in the driver's process, or
-# forked from it (pipelines/local_runner.py), takes the listing the pipeline was built on instead
-# of listing the folder again (0.3 s per 60k files). The last few are kept.
-_LISTINGS: dict[str, ImageFolder] = {}
-_KEEP_LISTINGS = 4
-
-
-def _remember(folder: ImageFolder) -> None:
-    _LISTINGS[folder.listing_id] = folder
-    while len(_LISTINGS) > _KEEP_LISTINGS:
-        del _LISTINGS[next(iter(_LISTINGS))]
 
 
 def list_image_folder(root: str) -> ImageFolder:
@@ -301,24 +309,24 @@ def _cut_by_bytes(
 
 class _LocalChunkFn(SharedItemsFn):
     """Reads the images of a chunk of a folder's listing. A chunk is (first row, rows): the paths
-    are made here from the listing the pipeline was built on, which a worker in the driver's
-    process or forked from it already holds; a worker without it lists the folder once and checks
-    that it is the same listing (count and digest). Sending the paths instead (a listing stage,
-    then every path through the runner) would delay the first image by a stage and by copying
-    every path. For workers that may run anywhere, a chunk carries its part of the
-    listing, (first row, rows, groups, sizes) as `ImageFolder.part` makes it, so that none lists
-    the folder again (an object store's listing can take minutes, and is made at construction).
+    are made here from the listing the pipeline was built on, which this DoFn holds (pickled with
+    it, for local workers: `held`). Sending the paths instead (a listing stage, then every path
+    through the runner) would delay the first image by a stage and by copying every path. For
+    workers that may run anywhere, a chunk carries its part of the listing, (first row, rows,
+    groups, sizes) as `ImageFolder.part` makes it, so that none lists the folder again (an object
+    store's listing can take minutes, and is made at construction) and the job holds no copy of
+    the whole listing.
 
     A local folder's images are read here, into each batch's `read`; an object store's chunk is
     cut by the listed sizes, and its images are read downstream in the same fused stage, by the
     worker that claimed the chunk."""
 
-    def __init__(self, folder: ImageFolder, batch_bytes: int) -> None:
-        super().__init__()
+    def __init__(
+        self, folder: ImageFolder, batch_bytes: int, *, held: bool = True, claims: str | None = None
+    ) -> None:
+        super().__init__(claims)
         self._root = folder.root
-        self._listing_id = folder.listing_id
-        self._count = folder.count
-        self._digest = folder.digest
+        self._folder = folder if held else None
         self._labels = folder.labels  # as the pipeline was built with them (ids in metadata.json)
         self._batch_bytes = batch_bytes
 
@@ -333,27 +341,15 @@ class _LocalChunkFn(SharedItemsFn):
             part = ImageFolder(self._root, groups, self._labels, [], sizes, 0.0)
             batch = chunk_at(part, 0, part.count, self._labels)
         else:
-            folder = self._listing()
+            folder = self._folder
+            if folder is None:
+                raise ValueError(f"{self._root}: chunk {first} carries no listing, and none is held")
             batch = chunk_at(folder, first, rows, self._labels)
             sizes = folder.sizes[first : first + rows] if folder.sizes is not None else None
         if sizes is None:
             yield from _read_local_chunk(self._root, first, batch, self._batch_bytes)
         else:
             yield from _cut_by_bytes(self._root, first, batch, sizes, self._batch_bytes)
-
-    def _listing(self) -> ImageFolder:
-        folder = _LISTINGS.get(self._listing_id)
-        if folder is None:
-            folder = list_image_folder(self._root)
-            if folder.count != self._count or folder.digest != self._digest:
-                # Rows would be numbered against a different listing than the one checked at launch.
-                raise SourceError(
-                    f"{self._root}: {folder.count} images now, {self._count} when the pipeline "
-                    "was built (or other names); the folder changed during the run"
-                )
-            folder.listing_id = self._listing_id
-            _remember(folder)
-        return folder
 
 
 class ReadImageFolder(beam.PTransform):
@@ -365,25 +361,30 @@ class ReadImageFolder(beam.PTransform):
     bytes are read on the workers: a local folder's here, into each batch's `read` (a file that
     cannot be read is left null there, and ToExamples rejects its row with the reason); an object
     store's by ToExamples, on threads, through Beam's filesystems. The work items are chunks of
-    `batch_size` names of the listing made at construction (sharing.py).
+    `batch_size` names of the listing made at construction (sharing.py): local workers (`traits`)
+    hold the whole listing, others get each chunk's part of it.
     """
 
-    def __init__(self, folder: ImageFolder, *, batch_size: int = 4096, batch_bytes: int = 64 << 20) -> None:
+    def __init__(
+        self,
+        folder: ImageFolder,
+        *,
+        batch_size: int = 4096,
+        batch_bytes: int = 64 << 20,
+        traits: RunnerTraits,
+    ) -> None:
         super().__init__()
         self._folder = folder
+        self._traits = traits
         self._batch_size = batch_size
         self._batch_bytes = batch_bytes
 
     def expand(self, pbegin: beam.pvalue.PBegin) -> dict[str, beam.PCollection]:
-        folder = self._folder
-        # Workers in this process, or forked from it, take the listing from memory, its columns
-        # made here once.
-        _remember(folder)
-        _ = folder._columns
-        read_fn = _LocalChunkFn(folder, self._batch_bytes)
+        folder, traits = self._folder, self._traits
+        read_fn = _LocalChunkFn(folder, self._batch_bytes, held=traits.local, claims=traits.claims)
         ranges = list(chunk_ranges(folder.count, self._batch_size))
         chunks, extra = known_items(
-            pbegin, read_fn, ranges, label="Chunks", carry=functools.partial(_carried, folder)
+            pbegin, read_fn, ranges, traits, label="Chunks", carry=functools.partial(_carried, folder)
         )
         # (first row, rows[, groups, sizes])
         # No file is unreadable here (an unreadable image is a rejected row): an empty output of

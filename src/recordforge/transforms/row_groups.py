@@ -1,13 +1,4 @@
-"""Parquet row groups as units of work: listed from a file's footer, and where idle workers cannot
-take over the tail of a group being read (runners that spread work over workers: Dataflow, Dask)
-a group larger than a batch split into pieces of whole batches, so that a file of a few huge row
-groups is not read by a few workers while the rest wait.
-
-A work item is (path, row group, first row[, rows]): the file's rows [first row, first row + rows)
-(to the group's end without `rows`), all in that row group, with first row counted from the
-file's start. Pieces keep the batches an unsplit group would give (same first rows, same rows),
-so batch keys, rejected rows' numbers and deterministic output do not depend on the split.
-"""
+"""Parquet row groups as units of work, listed from a file's footer and split into pieces if asked."""
 
 from __future__ import annotations
 

@@ -1,93 +1,4 @@
-"""RecordForge's local runner: Beam's FnApiRunner with forked workers that share their input.
-
-This is the one module that relies on Beam's internals (the Dask runner, dask_runner.py, keeps
-its own list); each is listed below, and `tests/e2e/test_beam_assumptions.py` checks every one,
-naming it when a Beam upgrade breaks it.
-
-What LocalRunner adds to FnApiRunner (what DirectRunner uses for batch pipelines), three
-features that each rest on the assumptions named with them:
-
-- Work sharing, on every run: a fresh claims folder named in the environment (`SHARED_WORK_ENV`)
-  that the run's workers inherit, through which they share their input as they go
-  (transforms/sharing.py). A pipeline built for a `WorkSharingRunner` hands its reads' work items
-  to the workers without a Reshuffle, relying on these claims. Exactly once: every piece of work
-  is read only by the worker whose claim created its file, which holds only while no bundle is
-  ever run twice, so work sharing rests on FnApiRunner never retrying or replaying a bundle
-  (assumption 6); a run that could replay them gets no claims folder.
-- Forked workers, with `--direct_running_mode=multi_processing`: Beam starts each worker as a
-  fresh interpreter (`python -m apache_beam.runners.worker.sdk_worker_main`) that imports Beam
-  and all its package pulls in before it can take work, and tears it down after: on a small
-  machine and a run of seconds, that cancels what the second core gains. Here,
-  just before the job runs, the driver forks a fork server (fork_server.py: Beam, Arrow and
-  RecordForge already imported in it) and swaps the run's worker environment for one whose
-  handler has the fork server fork a worker that runs Beam's own worker main with the
-  environment Beam's subprocess handler would give it. A forked worker logs through the handlers
-  it inherited from the driver (no logging server). Forking is only safe while no other thread
-  could hold a lock the child inherits: the fork server is made only when the driver runs no
-  other Python thread and has not loaded TensorFlow (whose native thread pools do not survive a
-  fork); otherwise Beam's own worker command is used, with a log line saying why.
-- Prompt bundle ends: bundles sample their state every 20 ms instead of 200 ms, so that a long
-  bundle does not wait at its end for the sampler's thread to wake up from a long sleep.
-
-Beam internals relied on, as found in apache-beam 2.77.0 (`BEAM_VERSION`):
-
-1. The version. On any other Beam minor version the run is Beam's FnApiRunner unchanged (no
-   claims folder, Beam's workers and sampler), with one log line: re-check each item below, run
-   tests/e2e/test_beam_assumptions.py, then change `BEAM_VERSION` (in startup.py).
-2. `FnApiRunner.run_pipeline(pipeline, options)` hands the pipeline proto to
-   `run_via_runner_api(proto, options)`, which makes the stages from the proto it is given; with
-   `direct_running_mode=multi_processing` the proto's default environment has urn
-   `python_urns.SUBPROCESS_SDK` and payload exactly `BEAM_WORKER_COMMAND`. (Forked workers; a
-   multi_processing run in which no environment matches runs Beam's command, with a log line.)
-3. `WorkerHandler.register_environment(urn, payload_type)` registers a handler class, which the
-   runner constructs as `cls(payload, state, provision_info, grpc_server)`;
-   `GrpcWorkerHandler.__init__(state, provision_info, grpc_server)` sets `control_address` and
-   `worker_id`; `provision_info.provision_info.pipeline_options` holds the options proto; the
-   runner calls `start_worker()` once and `stop_worker()` at the end. (Forked workers.)
-4. `sdk_worker_main.main(argv)` runs a worker from its environment: `CONTROL_API_SERVICE_DESCRIPTOR`
-   (a text-format ApiServiceDescriptor), `PIPELINE_OPTIONS` (JSON), `WORKER_ID`; without
-   `LOGGING_API_SERVICE_DESCRIPTOR` it logs through the process's own logging handlers (having
-   set the root logger's level to INFO); it returns once the runner closes the control channel;
-   it warns "No semi_persistent_directory found" (logger `apache_beam.runners.worker.
-   sdk_worker_main`) when there is no pickled main session, as in a forked worker, which needs
-   none: that line is filtered. (Forked workers.)
-5. The bundle processor makes its sampler as `statesampler.StateSampler(prefix,
-   counter_factory)`, looking the class up in the module for every bundle processor, and
-   `StateSampler.__init__(prefix, counter_factory, sampling_period_ms)`. (Prompt bundle ends.)
-6. FnApiRunner runs every bundle once: a failing bundle fails the run, and no bundle is retried.
-   `--direct_runner_bundle_repeat` replays each bundle (dry runs, outputs dropped) *before* it
-   runs it: a run with it gets no claims folder, as a replay's claims would hide items from the
-   real bundle. (Work sharing; exactly once.)
-7. With several workers, a stage's stored input is dealt out to them round robin (an Impulse's
-   one element to the first), and every worker runs a bundle for the stage, an empty one included,
-   whose `finish_bundle` runs: a worker given no items takes its share through the claims at the
-   end of its bundle. (Work sharing's speed: without it, one worker reads what a Create holds.)
-8. Beam's own subprocess workers inherit the driver's environment variables, so that workers
-   started as fresh processes see the claims folder too. (Work sharing's speed.)
-
-Two more, used by Dataflow dry runs (pipelines/dryrun.py) rather than by LocalRunner:
-
-9. `fn_api_runner.translations.create_and_optimize_stages(proto, phases, known_runner_urns)`
-   with the phases the FnApiRunner applies up to fusion (`greedily_fuse` and those before it)
-   returns stages whose `transforms` name the pipeline's steps; it breaks fusion where Dataflow
-   does, at every GroupByKey and side input. (The stages a dry run shows: `fused_stages`.)
-10. `DataflowRunner.run_pipeline` with `TestOptions.dry_run` returns before it makes an API
-   client: a result whose `job` is the `apiclient.Job` it would submit, and the runner keeps the
-   portable pipeline it would stage in `proto_pipeline`. (`dry_run_job`.)
-
-One more, used by the `recordforge` process when it imports Beam (startup.py):
-
-11. Importing `apache_beam` succeeds without `apache_beam.io.gcp.bigquery` and
-   `apache_beam.io.gcp.pubsub` (`startup.UNUSED_BY_CONVERSIONS`): Beam imports them inside a
-   `try`/`except ImportError`, and nothing a conversion runs (locally, on Dask or built for
-   Dataflow) needs them from Beam's namespace. (A lighter import; off on any other version.)
-
-Every run starts with the checks that can be made then (`unmet_assumptions`: the version, the
-names and signatures of 2 to 5; the bundle repeat of 6; the worker command of 2): a feature
-whose assumption fails them is left to Beam for the run, with one log line naming the assumption.
-What cannot be checked then (how bundles are run and retried) holds for the version the tests
-checked, which is why a different version turns every feature off.
-"""
+"""RecordForge's local runner: Beam's FnApiRunner with forked workers and prompt bundle ends."""
 
 from __future__ import annotations
 
@@ -97,7 +8,6 @@ import functools
 import inspect
 import logging
 import os
-import shutil
 import sys
 import threading
 from collections.abc import Callable, Iterator
@@ -108,10 +18,17 @@ from apache_beam.options.pipeline_options import DirectOptions
 from apache_beam.runners.portability.fn_api_runner import FnApiRunner
 
 from recordforge.lease import heartbeat_threads
-from recordforge.pipelines.fork_server import ForkServer, private_temp_dir, request_worker
-from recordforge.pipelines.progress import watch_threads
+from recordforge.runners.assumptions import (
+    DRY_RUNS,
+    FORKING,
+    LEAN_IMPORT,
+    PROMPT_ENDS,
+    SHARING,
+    needs,
+)
+from recordforge.runners.fork_server import ForkServer, request_worker
+from recordforge.runners.progress import watch_threads
 from recordforge.startup import BEAM_VERSION
-from recordforge.transforms.sharing import SHARED_WORK_ENV, WorkSharingRunner
 
 __all__ = [
     "BEAM_VERSION",
@@ -120,6 +37,7 @@ __all__ = [
     "LocalRunner",
     "dry_run_job",
     "fused_stages",
+    "shares_work",
     "unmet_assumptions",
 ]
 
@@ -132,27 +50,24 @@ BEAM_WORKER_COMMAND = f"{sys.executable} -m apache_beam.runners.worker.sdk_worke
 FORKED_WORKER_URN = "recordforge:env:forked_python:v1"
 _SAMPLING_PERIOD_MS = 20
 
-# The features, and the assumptions (numbered as in the module docstring) each rests on.
-SHARING, FORKING, PROMPT_ENDS = "work sharing", "forked workers", "prompt bundle ends"
-_NEEDS = {SHARING: (1, 6, 7, 8), FORKING: (1, 2, 3, 4), PROMPT_ENDS: (1, 5)}
-# What dry runs rest on (they are built, never run, so nothing falls back: the tests guard them).
-DRY_RUN_NEEDS = (9, 10)
-# What the command's lean import of Beam rests on (startup.py; off on any other version).
-STARTUP_NEEDS = (11,)
+# The features, and the assumptions (assumptions.py) each rests on.
+_NEEDS = {feature: needs(feature) for feature in (SHARING, FORKING, PROMPT_ENDS)}
+DRY_RUN_NEEDS = needs(DRY_RUNS)
+STARTUP_NEEDS = needs(LEAN_IMPORT)
 
 
-class LocalRunner(WorkSharingRunner, FnApiRunner):
-    """Beam's FnApiRunner with work sharing on every run, forked workers in multi_processing mode
-    and prompt bundle ends (see the module): each where the Beam internals it rests on hold."""
+class LocalRunner(FnApiRunner):
+    """Beam's FnApiRunner with forked workers in multi_processing mode and prompt bundle ends, on
+    which pipelines built for it share their work items (RunnerTraits.claims): each where the Beam
+    internals it rests on hold (docs/architecture.md, assumptions.py)."""
 
     def run_via_runner_api(self, pipeline_proto: Any, options: Any) -> Any:
         envs = _beam_worker_envs(pipeline_proto)
-        features = _features(options, bool(envs))
+        features, reasons = _features(options, bool(envs))
+        _log_left_to_beam(features, reasons)
         with contextlib.ExitStack() as stack:
             if PROMPT_ENDS in features:
                 stack.enter_context(_prompt_bundle_ends())
-            if SHARING in features:
-                stack.enter_context(_claims_folder())
             if FORKING in features and envs:
                 unsafe = _fork_unsafe()
                 if unsafe:
@@ -184,9 +99,26 @@ def unmet_assumptions() -> dict[int, str]:
     return broken
 
 
-def _features(options: Any, beam_worker_envs: bool) -> set[str]:
+def shares_work(options: Any) -> bool:
+    """Whether a run with these options may share work items through claims (assumptions 1, 6,
+    7, 8, and no bundle replays): `runners.session.runner_traits` names a claims folder if so."""
+    return SHARING in _features(options, False)[0]
+
+
+def _log_left_to_beam(features: set[str], reasons: list[str]) -> None:
+    if reasons:
+        left = ", ".join(sorted(set(_NEEDS) - features))
+        _LOGGER.warning(
+            "local runner: %s left to Beam (%s); see %s's assumptions in recordforge.runners.assumptions",
+            left,
+            "; ".join(reasons),
+            __name__,
+        )
+
+
+def _features(options: Any, beam_worker_envs: bool) -> tuple[set[str], list[str]]:
     """The features this run gets (`beam_worker_envs`: whether its proto holds environments that
-    run Beam's worker command); one log line for those left to Beam, and why."""
+    run Beam's worker command), and why the others are left to Beam."""
     broken = unmet_assumptions()
     features = {f for f, needs in _NEEDS.items() if not broken.keys() & set(needs)}
     reasons = [f"assumption {n}: {why}" for n, why in sorted(broken.items())]
@@ -198,15 +130,7 @@ def _features(options: Any, beam_worker_envs: bool) -> set[str]:
     if multi_processing and FORKING in features and not beam_worker_envs:
         features.discard(FORKING)
         reasons.append(f"assumption 2: no worker environment runs {BEAM_WORKER_COMMAND!r}")
-    if reasons:
-        left = ", ".join(sorted(set(_NEEDS) - features))
-        _LOGGER.warning(
-            "local runner: %s left to Beam (%s); see the assumptions in %s",
-            left,
-            "; ".join(reasons),
-            __name__,
-        )
-    return features
+    return features, reasons
 
 
 def _beam_worker_envs(pipeline_proto: Any) -> list[Any]:
@@ -286,23 +210,6 @@ def _prompt_bundle_ends() -> Iterator[None]:
         yield
     finally:
         statesampler.StateSampler = original
-
-
-@contextlib.contextmanager
-def _claims_folder() -> Iterator[None]:
-    """A claims folder for the run's workers (transforms/sharing.py), named in the environment
-    that they inherit, removed with its claims when the run ends."""
-    folder = private_temp_dir("recordforge-claims-")
-    previous = os.environ.get(SHARED_WORK_ENV)
-    os.environ[SHARED_WORK_ENV] = folder
-    try:
-        yield
-    finally:
-        if previous is None:
-            os.environ.pop(SHARED_WORK_ENV, None)
-        else:
-            os.environ[SHARED_WORK_ENV] = previous
-        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _fork_unsafe() -> str | None:

@@ -14,8 +14,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from apache_beam.testing.util import assert_that, equal_to
+from traits_cases import CASES, traits_case
 
-from recordforge.transforms.sources import ReadParquet, read_ahead
+from recordforge.transforms.parquet_source import ReadParquet
+from recordforge.transforms.source_types import read_ahead
 
 
 def _threads() -> list[threading.Thread]:
@@ -67,12 +69,13 @@ def test_a_consumer_that_stops_early_stops_and_closes_the_producer() -> None:
     assert _threads() == []
 
 
+@pytest.mark.parametrize("case", CASES)
 def test_read_parquet_gives_every_row_once_in_batches_that_know_where_they_start(
-    pipeline: beam.Pipeline, tmp_path: Path
+    pipeline: beam.Pipeline, tmp_path: Path, case: str
 ) -> None:
     path = tmp_path / "t.parquet"
     pq.write_table(pa.table({"id": list(range(400))}), path, row_group_size=300)
-    read = pipeline | ReadParquet([str(path)], batch_size=128)
+    read = pipeline | ReadParquet([str(path)], batch_size=128, traits=traits_case(case, tmp_path))
     spans = read["batches"] | beam.Map(lambda b: (b.file, b.first_row, b.batch.column("id").to_pylist()))
     starts = [0, 128, 256, 300]  # row group 0 (300 rows) in batches of 128, then row group 1
     ends = [128, 256, 300, 400]
@@ -82,11 +85,15 @@ def test_read_parquet_gives_every_row_once_in_batches_that_know_where_they_start
     pipeline.run().wait_until_finish()
 
 
-def test_read_parquet_lists_an_unreadable_file_when_asked(pipeline: beam.Pipeline, tmp_path: Path) -> None:
+@pytest.mark.parametrize("case", CASES)
+def test_read_parquet_lists_an_unreadable_file_when_asked(
+    pipeline: beam.Pipeline, tmp_path: Path, case: str
+) -> None:
     good, bad = tmp_path / "a.parquet", tmp_path / "b.parquet"
     pq.write_table(pa.table({"id": [1, 2]}), good)
     bad.write_bytes(good.read_bytes()[:20])
-    read = pipeline | ReadParquet([str(tmp_path / "*.parquet")], skip_unreadable=True)
+    traits = traits_case(case, tmp_path)
+    read = pipeline | ReadParquet([str(tmp_path / "*.parquet")], skip_unreadable=True, traits=traits)
     ids = read["batches"] | beam.FlatMap(lambda b: b.batch.column("id").to_pylist())
     assert_that(ids, equal_to([1, 2]), label="rows")
     files = read["unreadable"] | beam.Map(lambda line: json.loads(line)["file"])

@@ -1,10 +1,4 @@
-"""Before a Dataflow job is submitted: the checks every Dataflow run gets (`dataflow_preflight`),
-and a dry run, the job built offline and summarised with nothing submitted, read from or written
-to the output (`dry_run`).
-
-What it relies on in Beam's internals (the job a dry run keeps, the stages of Beam's own fuser) is
-in pipelines/local_runner.py, the one module that relies on them, as its assumptions 9 and 10.
-"""
+"""Before a Dataflow job is submitted: its checks (`dataflow_preflight`) and a dry run (`dry_run`)."""
 
 from __future__ import annotations
 
@@ -24,8 +18,8 @@ from apache_beam.portability import common_urns
 
 from recordforge.errors import RecordForgeError, UsageError
 from recordforge.pipelines.config import ConvertConfig
-from recordforge.pipelines.local_runner import dry_run_job, fused_stages
 from recordforge.publishing import first_missing, undo_dry_run
+from recordforge.runners.local_runner import dry_run_job, fused_stages
 from recordforge.storage import is_local
 
 if TYPE_CHECKING:  # resolve.py calls dataflow_preflight

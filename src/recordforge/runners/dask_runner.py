@@ -1,78 +1,12 @@
-"""RecordForge's Dask runner: Beam 2.77.0's DaskRunner with its translation to Dask corrected.
-
-Run with ``--runner DaskRunner --dask_client_address tcp://HOST:PORT`` (Beam's flag names; see
-`resolve_runner`), or ``--dask_scheduler_file FILE``; with neither, Dask starts a local cluster.
-
-Beam's own ``apache_beam.runners.dask.dask_runner.DaskRunner`` (Beam 2.77.0) fails a RecordForge
-pipeline at translation (``Impulse`` is not translated) and, on plain Beam pipelines, gets several
-things wrong without an error: a tagged output also receives the main output; outputs emitted in
-``finish_bundle`` are dropped; only the last-visited terminal branch is computed; a side input is
-recomputed in every task that reads it; ``WriteToTFRecord`` with default sharding exits 0 having
-written one empty file (its writes happen in ``finish_bundle``). ``tests/e2e/test_dask_runner.py``
-holds a probe for each, run against both runners. This subclass keeps Beam's options, its
-PTransform overrides and its result class, and replaces the translation:
-
-- each PCollection is one dask Bag of WindowedValues, one Bag per output tag;
-- translated: Impulse, Create, Read of a bounded source, ParDo and its subclasses (Map, FlatMap,
-  WindowInto, GroupByKey's regrouping by window), GroupByKey, Reshuffle, Flatten. Any other
-  primitive, a stateful or splittable DoFn, fails the translation naming its step;
-- a DoFn runs through Beam's DoFnRunner, one bundle per partition: setup, start_bundle, process,
-  finish_bundle (whose outputs are kept), teardown, in the task; the DoFn is deserialized there
-  with the pickler the pipeline used;
-- a side input is one task that gathers its PCollection, computed once; the reading tasks depend
-  on it;
-- GroupByKey and Reshuffle are shuffles between partitions: a key goes to the partition given by a
-  CRC32 of its encoding with the key's deterministic coder (the same in every process; Python's
-  hash is not), and keys are equal when their encodings are, as in Beam; Reshuffle deals the
-  elements out round robin;
-- every PCollection that nothing reads is computed (its partitions counted, not fetched);
-- the run's client closes when the run ends. On failure, the run's tasks are cancelled and the
-  result waits (up to `STRAGGLER_WAIT_S`) for those still executing on workers before it raises,
-  so that nothing the failed run started still writes after its caller has cleaned up.
-
-Parallelism: Create, GroupByKey and Reshuffle make ``--dask_npartitions`` partitions, by default
-twice the cluster's worker threads when the run starts; ``--dask_partition_size`` sizes Create's.
-
-What this module assumes of Beam's internals (Beam 2.77.0; `BEAM_VERSION`). Construction fails
-on any other Beam minor version, naming this list: re-check each item, run
-``tests/e2e/test_dask_runner.py``, then change `BEAM_VERSION` (in startup.py).
-
-1. ``apache_beam.runners.dask.dask_runner``: ``DaskRunner`` (``run_pipeline(pipeline, options)``),
-   ``DaskOptions`` (dests ``address``, ``timeout``, ``scheduler_file``, ``name``,
-   ``connection_limit``, ``npartitions``, ``partition_size``; ``_extract_bag_kwargs`` pops the
-   last two) and ``DaskRunnerResult(client, futures)``.
-2. ``apache_beam.runners.dask.overrides``: ``dask_overrides()`` replaces Create by
-   ``_Create(values)``, Reshuffle by ``_Reshuffle``, Read by ``_Read(source)``, GroupByKey by
-   ReifyWindows (a ParDo), ``_GroupByKeyOnly`` and ``_GroupAlsoByWindow`` (a ParDo), Flatten by
-   ``_Flatten``; ReifyWindows emits ``(key, WindowedValue)``.
-3. ``apache_beam.runners.common.DoFnRunner(fn, args, kwargs, side_inputs, windowing,
-   tagged_receivers, step_name=...)`` with ``setup``, ``start``, ``process(windowed_value)``,
-   ``finish``, ``teardown``; it asks ``tagged_receivers[None]`` for the main output and
-   ``tagged_receivers[tag]`` for others, and calls ``receive(windowed_value)`` on them.
-4. A ParDo's ``fn``, ``args`` and ``kwargs`` hold placeholders for its side inputs, filled in the
-   order of ``AppliedPTransform.side_inputs``; ``AsSideInput._view_options()`` and
-   ``SideInputMap(view_class, view_options, windowed_values)`` make a side input's value;
-   ``AppliedPTransform.outputs`` maps tags (None for the main output) to PCollections;
-   ``Pipeline.visit`` visits producers (side inputs included) before consumers.
-5. ``apache_beam.internal.pickler.desired_pickle_lib`` is the module (with ``dumps``/``loads``)
-   that the pipeline pickles with.
-6. ``DoFnSignature(fn).is_splittable_dofn()`` / ``.is_stateful_dofn()``;
-   ``trivial_inference.key_value_types``; ``iobase.BoundedSource.split`` and ``SourceBundle``.
-
-Of Dask (``dask[distributed]`` 2026.8): Bag, ``dask.delayed`` and ``Client`` public APIs; and, only
-for the wait on failure, a worker's ``state.all_running_tasks`` (distributed's worker state).
-"""
+"""RecordForge's Dask runner: Beam's DaskRunner with its translation to Dask corrected."""
 
 from __future__ import annotations
 
-import importlib
 import logging
 import re
 import time
 import uuid
-import zlib
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import Any
 
 import apache_beam as beam
@@ -81,15 +15,14 @@ from apache_beam.internal import pickler
 from apache_beam.io import iobase
 from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.pipeline import AppliedPTransform, Pipeline, PipelineVisitor
-from apache_beam.runners.common import DoFnRunner, DoFnSignature, Receiver
+from apache_beam.runners.common import DoFnSignature
 from apache_beam.runners.runner import PipelineState
 from apache_beam.transforms.core import Impulse, Windowing
-from apache_beam.transforms.sideinputs import SideInputMap
-from apache_beam.transforms.window import GlobalWindows, TimestampedValue
+from apache_beam.transforms.window import GlobalWindows
 from apache_beam.typehints import trivial_inference
-from apache_beam.utils.windowed_value import WindowedValue
 
 from recordforge.errors import RecordForgeError
+from recordforge.runners import dask_tasks
 from recordforge.startup import BEAM_VERSION
 
 __all__ = ["BEAM_VERSION", "RUNNER", "DaskRunner", "resolve_runner"]
@@ -97,7 +30,7 @@ __all__ = ["BEAM_VERSION", "RUNNER", "DaskRunner", "resolve_runner"]
 _LOGGER = logging.getLogger(__name__)
 
 # The dotted path `--runner` takes for this runner.
-RUNNER = "recordforge.pipelines.dask_runner.DaskRunner"
+RUNNER = "recordforge.runners.dask_runner.DaskRunner"
 # How long a failed run waits for its tasks still executing on workers.
 STRAGGLER_WAIT_S = 60.0
 
@@ -119,8 +52,8 @@ def _check_beam_version() -> None:
     if not beam.__version__.startswith(BEAM_VERSION + "."):
         raise RecordForgeError(
             f"RecordForge's DaskRunner corrects Beam {BEAM_VERSION}'s Dask runner, but Beam "
-            f"{beam.__version__} is installed: re-check the assumptions listed in "
-            "recordforge/pipelines/dask_runner.py against it, run tests/e2e/test_dask_runner.py, "
+            f"{beam.__version__} is installed: re-check the Dask runner's assumptions in "
+            "recordforge/runners/assumptions.py against it, run tests/e2e/test_dask_runner.py, "
             "then change BEAM_VERSION"
         )
 
@@ -137,143 +70,9 @@ else:
     _IMPORT_ERROR = None
 
 
-def _windowed(value: Any) -> WindowedValue:
-    if isinstance(value, WindowedValue):
-        return value
-    if isinstance(value, TimestampedValue):
-        return GlobalWindows.windowed_value(value.value, value.timestamp)
-    return GlobalWindows.windowed_value(value)
-
-
 def _key_name(label: str) -> str:
     """A step label as a dask key prefix (no '-', which dask uses to split key names)."""
     return re.sub(r"[^0-9A-Za-z_.]+", "_", label).strip("_")[:80] or "step"
-
-
-def _loads(library: str, payload: bytes) -> Any:
-    return importlib.import_module(library).loads(payload)
-
-
-# ---------------------------------------------------------------------------------------------
-# What runs in the tasks: plain module-level functions, so that workers import them by name.
-
-
-@dataclass(frozen=True)
-class _ParDoSpec:
-    """A ParDo as a task needs it: its label, its output tags and its pickled DoFn. `run` makes
-    the task keys of two runs differ, so that a cluster never takes one run's for the other's."""
-
-    run: str
-    label: str
-    tags: tuple[str | None, ...]
-    library: str
-    payload: bytes  # (fn, args, kwargs, windowing, [(view class, view options)] per side input)
-
-
-class _ListReceiver(Receiver):
-    def __init__(self, out: list[Any], tag: str | None, tagged: bool) -> None:
-        self._out, self._tag, self._tagged = out, tag, tagged
-
-    def receive(self, windowed_value: WindowedValue) -> None:
-        self._out.append((self._tag, windowed_value) if self._tagged else windowed_value)
-
-
-class _DropReceiver(Receiver):
-    def receive(self, windowed_value: WindowedValue) -> None:
-        pass  # a tag that no PCollection of the pipeline reads
-
-
-class _Receivers(dict):  # type: ignore[type-arg]
-    """Output tag -> receiver, for DoFnRunner; tags no step reads are dropped."""
-
-    def __init__(self, tags: Sequence[str | None]) -> None:
-        super().__init__()
-        self.out: list[Any] = []
-        for tag in tags:
-            self[tag] = _ListReceiver(self.out, tag, len(tags) > 1)
-
-    def __missing__(self, tag: str | None) -> Receiver:
-        return _DropReceiver()
-
-
-def _run_bundle(elements: Iterable[WindowedValue], spec: _ParDoSpec, *sides: list[WindowedValue]) -> list:
-    """One partition through a DoFn, as one bundle: its WindowedValues, or (tag, WindowedValue)
-    pairs when the ParDo has several outputs."""
-    fn, args, kwargs, windowing, views = _loads(spec.library, spec.payload)
-    side_inputs = [
-        SideInputMap(view, options, values) for (view, options), values in zip(views, sides, strict=True)
-    ]
-    receivers = _Receivers(spec.tags)
-    runner = DoFnRunner(fn, args, kwargs, side_inputs, windowing, receivers, step_name=spec.label)
-    runner.setup()
-    try:
-        runner.start()
-        for element in elements:
-            runner.process(element)
-        runner.finish()  # outputs of finish_bundle go to the receivers like any other
-    finally:
-        runner.teardown()
-    return receivers.out
-
-
-def _select(pairs: Iterable[tuple[str | None, WindowedValue]], tag: str | None) -> list[WindowedValue]:
-    return [wv for t, wv in pairs if t == tag]
-
-
-def _gather(partitions: list[list[WindowedValue]]) -> list[WindowedValue]:
-    return [wv for part in partitions for wv in part]
-
-
-def _count(elements: Iterable[Any]) -> list[int]:
-    return [sum(1 for _ in elements)]
-
-
-def _read_bundles(bundles: Iterable[bytes], library: str) -> list[WindowedValue]:
-    out = []
-    for payload in bundles:
-        bundle = _loads(library, payload)
-        tracker = bundle.source.get_range_tracker(bundle.start_position, bundle.stop_position)
-        out.extend(_windowed(v) for v in bundle.source.read(tracker))
-    return out
-
-
-def _deal(elements: Iterable[WindowedValue], index: int, n: int) -> tuple[list[WindowedValue], ...]:
-    """Reshuffle's split: element k of partition `index` goes to partition (index + k) mod n."""
-    pieces: tuple[list[WindowedValue], ...] = tuple([] for _ in range(n))
-    for k, wv in enumerate(elements):
-        pieces[(index + k) % n].append(wv)
-    return pieces
-
-
-def _by_key(elements: Iterable[WindowedValue], _: int, n: int, library: str, coder: bytes) -> tuple:
-    """GroupByKey's split: (encoded key, key, value) to the partition of the key's encoding."""
-    key_coder = _loads(library, coder)
-    pieces: tuple[list, ...] = tuple([] for _ in range(n))
-    for wv in elements:
-        key, value = wv.value
-        encoded = key_coder.encode(key)
-        pieces[zlib.crc32(encoded) % n].append((encoded, key, value))
-    return pieces
-
-
-def _group(pieces: list[list[tuple[bytes, Any, Any]]]) -> list[WindowedValue]:
-    groups: dict[bytes, tuple[Any, list[Any]]] = {}
-    for piece in pieces:
-        for encoded, key, value in piece:
-            group = groups.get(encoded)
-            if group is None:
-                groups[encoded] = group = (key, [])
-            group[1].append(value)
-    return [GlobalWindows.windowed_value(group) for group in groups.values()]
-
-
-def _running(keys: frozenset[Any], dask_worker: Any = None) -> int:
-    """On a worker: how many of `keys` are executing there (cancelled ones included)."""
-    return sum(1 for ts in dask_worker.state.all_running_tasks if ts.key in keys)
-
-
-# ---------------------------------------------------------------------------------------------
-# Translation: run on the driver while the pipeline is visited.
 
 
 def _windowing(pcoll: pvalue.PCollection) -> Windowing:
@@ -318,11 +117,13 @@ class _Translator(PipelineVisitor):
         elif isinstance(transform, _overrides._Flatten):
             bag = db.concat(bags) if bags else db.from_sequence([], npartitions=1)
         elif isinstance(transform, _overrides._Reshuffle):
-            bag = self._shuffle(bags[0], name, _deal, ())
+            bag = self._shuffle(bags[0], name, dask_tasks.deal, ())
         elif isinstance(transform, _overrides._GroupByKeyOnly):
             key_type, _ = trivial_inference.key_value_types(inputs[0].element_type)
             coder = coders.registry.get_coder(key_type).as_deterministic_coder(node.full_label)
-            bag = self._shuffle(bags[0], name, _by_key, (self._library, pickler.dumps(coder)), _group)
+            bag = self._shuffle(
+                bags[0], name, dask_tasks.by_key, (self._library, pickler.dumps(coder)), dask_tasks.group
+            )
         else:
             raise NotImplementedError(
                 f"RecordForge's DaskRunner cannot run step {node.full_label!r}: "
@@ -332,7 +133,7 @@ class _Translator(PipelineVisitor):
         self.bags[output] = bag
 
     def _create(self, values: Sequence[Any]) -> db.Bag:
-        items = [_windowed(v) for v in values]
+        items = [dask_tasks.windowed(v) for v in values]
         if self._partition_size:
             return db.from_sequence(items, partition_size=self._partition_size)
         return db.from_sequence(items, npartitions=max(1, min(len(items), self._partitions)))
@@ -347,9 +148,11 @@ class _Translator(PipelineVisitor):
         size = source.estimate_size() or 0
         bundles = [pickler.dumps(b) for b in source.split(max(size // self._partitions, 1 << 20))]
         bag = db.from_sequence(bundles, partition_size=1) if bundles else db.from_sequence([], npartitions=1)
-        return bag.map_partitions(_read_bundles, self._library, token=name)
+        return bag.map_partitions(dask_tasks.read_bundles, self._library, token=name)
 
-    def _shuffle(self, bag: db.Bag, name: str, split: Any, args: tuple, merge: Any = _gather) -> db.Bag:
+    def _shuffle(
+        self, bag: db.Bag, name: str, split: Any, args: tuple, merge: Any = dask_tasks.gather
+    ) -> db.Bag:
         """Partition i is split `n` ways by `split(elements, i, n, *args)`; output partition j
         merges the j-th pieces of every split."""
         n = self._partitions
@@ -369,7 +172,7 @@ class _Translator(PipelineVisitor):
         if pcoll not in self._sides:
             bag = self.bags[pcoll]
             name = f"side.{_key_name(pcoll.producer.full_label)}-{dask.base.tokenize(bag.name)}"
-            self._sides[pcoll] = dask.delayed(_gather)(
+            self._sides[pcoll] = dask.delayed(dask_tasks.gather)(
                 bag.to_delayed(optimize_graph=False), dask_key_name=name
             )
         return self._sides[pcoll]
@@ -387,14 +190,16 @@ class _Translator(PipelineVisitor):
         payload = pickler.dumps(
             (transform.fn, transform.args, transform.kwargs, _windowing(node.inputs[0]), views)
         )
-        spec = _ParDoSpec(self._run, node.full_label, tags, self._library, payload)
+        spec = dask_tasks.ParDoSpec(self._run, node.full_label, tags, self._library, payload)
         sides = [self._side_input(si.pvalue) for si in node.side_inputs]
-        out = bag.map_partitions(_run_bundle, spec, *sides, token=name)
+        out = bag.map_partitions(dask_tasks.run_bundle, spec, *sides, token=name)
         if len(tags) == 1:
             self.bags[node.outputs[tags[0]]] = out
             return
         for tag, pcoll in node.outputs.items():
-            self.bags[pcoll] = out.map_partitions(_select, tag, token=f"{name}.{_key_name(str(tag))}")
+            self.bags[pcoll] = out.map_partitions(
+                dask_tasks.select, tag, token=f"{name}.{_key_name(str(tag))}"
+            )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -442,7 +247,7 @@ if _IMPORT_ERROR is None:
                 self.client.cancel(self.futures)
                 deadline = time.monotonic() + STRAGGLER_WAIT_S
                 while time.monotonic() < deadline:
-                    running = self.client.run(_running, self._keys)
+                    running = self.client.run(dask_tasks.running, self._keys)
                     if not any(running.values()):
                         break
                     time.sleep(0.1)
@@ -454,7 +259,7 @@ if _IMPORT_ERROR is None:
                 self.client.close()
 
     class DaskRunner(_beam_dask.DaskRunner):
-        """Beam's DaskRunner with RecordForge's corrections (see the module docstring)."""
+        """Beam's DaskRunner with RecordForge's corrections (docs/architecture.md)."""
 
         def __init__(self) -> None:
             _check_beam_version()
@@ -475,7 +280,7 @@ if _IMPORT_ERROR is None:
                     partition_size=bag_kwargs.get("partition_size"),
                 )
                 pipeline.visit(translator)
-                counts = [bag.map_partitions(_count, token="unread") for bag in translator.unread()]
+                counts = [bag.map_partitions(dask_tasks.count, token="unread") for bag in translator.unread()]
                 keys = frozenset(k for c in counts for k in c.__dask_graph__().keys())
                 futures = client.compute(counts, optimize_graph=False)
             except BaseException:

@@ -1,9 +1,4 @@
-"""A fork server: a forked copy of this process that forks workers on request over a Unix socket.
-
-Knows nothing of Beam: the local runner (local_runner.py) hands it the function a worker runs and
-sends it each worker's environment. A worker's exit status comes back on the socket its request
-came in on, so that the requester can watch it as it would watch a child process.
-"""
+"""A fork server: a forked copy of this process that forks workers on request over a Unix socket."""
 
 from __future__ import annotations
 
@@ -17,26 +12,35 @@ import struct
 import sys
 import tempfile
 import traceback
+import uuid
 from collections.abc import Callable
 
 from recordforge.lease import quiet_heartbeats
-from recordforge.pipelines.progress import quiet_watches
+from recordforge.runners.progress import quiet_watches
 
-__all__ = ["ForkServer", "private_temp_dir", "request_worker"]
+__all__ = ["ForkServer", "private_temp_dir", "private_temp_name", "request_worker"]
 
 # What a worker runs: given its environment, it returns normally (status 0) or raises (status 1).
 Work = Callable[[dict[str, str]], None]
 
 
 def private_temp_dir(prefix: str) -> str:
-    """A fresh temporary folder named after this process; first, the folders of this kind that a
-    process killed outright (kill -9 runs no cleanup) left behind are removed."""
+    """A fresh temporary folder named after this process (`private_temp_name`), made now."""
+    path = private_temp_name(prefix)
+    os.mkdir(path, 0o700)
+    return path
+
+
+def private_temp_name(prefix: str) -> str:
+    """A fresh name for a temporary folder of this process, not made yet: {tmp}/{prefix}{pid}-
+    {random}; first, the folders of this kind that a process killed outright (kill -9 runs no
+    cleanup) left behind are removed."""
     base = tempfile.gettempdir()
     for name in os.listdir(base):
         pid = name[len(prefix) :].split("-", 1)[0]
         if name.startswith(prefix) and pid.isdigit() and not _alive(int(pid)):
             shutil.rmtree(os.path.join(base, name), ignore_errors=True)
-    return tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-")
+    return os.path.join(base, f"{prefix}{os.getpid()}-{uuid.uuid4().hex}")
 
 
 def _alive(pid: int) -> bool:

@@ -1,0 +1,20 @@
+"""The runner trait values a transform is tested with on its own (tests/transforms/)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from recordforge.traits import ANY_RUNNER, RunnerTraits
+
+# Workers spread by Reshuffles; local workers sharing items through claims; one local worker.
+CASES = ("spread", "shared", "one")
+
+
+def traits_case(case: str, tmp_path: Path) -> RunnerTraits:
+    """The traits of `case`, with its claims folder made in `tmp_path` as `runners.session` would."""
+    if case == "spread":
+        return ANY_RUNNER
+    claims = tmp_path / "claims"
+    claims.mkdir(exist_ok=True)
+    workers = 1 if case == "one" else 2
+    return RunnerTraits(local=True, workers=workers, claims=str(claims), spill=True)
