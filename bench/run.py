@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 TWO_WORKERS = ["--direct_running_mode", "multi_processing", "--direct_num_workers", "2"]
-# A plain `convert` runs a worker per core: the one-worker rows say so.
+# The one-worker rows say so, whatever the default.
 ONE_WORKER = ["--direct_num_workers", "1"]
 
 
@@ -216,10 +216,6 @@ def main() -> None:
             "recordforge, Parquet, GZIP, 1 worker",
             ["recordforge", source, f"{w}/rf", n, "--schema", schema, *ONE_WORKER],
         ),
-        "rf_default": (
-            "recordforge, Parquet, GZIP, the default (a worker per core)",
-            ["recordforge", source, f"{w}/rf_default", n, "--schema", schema],
-        ),
         # Right after the conversion, in every round: reading the bundle it wrote.
         "rf_verify": (
             "recordforge verify of the bundle rf wrote (same round)",
@@ -320,7 +316,7 @@ def main() -> None:
     # Rounds: every approach once per round, so that a slow spell of this shared machine weighs on
     # all approaches alike instead of on whichever ran during it; ratios are also given per round.
     samples: dict[str, list[dict]] = {key: [] for key in runs}
-    paired = [key for key in ("rf", "rf_2w", "rf_default") if key in runs]
+    paired = [key for key in ("rf", "rf_2w") if key in runs]
     # With --against: REF's run of the same conversion (own output folder), in the same round.
     ref = worktree(args.against, Path(w)) if args.against else None
     compared = [key for key, (_, cmd) in runs.items() if cmd[0] == "recordforge"] if ref else []
@@ -376,7 +372,6 @@ def main() -> None:
             )
         print()
     ratio("rf_2w", "rf", "2 workers vs 1")
-    ratio("rf_default", "rf", f"The default ({os.cpu_count()} cores) vs 1 worker")
     for key, workers in (("rf_images", "1 worker"), ("rf_images_2w", "2 workers")):
         if key in results:  # the folder's real count (the generator rounds per class)
             count = results[key][1]["rows"]

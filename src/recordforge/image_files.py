@@ -22,13 +22,13 @@ _READ_SIZE = 1 << 16
 
 def resolve(path: str, base_dir: str) -> str:
     """A manifest's relative path is relative to the manifest's folder."""
-    if "://" in path or path.startswith("/"):
+    if not is_local(path) or path.startswith("/"):
         return path
     return join(base_dir, path) if base_dir else path
 
 
 def manifest_dir(manifest: str) -> str:
-    return posixpath.dirname(manifest) if "://" not in manifest else manifest.rsplit("/", 1)[0]
+    return posixpath.dirname(manifest) if is_local(manifest) else manifest.rsplit("/", 1)[0]
 
 
 def _read(path: str) -> bytes:
@@ -44,7 +44,7 @@ def read_all(items: list[str | None], base_dir: str, errors: dict[int, str]) -> 
     """The bytes of every path (None for a null, or for a file that cannot be read: its reason
     goes to `errors`). Local files in order, remote ones on threads."""
     paths = [None if p is None else resolve(p, base_dir) for p in items]
-    if any("://" in p for p in paths if p is not None):
+    if any(not is_local(p) for p in paths if p is not None):
         with ThreadPoolExecutor(max_workers=min(_THREADS, len(paths))) as pool:
             loaded = list(pool.map(_read_or_error, paths))
     else:

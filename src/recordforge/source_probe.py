@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 
 from recordforge import csv_types, fixed_lists
 from recordforge.errors import SourceError
-from recordforge.storage import is_local
+from recordforge.storage import is_local, open_input
 
 __all__ = [
     "csv_reader",
@@ -43,9 +43,7 @@ def format_from_path(path: str) -> str | None:
 def open_source(path: str) -> IO[bytes]:
     """A source file's bytes, decompressed by its suffix (.gz, .bz2, .zst) as Beam's AUTO does."""
     if not is_local(path):
-        from apache_beam.io.filesystems import FileSystems
-
-        return FileSystems.open(path)
+        return open_input(path)  # Beam decompresses by the suffix
     lower = path.lower()
     if lower.endswith(".gz"):
         return gzip.open(path, "rb")

@@ -6,7 +6,6 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import logging
-import os
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -37,7 +36,6 @@ from recordforge.transforms.splits import SplitSpec
 
 __all__ = [
     "DEFAULT_RUNNER",
-    "cores",
     "Request",
     "Run",
     "request_from_argv",
@@ -177,14 +175,6 @@ def _pipeline_options(options: PipelineOptions, *, explicit: Sequence[str]) -> P
     """Beam's options with RecordForge's defaults (its local runner; no construction-time type
     check unless asked for) and the combinations refused before Beam would act on them."""
     standard = options.view_as(StandardOptions)
-    if standard.runner is None:
-        direct = options.view_as(DirectOptions)
-        given = {a.lstrip("-").split("=")[0] for a in explicit}
-        if not given & {"direct_num_workers", "direct_running_mode"} and cores() > 1:
-            # Every core the process may use, one forked worker each: what a user with a bigger
-            # machine expects of a plain `convert` (the flags still choose otherwise).
-            direct.direct_running_mode = "multi_processing"
-            direct.direct_num_workers = cores()
     # None: RecordForge's local runner; Beam's own DaskRunner loses outputs, RecordForge's
     # corrects it (runners/dask_runner.py).
     standard.runner = runner_name(standard.runner)
@@ -216,11 +206,6 @@ def _pipeline_options(options: PipelineOptions, *, explicit: Sequence[str]) -> P
                 "letters, digits, '-', '_' and '.')"
             )
     return options
-
-
-def cores() -> int:
-    """The cores this process may run on (its CPU affinity, not the machine's count)."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def _with_span(config: ConvertConfig) -> ConvertConfig:
