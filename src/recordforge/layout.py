@@ -90,6 +90,9 @@ TEMP_DIR_PREFIX = "_tmp-"
 TEMP_PART = ".part"
 # How shards are numbered, in Beam's shard_name_template spelling: data-00003-of-00008.
 SHARD_TEMPLATE = "-SSSSS-of-NNNNN"
+# A shard's suffix by its compression (zlib shards are `.deflate`, which Beam and TFDV detect).
+SHARD_SUFFIXES = {"gzip": ".tfrecord.gz", "zlib": ".tfrecord.deflate", "none": ".tfrecord"}
+SPILL_SUFFIX = ".arrow"  # batches a local writer spilled to disk while it groups (Arrow IPC)
 # Catalog metadata (schemas/tfds_metadata.py, schemas/croissant.py). Their paths are relative to
 # the output, so readers are handed the output folder and read the top-level copies.
 CROISSANT = "croissant.json"

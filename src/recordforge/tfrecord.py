@@ -13,6 +13,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from recordforge import layout
 from recordforge.arrays import binary_array, binary_parts
 from recordforge.crc32c import crc32c_rows, masked_crc32c, masked_crc32c_array
 from recordforge.errors import RecordForgeError
@@ -48,7 +49,7 @@ class Compression:
     # Suffixes that Beam's CompressionTypes.detect_compression_type maps to the same compression,
     # so readers that go by the name (ReadFromTFRecord's AUTO, tfx-bsl's Beam source, TFDV) need
     # no setting: Beam's DEFLATE is a zlib stream, as tf.data's "ZLIB" is.
-    _SUFFIX = {"gzip": ".tfrecord.gz", "zlib": ".tfrecord.deflate", "none": ".tfrecord"}
+    _SUFFIX = layout.SHARD_SUFFIXES
 
     @classmethod
     def beam(cls, name: str) -> str:

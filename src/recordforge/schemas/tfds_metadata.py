@@ -9,6 +9,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from recordforge import layout
 from recordforge.layout import TFDS_FEATURES, TFDS_INFO, TFDS_LABELS
 from recordforge.schemas.kinds import DType
 from recordforge.schemas.model import Feature
@@ -136,7 +137,7 @@ def _splits(meta: Mapping[str, Any]) -> list[dict[str, Any]] | None:
     for split in names:
         shards = [s for s in meta["shards"] if s.get("split", SINGLE_SPLIT) == split]
         prefix = f"{version}/{split}/{split}" if weights else f"{version}/data"
-        template = prefix + "-{SHARD_X_OF_Y}.tfrecord"
+        template = prefix + "-{SHARD_X_OF_Y}" + layout.SHARD_SUFFIXES["none"]
         expected = [_shard_name(template, i, len(shards)) for i in range(len(shards))]
         if [s["file"] for s in shards] != expected:
             return None

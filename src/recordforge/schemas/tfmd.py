@@ -5,6 +5,7 @@ from __future__ import annotations
 from google.protobuf import text_format
 from tensorflow_metadata.proto.v0 import schema_pb2
 
+from recordforge import layout
 from recordforge.errors import SchemaError
 from recordforge.schemas.kinds import RAGGED, VARIABLE, DType, NullPolicy
 from recordforge.schemas.model import Feature, Schema
@@ -12,7 +13,7 @@ from recordforge.schemas.model import Feature, Schema
 __all__ = ["schema_from_tfmd", "schema_from_tfmd_text"]
 
 
-def schema_from_tfmd_text(text: str, *, origin: str = "schema.pbtxt") -> Schema:
+def schema_from_tfmd_text(text: str, *, origin: str = layout.SCHEMA_PBTXT) -> Schema:
     try:
         proto = text_format.Parse(text, schema_pb2.Schema())
     except text_format.ParseError as exn:
@@ -20,7 +21,7 @@ def schema_from_tfmd_text(text: str, *, origin: str = "schema.pbtxt") -> Schema:
     return schema_from_tfmd(proto, origin=origin)
 
 
-def schema_from_tfmd(proto: schema_pb2.Schema, *, origin: str = "schema.pbtxt") -> Schema:
+def schema_from_tfmd(proto: schema_pb2.Schema, *, origin: str = layout.SCHEMA_PBTXT) -> Schema:
     """INT -> int64 (bool with a bool_domain), FLOAT -> float32, BYTES -> string with a
     string_domain (its own, or a shared one it names) or a `utf8` tag, else bytes. A FixedShape
     gives the shape; a value_count with min == max a fixed list; anything else a variable-length

@@ -8,6 +8,7 @@ from typing import Any
 
 import yaml
 
+from recordforge import layout
 from recordforge.storage import exists, open_read
 from recordforge.tfrecord import detect_compression, read_records
 from recordforge.tools.records import infer_feature_spec, parse_example
@@ -138,7 +139,7 @@ def inspect(path: str, *, split: str | None = None, n: int = 5) -> dict[str, Any
         "path": out,
         "metadata": meta,
         "feature_spec": spec,
-        "published": exists(f"{out}/_SUCCESS"),
+        "published": exists(layout.join(out, layout.SUCCESS)),
         "records": records,
     }
 

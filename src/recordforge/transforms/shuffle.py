@@ -11,6 +11,7 @@ import numpy as np
 import pyarrow as pa
 from apache_beam import typehints
 
+from recordforge import layout
 from recordforge.storage import open_write, read_bytes
 from recordforge.transforms.coders import declare_element_type
 from recordforge.transforms.shard_files import abandon, temp_path
@@ -21,7 +22,7 @@ DEFAULT_SEED = 42
 _ROUNDS = 6  # Luby-Rackoff: 4 rounds make a strong pseudo-random permutation; 2 more are cheap
 _KEY = "key"
 _RECORD = "record"
-_SPILLED = ".arrow"
+_SPILLED = layout.SPILL_SUFFIX
 
 
 def _splitmix64(x: np.ndarray) -> np.ndarray:
