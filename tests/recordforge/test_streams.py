@@ -12,19 +12,10 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
+from record_cases import sample_records
 
 from recordforge.streams import HashingFile, StreamWriter, combine_checks, splice
 from recordforge.tfrecord import frame_records
-
-
-def _records(n: int, seed: int) -> list[bytes]:
-    rng = random.Random(seed)
-    # Compressible and varied: words from a small vocabulary, some random bytes, varied lengths.
-    words = [b"alpha", b"beta", b"gamma", b"delta", b"epsilon"]
-    return [
-        b" ".join(rng.choice(words) for _ in range(rng.randint(0, 60))) + rng.randbytes(rng.randint(0, 20))
-        for _ in range(n)
-    ]
 
 
 def _framed(records: list[bytes]) -> bytes:
@@ -65,7 +56,7 @@ def _write(path: Path, compression: str, chunks: list[list[bytes]], *, segment_e
 def test_a_written_stream_is_one_valid_stream_and_its_segments_decode_alone(
     tmp_path: Path, compression: str
 ) -> None:
-    chunks = [_records(300, seed) for seed in range(6)]
+    chunks = [sample_records(300, seed) for seed in range(6)]
     path = tmp_path / "a"
     segments = _write(path, compression, chunks, segment_every=2)
     assert len(segments) == 3 and [s.records for s in segments] == [600] * 3
@@ -82,7 +73,7 @@ def test_a_written_stream_is_one_valid_stream_and_its_segments_decode_alone(
 def test_spliced_segments_of_several_files_are_one_valid_stream(tmp_path: Path, compression: str) -> None:
     files = []
     for f in range(3):
-        chunks = [_records(200, 10 * f + k) for k in range(4)]
+        chunks = [sample_records(200, 10 * f + k) for k in range(4)]
         path = tmp_path / f"p{f}"
         files.append((path, chunks, _write(path, compression, chunks)))
     # A file's tail, a whole file, another's head: in that order.

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import gzip
 import os
-import random
 from pathlib import Path
 
 import apache_beam as beam
@@ -14,6 +13,7 @@ import pytest
 from apache_beam.testing import test_pipeline
 from apache_beam.testing.util import BeamAssertException, assert_that
 from conftest import DEFAULT_RUNNER
+from record_cases import sample_records
 
 from recordforge.tfrecord import ShardInfo, iter_records
 from recordforge.transforms.rolling import (
@@ -28,17 +28,6 @@ from recordforge.transforms.rolling import (
 from recordforge.transforms.shard_spec import ShardSpec, Sizing
 from recordforge.transforms.sinks import WriteTFRecords
 
-
-def _records(n: int, seed: int) -> list[bytes]:
-    rng = random.Random(seed)
-    # Compressible and varied: words from a small vocabulary, some random bytes, varied lengths.
-    words = [b"alpha", b"beta", b"gamma", b"delta", b"epsilon"]
-    return [
-        b" ".join(rng.choice(words) for _ in range(rng.randint(0, 60))) + rng.randbytes(rng.randint(0, 20))
-        for _ in range(n)
-    ]
-
-
 # Parts and the planners, step by step: parts as a runner's bundles would leave them.
 
 
@@ -48,7 +37,7 @@ def _bundles(tmp: Path, sizes: list[int], limits: Limits, compression: str) -> t
     for bundle in sizes:
         roller = _Roller(str(tmp), compression, 1, limits)
         for _ in range(bundle):
-            batch = _records(100, key)
+            batch = sample_records(100, key)
             everything += batch
             parts += roller.add((key,), pa.array(batch, pa.large_binary()))
             key += 1
@@ -129,7 +118,8 @@ def test_a_bundle_or_a_join_run_twice_writes_each_record_once(tmp_path: Path) ->
     tmp.mkdir()
     fn = _RollingWriteFn(str(tmp), "gzip", 1, limits)
     bundles = [
-        [((k,), pa.array(_records(100, k), pa.large_binary())) for k in range(b, b + 2)] for b in (0, 2, 4)
+        [((k,), pa.array(sample_records(100, k), pa.large_binary())) for k in range(b, b + 2)]
+        for b in (0, 2, 4)
     ]
     parts = []
     for batches in bundles:
@@ -144,7 +134,7 @@ def test_a_bundle_or_a_join_run_twice_writes_each_record_once(tmp_path: Path) ->
     again = _publish(b"", parts, joined, str(tmp_path / "data"), ".tfrecord.gz", str(tmp), limits)
     assert shards == again and not tmp.exists()  # the orphans of failed attempts went with it
     written = sorted(r for s in shards for r in iter_records(s.path, "gzip", check_crc=True))
-    assert written == sorted(r for k in range(6) for r in _records(100, k))
+    assert written == sorted(r for k in range(6) for r in sample_records(100, k))
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(Path(s.path).name for s in shards)
 
 
@@ -163,7 +153,7 @@ def test_a_fixed_count_is_that_many_shards_in_input_order_within_a_segment_of_ea
     ]
     # Read in name order, the shards are the input in order; empty shards (more shards than
     # segments) come last.
-    everything = [r for key in range(12) for r in _records(100, key)]  # as _bundles made them
+    everything = [r for key in range(12) for r in sample_records(100, key)]  # as _bundles made them
     assert [r for s in shards for r in iter_records(s.path, "gzip")] == everything
     filled = [s for s in shards if s.records]
     assert all(s.records for s in shards[: len(filled)])
@@ -178,7 +168,7 @@ def test_a_fixed_count_of_one_keeps_a_lone_part_untouched(tmp_path: Path) -> Non
 
 
 # The whole writer in a pipeline, one test per planner: 12 batches of 100 records.
-BATCHES = [(("data", f"f{i // 4}.parquet", (i % 4) * 100), _records(100, i)) for i in range(12)]
+BATCHES = [(("data", f"f{i // 4}.parquet", (i % 4) * 100), sample_records(100, i)) for i in range(12)]
 EVERYTHING = [r for _, batch in BATCHES for r in batch]
 
 
@@ -261,7 +251,7 @@ def test_the_rolling_writer_refuses_a_placed_spec(tmp_path: Path) -> None:
 def test_parts_cut_from_one_batch_are_shards_in_input_order(tmp_path: Path, spec: ShardSpec) -> None:
     """One large batch, and a small one after it: the parts that start in the large batch share
     its key, and follow each other by where in it they start (their file names are random)."""
-    records = _records(1000, 0) + _records(10, 1)
+    records = sample_records(1000, 0) + sample_records(10, 1)
 
     def check(shards: list[ShardInfo]) -> None:
         got = _read(shards, spec.compression)
