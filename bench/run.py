@@ -245,6 +245,22 @@ def main() -> None:
             "recordforge --shuffle (seeded global order), Parquet, GZIP, 1 worker",
             ["recordforge", source, f"{w}/rf_shuffle", n, "--schema", schema, "--shuffle", *ONE_WORKER],
         ),
+        "rf_count": (
+            "recordforge --num_shards 4 --splits train=8,eval=2, Parquet, GZIP, 1 worker",
+            [
+                "recordforge",
+                source,
+                f"{w}/rf_count",
+                n,
+                "--schema",
+                schema,
+                "--num_shards",
+                "4",
+                "--splits",
+                "train=8,eval=2",
+                *ONE_WORKER,
+            ],
+        ),
         "rf_det": (
             "recordforge --deterministic --splits train=8,eval=2, Parquet, GZIP, 1 worker",
             [
