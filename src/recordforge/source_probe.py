@@ -48,7 +48,8 @@ def open_source(path: str) -> IO[bytes]:
         return FileSystems.open(path)
     lower = path.lower()
     if lower.endswith(".gz"):
-        return gzip.open(path, "rb")
+        # typeshed makes GzipFile a BufferedIOBase only, though it is a file of bytes like the rest.
+        return gzip.open(path, "rb")  # type: ignore[return-value]
     if lower.endswith(".bz2"):
         return bz2.open(path, "rb")
     if lower.endswith(".zst"):

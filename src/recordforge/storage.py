@@ -67,7 +67,7 @@ def list_files(folder: str) -> list[str]:
     """Every file below `folder`, at any depth; [] when there is none (or no folder)."""
     folder = folder.rstrip("/")
     if is_local(folder):
-        out = []
+        out: list[str] = []
         for root, _dirs, files in os.walk(folder):
             out.extend(os.path.join(root, f) for f in files)
         return sorted(out)

@@ -147,7 +147,8 @@ def decompressed_chunks(
             yield inflate.flush()
             if not inflate.eof:  # a deflate stream cut short, its gzip trailer (CRC, size) missing
                 raise CorruptRecord(path, read, f"the {compression} stream is truncated (no end of stream)")
-    except isal_zlib.error as exn:
+    # isal's stub declares `error: Exception` (an instance); at run time it is the class IsalError.
+    except isal_zlib.error as exn:  # type: ignore[misc]
         # Offsets count decompressed bytes, unknown here: the first chunk stands for the start.
         offset = 0 if read <= _READ_CHUNK else read
         raise CorruptRecord(path, offset, f"invalid {compression} stream: {exn}") from exn

@@ -17,6 +17,7 @@ from recordforge.streams import Segment, StreamWriter, splice
 from recordforge.tfrecord import ShardInfo, frame_records, read_records
 from recordforge.transforms.shard_files import (
     ShardFiles,
+    TempShard,
     abandon,
     close_stream,
     open_stream,
@@ -74,13 +75,10 @@ class Limits:
 
 
 @dataclass(frozen=True)
-class _Part:
-    """A finished temporary shard, described by what was written to it."""
+class _Part(TempShard):
+    """A finished temporary shard, described by what was written to it and where its records
+    come from."""
 
-    tmp: str
-    records: int
-    bytes: int
-    sha256: str
     first_key: Any
     segments: tuple[Segment, ...] = ()
     # Where in its first batch the part starts (records before it there): parts that start in
@@ -141,7 +139,9 @@ class _Roller:
             # At most one slice's bytes, at least one record.
             fits = int(np.searchsorted(offsets, offsets[start] + limits.slice_bytes, side="right")) - 1
             end = max(start + 1, min(end, fits))
-            writer.write(memoryview(data[offsets[start] : offsets[end]]), end - start)
+            # numpy declares ndarray.__buffer__ only for Python 3.12+, though arrays export buffers on 3.11.
+            chunk = memoryview(data[offsets[start] : offsets[end]])  # type: ignore[arg-type]
+            writer.write(chunk, end - start)
             self._records += end - start
             start = end
             writer.end_segment()
