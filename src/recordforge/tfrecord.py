@@ -26,6 +26,7 @@ __all__ = [
     "decompressed_chunks",
     "detect_compression",
     "read_records",
+    "BatchKey",
     "ShardInfo",
     "frame_records",
     "iter_records",
@@ -209,6 +210,11 @@ def iter_records(path: str, compression: str, *, check_crc: bool = False) -> Ite
     """Yields the records of one TFRecord file (any Beam filesystem)."""
     for _, record in read_records(path, compression, check_crc=check_crc):
         yield record
+
+
+# What keys a batch of serialized records on its way to the writers: (split, source file, source
+# row of its first record). Batches sort by it into input order.
+BatchKey = tuple[str, str, int]
 
 
 @dataclass(frozen=True)
