@@ -7,7 +7,7 @@ import bz2
 import gzip
 import json
 import posixpath
-from typing import IO, Any
+from typing import IO
 
 import pyarrow as pa
 import pyarrow.csv as pacsv
@@ -59,7 +59,7 @@ def open_source(path: str) -> IO[bytes]:
     return open(path, "rb")  # noqa: SIM115 - the caller closes it
 
 
-def csv_reader(f: Any, types: dict[str, pa.DataType] | None = None) -> pacsv.CSVStreamingReader:
+def csv_reader(f: IO[bytes], types: dict[str, pa.DataType] | None = None) -> pacsv.CSVStreamingReader:
     return csv_types.open_reader(f, types)
 
 

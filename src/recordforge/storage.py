@@ -12,9 +12,12 @@ import glob
 import os
 import shutil
 from dataclasses import dataclass
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING
 
 from recordforge import layout
+
+if TYPE_CHECKING:  # imported on first use (see above)
+    from apache_beam.io.filesystems import FileSystems
 
 __all__ = [
     "FileMeta",
@@ -38,7 +41,7 @@ __all__ = [
 ]
 
 
-def _fs() -> Any:
+def _fs() -> type[FileSystems]:
     from apache_beam.io.filesystems import FileSystems
 
     return FileSystems

@@ -231,7 +231,7 @@ def _up_to_date(run: Run, published: dict[str, Any]) -> dict[str, Any]:
     return {**published, "skipped": True}
 
 
-def _progress(options: PipelineOptions, inputs: Inputs) -> Any:
+def _progress(options: PipelineOptions, inputs: Inputs) -> contextlib.AbstractContextManager[object]:
     """A progress line while RecordForge's local runner converts (pipelines/progress.py); the
     total rows where they are known cheaply: Parquet footers of local files, an image listing."""
     if worker_mode(options) == SPREAD:
