@@ -23,6 +23,7 @@ demo: $(STAMP)
 # clusters, emulators and servers are started once, in one worker.
 test: $(STAMP)
 	$(BIN)/ruff check src tests bench demo
+	$(BIN)/mypy
 	$(BIN)/python -m pytest -q -n auto --dist loadfile tests
 
 # The unit tier, for the edit loop: every test outside tests/e2e/.
@@ -39,9 +40,11 @@ coverage: $(STAMP)
 stress: $(STAMP)
 	$(BIN)/python -m pytest -q -m stress tests
 
+# mypy reads its files (src) and settings from [tool.mypy] in pyproject.toml.
 lint: $(STAMP)
 	$(BIN)/ruff check src tests bench demo
 	$(BIN)/ruff format --check src tests bench demo
+	$(BIN)/mypy
 
 bench: $(STAMP)
 	$(BIN)/python -m bench.run $(BENCH_ARGS)

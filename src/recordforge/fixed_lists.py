@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import io
 from collections.abc import Iterator
-from typing import Any
+from typing import IO, Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -28,7 +28,7 @@ def has_fixed_lists(t: pa.DataType) -> bool:
     return False
 
 
-def readable(pf: pq.ParquetFile, source: Any, **options: Any) -> pq.ParquetFile:
+def readable(pf: pq.ParquetFile, source: str | IO[bytes], **options: Any) -> pq.ParquetFile:
     """`pf`, or where its Arrow schema holds a fixed-size list, the same file (`source`, opened
     with `options`) read without the stored Arrow schema: pyarrow reads a fixed-size list with a
     null row as a list of the wrong size ("Expected all lists to be of size=3"), and as a
@@ -60,7 +60,7 @@ def _restored(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
 
 
 def iter_batches(
-    pf: pq.ParquetFile, source: Any, options: dict[str, Any], **read: Any
+    pf: pq.ParquetFile, source: str | IO[bytes], options: dict[str, Any], **read: Any
 ) -> Iterator[pa.RecordBatch]:
     """pf.iter_batches(**read), through `readable` where the file holds fixed-size lists."""
     reader = readable(pf, source, **options)

@@ -6,6 +6,7 @@ import os
 import posixpath
 from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from typing import cast
 
 import numpy as np
 import pyarrow as pa
@@ -44,6 +45,7 @@ def read_all(items: list[str | None], base_dir: str, errors: dict[int, str]) -> 
     """The bytes of every path (None for a null, or for a file that cannot be read: its reason
     goes to `errors`). Local files in order, remote ones on threads."""
     paths = [None if p is None else resolve(p, base_dir) for p in items]
+    loaded: Iterable[bytes | Exception]
     if any(not is_local(p) for p in paths if p is not None):
         with ThreadPoolExecutor(max_workers=min(_THREADS, len(paths))) as pool:
             loaded = list(pool.map(_read_or_error, paths))
@@ -85,6 +87,7 @@ def _read_local(paths: Iterable[str | None]) -> Iterator[bytes | Exception]:
             dangling = isinstance(exn, FileNotFoundError) and os.path.islink(path)
             yield FileNotFoundError(f"a dangling symbolic link to {os.readlink(path)!r}") if dangling else exn
             continue
+        data: bytes | Exception
         try:
             data = read(fd, _READ_SIZE)
             # A regular file reads short only at its end: a short read needs no second call to
@@ -107,10 +110,10 @@ def read_local_files(paths: list[str], batch_bytes: int) -> Iterator[tuple[int, 
     data each (a bigger file alone): the bytes of each file, null where it cannot be read. The
     files are read once, in order, and the runs cut as they are read, so that nothing but the
     reading itself is spent on sizes."""
-    start, size, run = 0, 0, []
-    for data in _read_local(paths):
-        if not isinstance(data, bytes):
-            data = None
+    start, size = 0, 0
+    run: list[bytes | None] = []
+    for got in _read_local(paths):
+        data = got if isinstance(got, bytes) else None
         length = len(data) if data is not None else 0
         if run and size + length > batch_bytes:
             yield start, binary(run)
@@ -124,6 +127,7 @@ def read_local_files(paths: list[str], batch_bytes: int) -> Iterator[tuple[int, 
 def binary(items: list[bytes | None]) -> pa.Array:
     """A large_binary array of `items` (None: null), built from one join of the bytes."""
     valid = np.fromiter((x is not None for x in items), bool, len(items))
-    items = [x if x is not None else b"" for x in items] if not valid.all() else items
-    lengths = np.fromiter(map(len, items), np.int64, len(items))
-    return binary_array(np.frombuffer(b"".join(items), np.uint8), lengths, valid=valid)
+    # All valid: no None in `items`, which is used as it is rather than copied.
+    parts = [x if x is not None else b"" for x in items] if not valid.all() else cast("list[bytes]", items)
+    lengths = np.fromiter(map(len, parts), np.int64, len(parts))
+    return binary_array(np.frombuffer(b"".join(parts), np.uint8), lengths, valid=valid)

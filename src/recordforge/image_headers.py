@@ -94,7 +94,8 @@ def header_values(
     width[png], height[png] = _big_endian(ihdr[:, 4:8]), _big_endian(ihdr[:, 8:12])
     channels[png] = _PNG_CHANNELS[colour]
     read[png] = True
-    view = memoryview(buf)
+    # numpy declares ndarray.__buffer__ only for Python 3.12+, though arrays export buffers on 3.11.
+    view = memoryview(buf)  # type: ignore[arg-type]
     for i in png[colour == _PNG_PALETTE].tolist():
         channels[i] = _palette_channels(view, int(starts[i]), int(ends[i]))
 

@@ -78,7 +78,9 @@ def _whole_problem(buf: np.ndarray, starts: np.ndarray, ends: np.ndarray, codes:
     """Why the one PNG or JPEG buf[starts[0]:ends[0]], its header read, is not whole, or None."""
     if not ends_whole(buf, starts, ends, codes)[0]:
         return f"truncated {FORMATS[int(codes[0])].upper()} file"
-    return png_problem(memoryview(buf)[: int(ends[0])], int(starts[0])) if codes[0] == PNG else None
+    # numpy declares ndarray.__buffer__ only for Python 3.12+, though arrays export buffers on 3.11.
+    view = memoryview(buf)  # type: ignore[arg-type]
+    return png_problem(view[: int(ends[0])], int(starts[0])) if codes[0] == PNG else None
 
 
 def _with_pillow(data: bytes, opts: ImageOptions) -> ImageResult:
@@ -87,7 +89,7 @@ def _with_pillow(data: bytes, opts: ImageOptions) -> ImageResult:
     from PIL import Image  # only off the fast path: importing it is not free per image
 
     try:
-        im = Image.open(io.BytesIO(data))
+        im: Image.Image = Image.open(io.BytesIO(data))
         fmt = im.format or "UNKNOWN"
         if not complete(data, _PILLOW_CODES.get(fmt, 0)):
             raise ValueError(f"truncated {fmt} file")
@@ -177,7 +179,9 @@ def load_image_column(
     if opts.encode is not None:
         fast[:] = False
     whole = ends_whole(buf, starts, ends, codes)
-    view, begin, stop = memoryview(buf), starts.tolist(), ends.tolist()
+    # numpy declares ndarray.__buffer__ only for Python 3.12+, though arrays export buffers on 3.11.
+    view = memoryview(buf)  # type: ignore[arg-type]
+    begin, stop = starts.tolist(), ends.tolist()
     for i in np.flatnonzero(fast & ~whole).tolist():
         errors[i] = f"truncated {FORMATS[codes[i]].upper()} file"
     for i in np.flatnonzero(fast & whole & (codes == PNG)).tolist():

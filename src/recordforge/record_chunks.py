@@ -141,8 +141,8 @@ def _split(chunk: RecordChunk, chunk_bytes: int) -> Iterator[RecordChunk]:
     if size <= chunk_bytes * 3 // 2 or len(chunk) < 2:
         yield chunk
         return
-    cuts = np.unique(np.searchsorted(chunk.heads, np.arange(chunk_bytes, size, chunk_bytes)))
-    cuts = [0, *[int(c) for c in cuts if 0 < c < len(chunk)], len(chunk)]
+    inner = np.unique(np.searchsorted(chunk.heads, np.arange(chunk_bytes, size, chunk_bytes)))
+    cuts = [0, *[int(c) for c in inner if 0 < c < len(chunk)], len(chunk)]
     raw_given = 0
     for a, b in zip(cuts, cuts[1:], strict=False):
         lo = int(chunk.heads[a])

@@ -7,7 +7,7 @@ import bz2
 import gzip
 import json
 import posixpath
-from typing import IO, Any
+from typing import IO
 
 import pyarrow as pa
 import pyarrow.csv as pacsv
@@ -46,7 +46,8 @@ def open_source(path: str) -> IO[bytes]:
         return open_input(path)  # Beam decompresses by the suffix
     lower = path.lower()
     if lower.endswith(".gz"):
-        return gzip.open(path, "rb")
+        # typeshed makes GzipFile a BufferedIOBase only, though it is a file of bytes like the rest.
+        return gzip.open(path, "rb")  # type: ignore[return-value]
     if lower.endswith(".bz2"):
         return bz2.open(path, "rb")
     if lower.endswith(".zst"):
@@ -56,7 +57,7 @@ def open_source(path: str) -> IO[bytes]:
     return open(path, "rb")  # noqa: SIM115 - the caller closes it
 
 
-def csv_reader(f: Any, types: dict[str, pa.DataType] | None = None) -> pacsv.CSVStreamingReader:
+def csv_reader(f: IO[bytes], types: dict[str, pa.DataType] | None = None) -> pacsv.CSVStreamingReader:
     return csv_types.open_reader(f, types)
 
 

@@ -12,9 +12,12 @@ import glob
 import os
 import shutil
 from dataclasses import dataclass
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING
 
 from recordforge import layout
+
+if TYPE_CHECKING:  # imported on first use (see above)
+    from apache_beam.io.filesystems import FileSystems
 
 __all__ = [
     "FileMeta",
@@ -38,7 +41,7 @@ __all__ = [
 ]
 
 
-def _fs() -> Any:
+def _fs() -> type[FileSystems]:
     from apache_beam.io.filesystems import FileSystems
 
     return FileSystems
@@ -67,7 +70,7 @@ def list_files(folder: str) -> list[str]:
     """Every file below `folder`, at any depth; [] when there is none (or no folder)."""
     folder = folder.rstrip("/")
     if is_local(folder):
-        out = []
+        out: list[str] = []
         for root, _dirs, files in os.walk(folder):
             out.extend(os.path.join(root, f) for f in files)
         return sorted(out)

@@ -6,9 +6,12 @@ import hashlib
 import struct
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import IO, TYPE_CHECKING
 
 from recordforge.storage import open_read, open_write
+
+if TYPE_CHECKING:  # imported where a stream is compressed
+    from isal import isal_zlib
 
 __all__ = ["Segment", "HashingFile", "StreamWriter", "splice", "combine_checks"]
 
@@ -66,7 +69,7 @@ def _end(compression: str, check: int, raw: int) -> bytes:
 class HashingFile:
     """A file handle that counts and hashes the bytes that reach it (after compression)."""
 
-    def __init__(self, handle: Any) -> None:
+    def __init__(self, handle: IO[bytes]) -> None:
         self._handle = handle
         self._sha = hashlib.sha256()
         self.bytes = 0
@@ -92,7 +95,7 @@ class StreamWriter:
     def __init__(self, file: HashingFile, compression: str, level: int) -> None:
         self.file = file
         self._compression = compression
-        self._deflate: Any = None
+        self._deflate: isal_zlib.Compress | None = None
         if compression != "none":
             from isal import isal_zlib
 

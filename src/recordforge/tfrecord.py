@@ -27,6 +27,7 @@ __all__ = [
     "decompressed_chunks",
     "detect_compression",
     "read_records",
+    "BatchKey",
     "ShardInfo",
     "frame_records",
     "iter_records",
@@ -148,7 +149,8 @@ def decompressed_chunks(
             yield inflate.flush()
             if not inflate.eof:  # a deflate stream cut short, its gzip trailer (CRC, size) missing
                 raise CorruptRecord(path, read, f"the {compression} stream is truncated (no end of stream)")
-    except isal_zlib.error as exn:
+    # isal's stub declares `error: Exception` (an instance); at run time it is the class IsalError.
+    except isal_zlib.error as exn:  # type: ignore[misc]
         # Offsets count decompressed bytes, unknown here: the first chunk stands for the start.
         offset = 0 if read <= _READ_CHUNK else read
         raise CorruptRecord(path, offset, f"invalid {compression} stream: {exn}") from exn
@@ -209,6 +211,11 @@ def iter_records(path: str, compression: str, *, check_crc: bool = False) -> Ite
     """Yields the records of one TFRecord file (any Beam filesystem)."""
     for _, record in read_records(path, compression, check_crc=check_crc):
         yield record
+
+
+# What keys a batch of serialized records on its way to the writers: (split, source file, source
+# row of its first record). Batches sort by it into input order.
+BatchKey = tuple[str, str, int]
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ run() holds the output's lock around the run and deletes what a failed run wrote
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
@@ -230,7 +231,7 @@ def _up_to_date(run: Run, published: dict[str, Any]) -> dict[str, Any]:
     return {**published, "skipped": True}
 
 
-def _progress(traits: RunnerTraits, inputs: Inputs) -> Any:
+def _progress(traits: RunnerTraits, inputs: Inputs) -> contextlib.AbstractContextManager[object]:
     """The run's session (runners/session.py): its workers' folders, and a progress line while
     RecordForge's local runner converts, with the total rows where they are known cheaply:
     Parquet footers of local files, an image listing."""

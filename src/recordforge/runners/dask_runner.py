@@ -17,7 +17,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.pipeline import AppliedPTransform, Pipeline, PipelineVisitor
 from apache_beam.runners.common import DoFnSignature
 from apache_beam.runners.runner import PipelineState
-from apache_beam.transforms.core import Impulse, Windowing
+from apache_beam.transforms.core import Impulse, ParDo, Windowing
 from apache_beam.transforms.window import GlobalWindows
 from apache_beam.typehints import trivial_inference
 
@@ -86,7 +86,7 @@ class _Translator(PipelineVisitor):
     """Maps every PCollection of a pipeline (after Beam's Dask overrides) to a dask Bag."""
 
     def __init__(self, *, partitions: int, partition_size: int | None) -> None:
-        self.bags: dict[pvalue.PCollection, db.Bag] = {}
+        self.bags: dict[pvalue.PValue, db.Bag] = {}
         self._read: set[pvalue.PCollection] = set()
         self._sides: dict[pvalue.PCollection, Any] = {}
         self._partitions = partitions
@@ -139,7 +139,9 @@ class _Translator(PipelineVisitor):
         return db.from_sequence(items, npartitions=max(1, min(len(items), self._partitions)))
 
     def _source(self, node: AppliedPTransform, name: str) -> db.Bag:
-        source = node.transform.source
+        transform = node.transform
+        assert isinstance(transform, iobase.Read)  # called for Read nodes only
+        source = transform.source
         if not isinstance(source, iobase.BoundedSource):
             raise NotImplementedError(
                 f"RecordForge's DaskRunner reads bounded sources only; step {node.full_label!r} "
@@ -171,7 +173,9 @@ class _Translator(PipelineVisitor):
         """A side input's elements, gathered by one task that every reader depends on."""
         if pcoll not in self._sides:
             bag = self.bags[pcoll]
-            name = f"side.{_key_name(pcoll.producer.full_label)}-{dask.base.tokenize(bag.name)}"
+            producer = pcoll.producer
+            assert producer is not None  # a side input is some step's output
+            name = f"side.{_key_name(producer.full_label)}-{dask.base.tokenize(bag.name)}"
             self._sides[pcoll] = dask.delayed(dask_tasks.gather)(
                 bag.to_delayed(optimize_graph=False), dask_key_name=name
             )
@@ -179,6 +183,7 @@ class _Translator(PipelineVisitor):
 
     def _pardo(self, node: AppliedPTransform, bag: db.Bag, name: str) -> None:
         transform = node.transform
+        assert isinstance(transform, ParDo)  # called for ParDo nodes only
         signature = DoFnSignature(transform.fn)
         if signature.is_splittable_dofn() or signature.is_stateful_dofn():
             raise NotImplementedError(

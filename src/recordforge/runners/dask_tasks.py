@@ -47,13 +47,13 @@ class ParDoSpec:
 
     run: str
     label: str
-    tags: tuple[str | None, ...]
+    tags: tuple[str | int | None, ...]
     library: str
     payload: bytes  # (fn, args, kwargs, windowing, [(view class, view options)] per side input)
 
 
 class _ListReceiver(Receiver):
-    def __init__(self, out: list[Any], tag: str | None, tagged: bool) -> None:
+    def __init__(self, out: list[Any], tag: str | int | None, tagged: bool) -> None:
         self._out, self._tag, self._tagged = out, tag, tagged
 
     def receive(self, windowed_value: WindowedValue) -> None:
@@ -68,7 +68,7 @@ class _DropReceiver(Receiver):
 class _Receivers(dict):  # type: ignore[type-arg]
     """Output tag -> receiver, for DoFnRunner; tags no step reads are dropped."""
 
-    def __init__(self, tags: Sequence[str | None]) -> None:
+    def __init__(self, tags: Sequence[str | int | None]) -> None:
         super().__init__()
         self.out: list[Any] = []
         for tag in tags:
@@ -111,7 +111,7 @@ def count(elements: Iterable[Any]) -> list[int]:
 
 
 def read_bundles(bundles: Iterable[bytes], library: str) -> list[WindowedValue]:
-    out = []
+    out: list[WindowedValue] = []
     for payload in bundles:
         bundle = _loads(library, payload)
         tracker = bundle.source.get_range_tracker(bundle.start_position, bundle.stop_position)

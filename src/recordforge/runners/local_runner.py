@@ -205,11 +205,11 @@ def _prompt_bundle_ends() -> Iterator[None]:
         def __init__(self, prefix: str, counter_factory: Any, sampling_period_ms: int = 200) -> None:
             super().__init__(prefix, counter_factory, min(sampling_period_ms, _SAMPLING_PERIOD_MS))
 
-    statesampler.StateSampler = _PromptStateSampler
+    statesampler.StateSampler = _PromptStateSampler  # type: ignore[misc]  # Beam's class, replaced while a run needs it
     try:
         yield
     finally:
-        statesampler.StateSampler = original
+        statesampler.StateSampler = original  # type: ignore[misc]
 
 
 def _fork_unsafe() -> str | None:
@@ -226,7 +226,7 @@ def _fork_unsafe() -> str | None:
     return None
 
 
-_handler_class: type | None = None
+_handler_class: Any = None  # the registered handler class (Beam's decorator returns it untyped)
 
 
 def _forked_handler() -> type:
@@ -364,4 +364,5 @@ def dry_run_job(pipeline: beam.Pipeline, result: Any) -> tuple[Any, str | None]:
     """The portable pipeline a Dataflow dry run (`--dry_run=True`) would have staged, and the name
     of the job it would have submitted (assumption 10)."""
     job = getattr(result, "job", None)
-    return pipeline.runner.proto_pipeline, (job.proto.name if job is not None else None)
+    runner: Any = pipeline.runner  # Dataflow's runner keeps the proto it built (assumption 10)
+    return runner.proto_pipeline, (job.proto.name if job is not None else None)

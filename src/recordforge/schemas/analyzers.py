@@ -24,7 +24,7 @@ class Analyzer(enum.Enum):
 
 
 # Parameters each analyzer takes: name -> (type, required).
-_PARAMS: dict[Analyzer, dict[str, tuple[type, bool]]] = {
+_PARAMS: dict[Analyzer, dict[str, tuple[type[int] | type[float], bool]]] = {
     Analyzer.VOCABULARY: {
         "top_k": (int, False),
         "frequency_threshold": (int, False),

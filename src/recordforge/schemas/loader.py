@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import difflib
 from dataclasses import replace
+from enum import Enum
 from typing import Any
 
 import yaml
@@ -246,7 +247,7 @@ def _ops(raw: Any, errs: list[str]) -> tuple[tuple[Op, Any], ...]:
     return tuple(out)
 
 
-def _enum(cls: type, raw: Any, key: str, errs: list[str], *, required: bool = False) -> Any:
+def _enum(cls: type[Enum], raw: Any, key: str, errs: list[str], *, required: bool = False) -> Any:
     if raw is None:
         if required:
             errs.append(f"`{key}` is required (one of {', '.join(m.value for m in cls)})")

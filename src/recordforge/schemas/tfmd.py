@@ -48,6 +48,7 @@ def schema_from_tfmd(proto: schema_pb2.Schema, *, origin: str = layout.SCHEMA_PB
         else:
             problems.append(f"{origin}: feature {feat.name!r} has no usable type")
             continue
+        shape: tuple[int, ...]
         if feat.name in ragged:
             shape = RAGGED
         elif feat.HasField("shape"):

@@ -144,8 +144,8 @@ def image_grid(
     for i, (label, raw) in enumerate(chosen):
         x = GAP + (i % cols) * (TILE + GAP)
         y = GAP + (i // cols) * (TILE + _LABEL_H + GAP)
-        with Image.open(io.BytesIO(raw)) as im:
-            im = im.convert("RGB")
+        with Image.open(io.BytesIO(raw)) as src:
+            im = src.convert("RGB")
             if im.width > TILE or im.height > TILE:
                 im.thumbnail((TILE, TILE))
             else:

@@ -44,6 +44,7 @@ class Progress:
             self._line.stream.write("\n")
 
     def _show(self, now: float) -> None:
+        share: float | None
         if self._total_bytes and self._raw:
             share = self._raw / self._total_bytes
         else:

@@ -31,7 +31,7 @@ def parse_example(raw: bytes) -> dict[str, tuple[str, list[Any]]]:
     from recordforge.tools._example_pb import Example
 
     ex = Example.FromString(raw)
-    out = {}
+    out: dict[str, tuple[str, list[Any]]] = {}
     for name, feat in ex.features.feature.items():
         kind = feat.WhichOneof("kind")
         if kind is None:

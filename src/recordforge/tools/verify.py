@@ -76,7 +76,7 @@ def _spec_problems(batch: Batch, spec: dict[str, dict]) -> dict[int, list[str]]:
             values = batch.columns.get(entry["value_key"])
             lengths = batch.columns.get(entry["partitions"][0]["row_lengths"])
             have = np.bincount(values.rec, weights=values.count, minlength=n) if values else np.zeros(n)
-            want = np.zeros(n)
+            want: np.ndarray = np.zeros(n)
             if lengths is not None and len(lengths.ints):
                 sel = lengths.kind == INT64
                 owner = np.repeat(lengths.rec[sel], lengths.count[sel])

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,6 +28,7 @@ from recordforge.schemas.preprocessing_fn import (
     output_plan,
     raw_tf_spec,
 )
+from recordforge.tfrecord import BatchKey
 from recordforge.transforms.coders import declare_element_type
 from recordforge.transforms.splits import in_split
 
@@ -61,7 +63,7 @@ def _passed_by(plan: Plan) -> list[str]:
     return [f.name for f in plan.features if f.name not in read and f.name not in replaced]
 
 
-def _unread_by_analyzers(plan: Plan, raw_io: Any) -> frozenset[str]:
+def _unread_by_analyzers(plan: Plan, raw_io: tfxio.TFExampleRecord) -> frozenset[str]:
     """The raw features no analyzer reads (without a user's function) whose tensor is a
     SparseTensor, so that an empty list stands for any value. A dense tensor's placeholder would
     cost what the real values cost."""
@@ -130,7 +132,7 @@ class _TftInputFn(beam.DoFn):
         self._absentable = absentable
         self._unread = unread
 
-    def process(self, element: tuple[tuple[str, str, int], pa.RecordBatch]) -> Any:
+    def process(self, element: tuple[BatchKey, pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         (split, file, first_row), rows = element
         n = rows.num_rows
         columns = [
@@ -198,7 +200,9 @@ class _EncodeFn(beam.DoFn):
     def setup(self) -> None:
         self._encoder = ExampleEncoder(self._plan)
 
-    def process(self, element: tuple[pa.RecordBatch, dict[str, Any]]) -> Any:
+    def process(
+        self, element: tuple[pa.RecordBatch, dict[str, Any]]
+    ) -> Iterator[tuple[BatchKey, pa.LargeBinaryArray]]:
         batch, _ = element
         if not batch.num_rows:
             return

@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime
 import json
 import logging
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -250,7 +251,7 @@ class _Facts(beam.CombineFn):
             acc[kind].append(value)
         return acc  # "waited": only makes the combine wait for it
 
-    def merge_accumulators(self, accumulators: Any) -> dict[str, Any]:
+    def merge_accumulators(self, accumulators: Iterable[dict[str, Any]]) -> dict[str, Any]:
         out = self.create_accumulator()
         for acc in accumulators:
             out["rows"] += acc["rows"]

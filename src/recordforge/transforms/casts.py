@@ -67,7 +67,7 @@ def _failing_indices(arr: pa.Array, fn: Callable[[pa.Array], pa.Array]) -> list[
 
 
 def _checked_cast(
-    arr: pa.Array, fn: Callable[[pa.Array], pa.Array], rule: str, what: str, failures: list
+    arr: pa.Array, fn: Callable[[pa.Array], pa.Array], rule: str, what: str, failures: list[Failure]
 ) -> pa.Array:
     """Applies a vectorised conversion; values it refuses are recorded and nulled."""
     try:
@@ -87,10 +87,12 @@ def _per_value(
     convert: Callable[[object], object],
     out_type: pa.DataType,
     rule: str,
-    failures: list,
+    failures: list[Failure],
 ) -> pa.Array:
     """A Python conversion per value, for the rare types Arrow cannot convert exactly (decimal)."""
-    values, bad, reasons = [], [], []
+    values: list[object] = []
+    bad: list[int] = []
+    reasons: list[str] = []
     for i, v in enumerate(arr.to_pylist()):
         if v is None:
             values.append(None)
@@ -325,11 +327,12 @@ def cast_values(arr: pa.Array, f: Feature, file: str) -> tuple[pa.Array, list[Fa
             return conv(arr, pa.int64(), "not an int64 epoch"), failures
         if pa.types.is_date(src):
             arr = pc.cast(arr, pa.timestamp("s"))
-        what = f"not a timestamp in unit {f.unit}"
+        unit = f.unit or "s"  # as in _times: feature_checks gives every timestamp a unit
+        what = f"not a timestamp in unit {unit}"
         if text:
-            ts = _checked_cast(arr, _timestamps(f.unit), "type", what, failures)
+            ts = _checked_cast(arr, _timestamps(unit), "type", what, failures)
         else:
-            ts = conv(arr, pa.timestamp(f.unit), what)
+            ts = conv(arr, pa.timestamp(unit), what)
         return pc.cast(ts, pa.int64()), failures
     if dt is DType.TIME:
         return _times(arr, f, file, failures), failures

@@ -4,10 +4,13 @@
 from __future__ import annotations
 
 import pickle
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import apache_beam as beam
 import pyarrow as pa
+
+if TYPE_CHECKING:  # sources.py imports this module
+    from recordforge.transforms.sources import SourceBatch
 
 __all__ = ["ArrowCoder", "SourceBatchCoder", "declare_element_type"]
 
@@ -37,7 +40,7 @@ class ArrowCoder(_SizedPickleCoder):
 class SourceBatchCoder(_SizedPickleCoder):
     """A `SourceBatch`: a record batch with its file and first row."""
 
-    def estimate_size(self, value: Any) -> int:
+    def estimate_size(self, value: SourceBatch) -> int:
         return value.batch.nbytes + sum(a.nbytes for a in value.read.values()) + len(value.file) + 16
 
 

@@ -187,8 +187,8 @@ def _conform_feature(
             blank = pc.equal(pc.utf8_trim_whitespace(col), "")
             col = _one_value_lists(pc.if_else(blank, pa.scalar(None, col.type), col))
         else:
-            lists, bad = parse_json_lists(col, f)
-            for i, rule, reason in bad:  # the cell's text is the value a rejected row shows
+            lists, unparsed = parse_json_lists(col, f)
+            for i, rule, reason in unparsed:  # the cell's text is the value a rejected row shows
                 fails.add(np.array([i]), f.source_column, rule, reason, col, np.array([i]))
             col = lists
     elif not _is_list(col.type) and len(f.shape) == 1:

@@ -174,10 +174,10 @@ def plan_ranges(path: str, size: int, scans: list[ChunkScan], names: list[str]) 
     bounds = sorted(starts)
     header = tuple(names)
     out: list[CsvRange] = []
-    ends = [s for s, _ in bounds] + [None]
+    ends: list[int | None] = [s for s, _ in bounds] + [None]
     out.append(CsvRange(path, 0, ends[0], 0, None))
-    for (start, rows), end in zip(bounds, ends[1:], strict=True):
-        out.append(CsvRange(path, start, end, rows, header))
+    for (start, rows), stop in zip(bounds, ends[1:], strict=True):
+        out.append(CsvRange(path, start, stop, rows, header))
     return out
 
 

@@ -91,7 +91,7 @@ class ImageFolder:
         starts = itertools.accumulate((n for _, n, _, _ in groups), initial=0)  # type: ignore[attr-defined]
         self.groups = [
             (folder, names[start : start + n], label, split)
-            for (folder, n, label, split), start in zip(groups, starts, strict=False)  # type: ignore[attr-defined]
+            for (folder, n, label, split), start in zip(groups, starts, strict=False)  # type: ignore[call-overload]
         ]
         self._label_ids = {}
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -74,7 +75,7 @@ class _OutOfRange(ValueError):
     pass
 
 
-def _checked_float(value_t: pa.DataType | None) -> Any:
+def _checked_float(value_t: pa.DataType | None) -> Callable[[str], float] | None:
     """For float lists: json's number parser, refusing a number the list's float type cannot hold
     (which would otherwise become an infinity); `Infinity` written out stays a value."""
     if value_t is None or not pa.types.is_floating(value_t):

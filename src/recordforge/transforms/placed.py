@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from typing import Any
 
 import apache_beam as beam
 import pyarrow as pa
 
-from recordforge.tfrecord import ShardInfo
+from recordforge.tfrecord import BatchKey, ShardInfo
 from recordforge.transforms.shard_files import ShardFiles, TempShard
 from recordforge.transforms.shard_spec import ShardSpec, Sizing
 from recordforge.transforms.shuffle import ScatterRecords, ordered_pieces, sorted_records
@@ -27,7 +26,7 @@ class _WriteShardFn(beam.DoFn):
         self._level = level
         self._shuffled = shuffled
 
-    def process(self, element: tuple[int, Iterable[Any]]) -> Iterator[tuple[int, TempShard]]:
+    def process(self, element: tuple[int, Iterable[pa.Array | str]]) -> Iterator[tuple[int, TempShard]]:
         shard, pieces = element
         arrays: list[pa.Array] = [sorted_records(pieces)] if self._shuffled else ordered_pieces(pieces)
         yield shard, self._files.write(f"shard-{shard:05d}", arrays, self._compression, self._level)
@@ -45,7 +44,7 @@ def _publish_slots(
 
 
 def write_placed(
-    batches: beam.PCollection[tuple[Any, pa.Array]], files: ShardFiles, spec: ShardSpec, *, spill: bool
+    batches: beam.PCollection[tuple[BatchKey, pa.Array]], files: ShardFiles, spec: ShardSpec, *, spill: bool
 ) -> beam.PCollection[ShardInfo]:
     """The placed writer's steps, applied within the caller's transform (WriteTFRecords), so
     that its grouping is `<writer>/GroupShards`, one per split.

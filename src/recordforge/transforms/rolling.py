@@ -5,18 +5,19 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any
 
 import apache_beam as beam
 import numpy as np
 import pyarrow as pa
 from apache_beam.transforms.window import GlobalWindows
+from apache_beam.utils.windowed_value import WindowedValue
 
 from recordforge.arrays import binary_parts
 from recordforge.streams import Segment, StreamWriter, splice
-from recordforge.tfrecord import ShardInfo, frame_records, read_records
+from recordforge.tfrecord import BatchKey, ShardInfo, frame_records, read_records
 from recordforge.transforms.shard_files import (
     ShardFiles,
+    TempShard,
     abandon,
     close_stream,
     open_stream,
@@ -74,14 +75,11 @@ class Limits:
 
 
 @dataclass(frozen=True)
-class _Part:
-    """A finished temporary shard, described by what was written to it."""
+class _Part(TempShard):
+    """A finished temporary shard, described by what was written to it and where its records
+    come from."""
 
-    tmp: str
-    records: int
-    bytes: int
-    sha256: str
-    first_key: Any
+    first_key: BatchKey | None  # None: an empty shard of a fixed count
     segments: tuple[Segment, ...] = ()
     # Where in its first batch the part starts (records before it there): parts that start in
     # one batch (cut by a full part, or joins cut from one part) follow each other by it.
@@ -98,7 +96,7 @@ class _Roller:
         self._limits = limits
         self._writer: StreamWriter | None = None
 
-    def _open(self, key: Any, first_record: int) -> StreamWriter:
+    def _open(self, key: BatchKey | None, first_record: int) -> StreamWriter:
         self._tmp = temp_path(self._tmp_dir, "part")
         self._writer = open_stream(self._tmp, self._compression, self._level)
         self._records = 0
@@ -123,7 +121,7 @@ class _Roller:
             writer, self._writer = self._writer, None
             abandon(self._tmp, writer)
 
-    def add(self, key: Any, records: pa.Array, first_record: int = 0) -> Iterator[_Part]:
+    def add(self, key: BatchKey | None, records: pa.Array, first_record: int = 0) -> Iterator[_Part]:
         """Writes `records`, the batch `key`'s from its `first_record` on."""
         try:
             yield from self._add(key, records, first_record)
@@ -131,7 +129,7 @@ class _Roller:
             self.abandon()
             raise
 
-    def _add(self, key: Any, records: pa.Array, first_record: int) -> Iterator[_Part]:
+    def _add(self, key: BatchKey | None, records: pa.Array, first_record: int) -> Iterator[_Part]:
         limits = self._limits
         offsets, data = binary_parts(frame_records(records))
         start, n = 0, len(records)
@@ -141,7 +139,9 @@ class _Roller:
             # At most one slice's bytes, at least one record.
             fits = int(np.searchsorted(offsets, offsets[start] + limits.slice_bytes, side="right")) - 1
             end = max(start + 1, min(end, fits))
-            writer.write(memoryview(data[offsets[start] : offsets[end]]), end - start)
+            # numpy declares ndarray.__buffer__ only for Python 3.12+, though arrays export buffers on 3.11.
+            chunk = memoryview(data[offsets[start] : offsets[end]])  # type: ignore[arg-type]
+            writer.write(chunk, end - start)
             self._records += end - start
             start = end
             writer.end_segment()
@@ -157,10 +157,10 @@ class _RollingWriteFn(beam.DoFn):
     def start_bundle(self) -> None:
         self._roller = _Roller(*self._args)
 
-    def process(self, element: tuple[Any, pa.Array]) -> Iterator[_Part]:
+    def process(self, element: tuple[BatchKey, pa.Array]) -> Iterator[_Part]:
         yield from self._roller.add(*element)
 
-    def finish_bundle(self) -> Iterator[Any]:
+    def finish_bundle(self) -> Iterator[WindowedValue]:
         part = self._roller.close()
         if part is not None:
             yield GlobalWindows.windowed_value(part)
@@ -178,7 +178,7 @@ class _Join:
         return sum(seg.records for _, segs in self.pieces for seg in segs)
 
 
-def _order(part: _Part) -> tuple[bool, Any, int, str]:
+def _order(part: _Part) -> tuple[bool, BatchKey | tuple[()], int, str]:
     """Input order: by first batch, then where in it the part starts (never by the temporary
     names, which are random); the empty shards of a fixed count (no first key) last."""
     first = () if part.first_key is None else part.first_key
@@ -332,7 +332,7 @@ class WriteRollingShards(beam.PTransform):
         self._level = spec.level
         self._limits = Limits.of(spec)
 
-    def expand(self, batches: beam.PCollection[tuple[Any, pa.Array]]) -> beam.PCollection[ShardInfo]:
+    def expand(self, batches: beam.PCollection[tuple[BatchKey, pa.Array]]) -> beam.PCollection[ShardInfo]:
         tmp, limits = self._files.temp_dir, self._limits
         parts = batches | "WriteParts" >> beam.ParDo(
             _RollingWriteFn(tmp, self._compression, self._level, limits)

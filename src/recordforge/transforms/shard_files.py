@@ -110,7 +110,9 @@ def write_shard(
             if not len(array):
                 continue
             offsets, data = binary_parts(frame_records(array))
-            writer.write(memoryview(data[offsets[0] : offsets[-1]]), len(array))
+            # numpy declares ndarray.__buffer__ only for Python 3.12+, though arrays export buffers on 3.11.
+            chunk = memoryview(data[offsets[0] : offsets[-1]])  # type: ignore[arg-type]
+            writer.write(chunk, len(array))
             records += len(array)
     except BaseException:
         abandon(path, writer)

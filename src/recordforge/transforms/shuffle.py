@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterable, Iterator
-from typing import Any
 
 import apache_beam as beam
 import numpy as np
@@ -13,6 +12,7 @@ from apache_beam import typehints
 
 from recordforge import layout
 from recordforge.storage import open_write, read_bytes
+from recordforge.tfrecord import BatchKey
 from recordforge.transforms.coders import declare_element_type
 from recordforge.transforms.shard_files import abandon, temp_path
 
@@ -109,8 +109,8 @@ class _ScatterFn(beam.DoFn):
         return self._seen[1], self._seen[2], self._seen[3]
 
     def process(
-        self, keyed: tuple[Any, Any], counts: list[tuple[str, int, int]]
-    ) -> Iterator[tuple[int, Any]]:
+        self, keyed: tuple[BatchKey, pa.Array | str], counts: list[tuple[str, int, int]]
+    ) -> Iterator[tuple[int, pa.StructArray | str]]:
         (_, file, first_row), records = keyed
         if isinstance(records, str):
             records = _read_array(records)
@@ -165,19 +165,19 @@ class _SpillFn(beam.DoFn):
     def __init__(self, spill_dir: str) -> None:
         self._spill_dir = spill_dir
 
-    def process(self, keyed: tuple[Any, pa.Array]) -> Iterator[tuple[Any, tuple[str, int]]]:
+    def process(self, keyed: tuple[BatchKey, pa.Array]) -> Iterator[tuple[BatchKey, tuple[str, int]]]:
         key, records = keyed
         if len(records):
             path = temp_path(self._spill_dir, "batch", _SPILLED)
             yield key, (_write_array(path, records), len(records))
 
 
-def _count(keyed: tuple[Any, Any]) -> tuple[str, int, int]:
+def _count(keyed: tuple[BatchKey, pa.Array | tuple[str, int]]) -> tuple[str, int, int]:
     (_, file, first_row), records = keyed
     return file, first_row, records[1] if isinstance(records, tuple) else len(records)
 
 
-def _path(keyed: tuple[Any, tuple[str, int]]) -> tuple[Any, str]:
+def _path(keyed: tuple[BatchKey, tuple[str, int]]) -> tuple[BatchKey, str]:
     return keyed[0], keyed[1][0]
 
 
@@ -198,7 +198,9 @@ class ScatterRecords(beam.PTransform):
         self._salt = salt
         self._spill_dir = spill_dir
 
-    def expand(self, batches: beam.PCollection) -> beam.PCollection:
+    def expand(
+        self, batches: beam.PCollection[tuple[BatchKey, pa.Array]]
+    ) -> beam.PCollection[tuple[int, pa.StructArray | str]]:
         spill = self._spill_dir
         if spill is not None:
             batches = batches | "Spill" >> beam.ParDo(_SpillFn(spill))

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import apache_beam as beam
 import pyarrow as pa
 
-from recordforge.tfrecord import Compression, ShardInfo
+from recordforge.tfrecord import BatchKey, Compression, ShardInfo
 from recordforge.transforms.placed import write_placed
 from recordforge.transforms.rolling import WriteRollingShards
 from recordforge.transforms.shard_files import ShardFiles, shard_prefix
@@ -33,7 +31,7 @@ class WriteTFRecords(beam.PTransform):
         self._spec = spec
         self._spill = spill
 
-    def expand(self, batches: beam.PCollection[tuple[Any, pa.Array]]) -> beam.PCollection[ShardInfo]:
+    def expand(self, batches: beam.PCollection[tuple[BatchKey, pa.Array]]) -> beam.PCollection[ShardInfo]:
         spec = self._spec
         files = ShardFiles.beside(shard_prefix(self._output, spec.name), Compression.suffix(spec.compression))
         if spec.sizing is Sizing.COUNT:
