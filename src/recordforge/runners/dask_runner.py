@@ -139,9 +139,7 @@ class _Translator(PipelineVisitor):
         return db.from_sequence(items, npartitions=max(1, min(len(items), self._partitions)))
 
     def _source(self, node: AppliedPTransform, name: str) -> db.Bag:
-        transform = node.transform
-        assert isinstance(transform, iobase.Read)  # called for Read nodes only
-        source = transform.source
+        source = getattr(node.transform, "source", None)  # a Read's; anything else is refused below
         if not isinstance(source, iobase.BoundedSource):
             raise NotImplementedError(
                 f"RecordForge's DaskRunner reads bounded sources only; step {node.full_label!r} "

@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING, Any
 import apache_beam as beam
 import pyarrow as pa
 
-if TYPE_CHECKING:  # sources.py imports this module
-    from recordforge.transforms.sources import SourceBatch
+if TYPE_CHECKING:  # source_types.py imports this module
+    from recordforge.transforms.source_types import SourceBatch
 
 __all__ = ["ArrowCoder", "SourceBatchCoder", "declare_element_type"]
 
