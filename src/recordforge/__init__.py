@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING, Any
 
 # google-cloud-storage fetches each bucket's metadata in a background thread, only to label
 # OpenTelemetry spans: a request RecordForge never needs (and whose service account may lack
-# storage.buckets.get), a thread per bucket in every worker, one seen blocked for good on a slow
-# server while a Dask worker stalled. Off unless the user's environment sets it.
+# storage.buckets.get), and a thread per bucket in every worker that can block on a slow server.
+# Off unless the user's environment sets it.
 os.environ.setdefault("DISABLE_GCS_PYTHON_CLIENT_OTEL_BUCKET_METADATA", "1")
 
 __version__ = "0.1.0"

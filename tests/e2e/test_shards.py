@@ -65,8 +65,6 @@ def test_shard_size_is_a_target(tmp_path: Path, source: str) -> None:
             "500",
             "--compression",
             "none",
-            "--direct_num_workers",
-            "1",  # one worker: its parts in input order, the short one last
         ]
     )
     shards = _shards(tmp_path / "out")
@@ -225,11 +223,7 @@ def test_num_shards_is_exact_and_the_shards_are_about_equal(tmp_path: Path, sour
     """Without --deterministic the parts the workers wrote are joined into exactly that many
     shards, cut between segments (a batch here), the input in order; nothing else stays."""
     out = tmp_path / "out"
-    # One worker, so that the records are in input order across the shards.
-    run(
-        ["--source", source, "--output", str(out), "--num_shards", str(count), "--batch_size", "1000"]
-        + ["--direct_num_workers", "1"]
-    )
+    run(["--source", source, "--output", str(out), "--num_shards", str(count), "--batch_size", "1000"])
     shards = _shards(out)
     assert [s["file"].split("/", 1)[1] for s in shards] == [
         f"data-{i:05d}-of-{count:05d}.tfrecord.gz" for i in range(count)

@@ -11,7 +11,8 @@ from recordforge.tfrecord import Compression
 __all__ = ["DEFAULT_LEVEL", "DEFAULT_SHARD_SIZE", "ShardSpec", "Sizing", "parse_size"]
 
 DEFAULT_SHARD_SIZE = 128 << 20  # TensorFlow's guidance: 100-200 MB per shard
-# ISA-L levels run 0-3; level 1 measured best for throughput at a few percent larger output.
+# ISA-L levels run 0-3; level 1 trades a few percent of size for most of the throughput
+# (docs/performance.md).
 DEFAULT_LEVEL = 1
 _UNITS = {
     "": 1,
