@@ -12,8 +12,8 @@ _GLOB = re.compile(r"[\[*?]")
 
 
 def local_matches(pattern: str) -> list[str]:
-    """The paths `pattern` (an absolute local path) matches, sorted, as Beam's `FileSystems.match`
-    gives them: `*` within one path segment, `**` across segments, `?` any one character,
+    """The paths `pattern` (an absolute local path) matches, sorted, as Beam's filesystems give
+    them: `*` within one path segment, `**` across segments, `?` any one character,
     `[...]` (`[!...]` negated) a class; the files below the folder in front of the first glob
     character are searched at any depth, hidden files included; a pattern ending in `/` is that
     folder's files; a pattern without glob characters is that path, if it exists."""

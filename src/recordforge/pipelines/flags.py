@@ -1,12 +1,4 @@
-"""Every flag of `recordforge convert`, declared once.
-
-One `Flag` per flag holds its name, type, default, help, the `ConvertConfig` field it fills, and
-whether it changes the output's bytes. From this table come: the argparse flags (Beam's options
-class, `convert --help`), `ConvertConfig`'s defaults and `from_options`, the `--if_changed`
-fingerprint (`ConvertConfig.settings()`: exactly the flags that change the output), the Flex
-Template's parameters (deploy/metadata.json) and the README's flag table (`python -m
-recordforge.pipelines.flags` prints it; a test checks the README holds it).
-"""
+"""Every flag of `recordforge convert`, declared once (what is derived from it: docs/architecture.md)."""
 
 from __future__ import annotations
 
