@@ -72,6 +72,7 @@ class Publication:
         self.published: dict[str, Any] | None = None  # this run's metadata.json, once committed
 
     def __enter__(self) -> Publication:
+        crashpoints.arm()
         owner = _owner(self.version, self._config)
         self._lease = Lease.acquire(layout.lock_path(self.output), owner)
         try:

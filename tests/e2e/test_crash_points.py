@@ -137,3 +137,19 @@ def test_a_first_run_killed_at_each_step_is_followed_by_a_plain_run(
                 point, outcome, out
             )
         assert _whole(out)["num_records"] == 500 and verify(str(out)) == [], _report(point, outcome, out)
+
+
+def test_a_crash_point_in_a_forked_worker_kills_the_whole_run(forked: ForkedRuns, tmp_path: Path) -> None:
+    """The shard publish runs inside a Beam step: with forked local workers, in a worker. Reached
+    there, the crash point kills the run's driver too (recorded under the lock), so the run dies as
+    a power cut would end it, nothing is published, and the next run publishes whole."""
+    pq.write_table(taxi_table(500, seed=3), tmp_path / "a.parquet")
+    out = tmp_path / "out"
+    argv = ["convert", "--source", str(tmp_path / "a.parquet"), "--output", str(out)]
+    argv += ["--direct_running_mode", "multi_processing", "--direct_num_workers", "2"]
+    [crashed] = forked.together([(argv, 0.0)], envs=[{crashpoints.ENV: "shards_published"}])
+    assert crashed.code == -9, crashed
+    assert not (out / "metadata.json").exists()
+    [rerun] = forked.together([(argv, 0.0)])
+    assert rerun.code == 0, rerun
+    assert _whole(out)["num_records"] == 500 and verify(str(out)) == []
