@@ -12,9 +12,8 @@ import pyarrow as pa
 from apache_beam.transforms.window import GlobalWindows
 from apache_beam.utils.windowed_value import WindowedValue
 
-from recordforge.arrays import binary_parts
 from recordforge.streams import Segment, StreamWriter, splice
-from recordforge.tfrecord import BatchKey, ShardInfo, frame_records, read_records
+from recordforge.tfrecord import BatchKey, ShardInfo, framed, read_records
 from recordforge.transforms.shard_files import (
     ShardFiles,
     TempShard,
@@ -131,7 +130,7 @@ class _Roller:
 
     def _add(self, key: BatchKey | None, records: pa.Array, first_record: int) -> Iterator[_Part]:
         limits = self._limits
-        offsets, data = binary_parts(frame_records(records))
+        offsets, data = framed(records)
         start, n = 0, len(records)
         while start < n:
             writer = self._writer or self._open(key, first_record + start)

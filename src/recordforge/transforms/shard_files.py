@@ -24,11 +24,10 @@ from dataclasses import dataclass
 import pyarrow as pa
 
 from recordforge import layout
-from recordforge.arrays import binary_parts
 from recordforge.publishing import publish_shards
 from recordforge.storage import delete_files, delete_tree, exists, open_write
 from recordforge.streams import HashingFile, Segment, StreamWriter
-from recordforge.tfrecord import ShardInfo, frame_records
+from recordforge.tfrecord import ShardInfo, framed
 
 __all__ = [
     "ShardFiles",
@@ -109,7 +108,7 @@ def write_shard(
         for array in arrays:
             if not len(array):
                 continue
-            offsets, data = binary_parts(frame_records(array))
+            offsets, data = framed(array)
             # numpy declares ndarray.__buffer__ only for Python 3.12+, though arrays export buffers on 3.11.
             chunk = memoryview(data[offsets[0] : offsets[-1]])  # type: ignore[arg-type]
             writer.write(chunk, len(array))
