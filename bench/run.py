@@ -216,6 +216,20 @@ def main() -> None:
             "recordforge, Parquet, GZIP, 1 worker",
             ["recordforge", source, f"{w}/rf", n, "--schema", schema, *ONE_WORKER],
         ),
+        "rf_none": (
+            "recordforge, Parquet, --compression none, 1 worker",
+            [
+                "recordforge",
+                source,
+                f"{w}/rf_none",
+                n,
+                "--schema",
+                schema,
+                "--compression",
+                "none",
+                *ONE_WORKER,
+            ],
+        ),
         # Right after the conversion, in every round: reading the bundle it wrote.
         "rf_verify": (
             "recordforge verify of the bundle rf wrote (same round)",
