@@ -1,5 +1,6 @@
 /* recordforge._native: conformed Arrow buffers to serialized tf.train.Examples, TFRecord framing
- * and CRC32C, in loops over whole batches (no Python call per record; the GIL is released).
+ * and CRC32C, finding and checking framed records: loops over whole batches (no Python call per
+ * record; the GIL is released).
  *
  * The wire grammar written by encode_examples (the same as encoding.py's docstring states):
  *
@@ -426,6 +427,99 @@ done:
     return out;
 }
 
+static inline uint64_t get_le64(const uint8_t *p) { return load_le64(p); }
+
+static inline uint32_t get_le32(const uint8_t *p) {
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+/* find_records(data) -> (heads, used, bad): where each whole record at the front of data starts,
+   by its length field, as int64 bytes; where the rest begins; bad: whether the record at `used`
+   has a length whose CRC does not hold (the hop stops there). */
+static PyObject *find_records(PyObject *self, PyObject *args) {
+    Py_buffer data;
+    if (!PyArg_ParseTuple(args, "y*", &data)) return NULL;
+    const uint8_t *buf = (const uint8_t *)data.buf;
+    Py_ssize_t n = data.len;
+    PyObject *heads = PyByteArray_FromStringAndSize(NULL, (n / 16 + 1) * 8);
+    if (!heads) {
+        PyBuffer_Release(&data);
+        return NULL;
+    }
+    int64_t *out = (int64_t *)PyByteArray_AS_STRING(heads);
+    Py_ssize_t count = 0, pos = 0;
+    int bad = 0;
+    Py_BEGIN_ALLOW_THREADS
+    while (pos + 12 <= n) {
+        uint64_t len = get_le64(buf + pos);
+        if (len > (uint64_t)(n - pos - 12) || (Py_ssize_t)len + 16 > n - pos) break; /* not all here */
+        if (masked(crc32c(buf + pos, 8)) != get_le32(buf + pos + 8)) {
+            bad = 1;
+            break;
+        }
+        out[count++] = pos;
+        pos += (Py_ssize_t)len + 16;
+    }
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&data);
+    if (PyByteArray_Resize(heads, count * 8) < 0) {
+        Py_DECREF(heads);
+        return NULL;
+    }
+    PyObject *result = Py_BuildValue("(Oni)", heads, pos, bad);
+    Py_DECREF(heads);
+    return result;
+}
+
+/* data_crc_mismatches(data, heads, lengths) -> [i, ...]: the records whose data CRC does not hold. */
+static PyObject *data_crc_mismatches(PyObject *self, PyObject *args) {
+    Py_buffer data, heads, lengths;
+    if (!PyArg_ParseTuple(args, "y*y*y*", &data, &heads, &lengths)) return NULL;
+    PyObject *result = NULL;
+    Py_ssize_t n = heads.len / 8;
+    const uint8_t *buf = (const uint8_t *)data.buf;
+    const int64_t *h = (const int64_t *)heads.buf, *l = (const int64_t *)lengths.buf;
+    if (lengths.len != heads.len || heads.len % 8 || (uintptr_t)h % 8 || (uintptr_t)l % 8) {
+        PyErr_SetString(PyExc_ValueError, "heads and lengths must be aligned int64 arrays of one length");
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (h[i] < 0 || l[i] < 0 || l[i] > data.len || h[i] > data.len - 16 - l[i]) {
+            PyErr_Format(PyExc_ValueError, "record %zd reaches outside the data", i);
+            goto done;
+        }
+    }
+    result = PyList_New(0);
+    if (!result) goto done;
+    Py_ssize_t i = 0;
+    while (i < n) {
+        Py_ssize_t found = -1;
+        Py_BEGIN_ALLOW_THREADS
+        for (; i < n; i++) {
+            const uint8_t *rec = buf + h[i] + 12;
+            if (masked(crc32c(rec, (size_t)l[i])) != get_le32(rec + l[i])) {
+                found = i++;
+                break;
+            }
+        }
+        Py_END_ALLOW_THREADS
+        if (found >= 0) {
+            PyObject *index = PyLong_FromSsize_t(found);
+            if (!index || PyList_Append(result, index) < 0) {
+                Py_XDECREF(index);
+                Py_CLEAR(result);
+                goto done;
+            }
+            Py_DECREF(index);
+        }
+    }
+done:
+    PyBuffer_Release(&data);
+    PyBuffer_Release(&heads);
+    PyBuffer_Release(&lengths);
+    return result;
+}
+
 static PyObject *py_crc32c(PyObject *self, PyObject *args) {
     Py_buffer data;
     int hardware = 1;
@@ -445,6 +539,10 @@ static PyMethodDef methods[] = {
      "encode_examples(n, columns) -> (offsets, data): n serialized Examples (int64 offsets, n + 1)."},
     {"frame_records", frame_records, METH_VARARGS,
      "frame_records(offsets, data) -> framed: the records as TFRecords, back to back."},
+    {"find_records", find_records, METH_VARARGS,
+     "find_records(data) -> (heads, used, bad): the whole records at the front of data."},
+    {"data_crc_mismatches", data_crc_mismatches, METH_VARARGS,
+     "data_crc_mismatches(data, heads, lengths) -> [i, ...]: records whose data CRC fails."},
     {"crc32c", py_crc32c, METH_VARARGS,
      "crc32c(data, hardware=True) -> int: CRC32C, unmasked (hardware=False: the table)."},
     {NULL, NULL, 0, NULL},

@@ -187,3 +187,24 @@ def test_encoder_refuses_offsets_outside_the_values() -> None:
     spec = (b"\x0a\x01a", 2, None, 0, offsets, 0, values, 0, None)
     with pytest.raises(ValueError, match="row 0 of column 0 reaches outside its buffers"):
         _native.encode_examples(1, [spec])
+
+
+def test_find_records_and_data_crcs() -> None:
+    """Whole records are found up to an incomplete one or one whose length CRC fails; data CRCs
+    that fail are named by index."""
+    records = [b"a" * k for k in (0, 1, 200, 3)]
+    offsets, data = framed(pa.array(records, pa.large_binary()))
+    raw = data.tobytes()
+    heads, used, bad = _native.find_records(raw + raw[:20])  # the empty record, then a cut one
+    assert np.frombuffer(heads, np.int64).tolist() == [*offsets[:-1].tolist(), len(raw)]
+    assert (used, bad) == (len(raw) + 16, False)
+    broken = bytearray(raw)
+    broken[int(offsets[2]) + 8] ^= 1  # the third record's length CRC
+    heads, used, bad = _native.find_records(bytes(broken))
+    assert (len(heads) // 8, used, bad) == (2, int(offsets[2]), True)
+    broken = bytearray(raw)
+    broken[int(offsets[2]) + 12 + 5] ^= 1  # a byte of the third record's data
+    broken[int(offsets[4]) - 1] ^= 1  # the last record's data CRC
+    lengths = np.array([len(r) for r in records], np.int64)
+    assert _native.data_crc_mismatches(bytes(broken), offsets[:-1].copy(), lengths) == [2, 3]
+    assert _native.data_crc_mismatches(raw, offsets[:-1].copy(), lengths) == []
