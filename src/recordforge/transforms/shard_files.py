@@ -58,6 +58,7 @@ def abandon(path: str, writer: StreamWriter | None = None) -> None:
     one already gone is not an error."""
     with contextlib.suppress(Exception):
         if writer is not None:
+            writer.discard()
             writer.file.close()
     with contextlib.suppress(Exception):
         if exists(path):
