@@ -119,13 +119,21 @@ static inline uint8_t *put_le64(uint8_t *p, uint64_t v) {
 
 /* ---- one column of a batch, as the Python side describes it ---- */
 
+/* Offsets are read by memcpy: buffers that come out of a pickle (a Dask worker's) need not be
+   aligned to 8 bytes. */
+static inline int64_t load_i64(const uint8_t *p) {
+    int64_t v;
+    memcpy(&v, p, 8);
+    return v;
+}
+
 typedef struct {
     const uint8_t *key; /* 0x0A len name: the map entry's key field */
     Py_ssize_t key_len;
     int kind;
     const uint8_t *valid; /* Arrow validity bitmap, or NULL: every row present */
     Py_ssize_t valid_bit;
-    const int64_t *rows; /* large_list offsets of row 0..n, or NULL: a scalar column */
+    const uint8_t *rows; /* large_list offsets (int64) of row 0..n, or NULL: a scalar column */
     const uint8_t *values; /* int64, float32, or (bytes) the int64 value offsets */
     Py_ssize_t first_value; /* the values array's own offset; a scalar's row i is value first + i */
     Py_ssize_t num_values; /* values addressable from first_value on */
@@ -141,8 +149,8 @@ static inline int present(const Column *c, Py_ssize_t i) {
 
 static inline void value_range(const Column *c, Py_ssize_t i, int64_t *lo, int64_t *hi) {
     if (c->rows) {
-        *lo = c->rows[i];
-        *hi = c->rows[i + 1];
+        *lo = load_i64(c->rows + 8 * i);
+        *hi = load_i64(c->rows + 8 * (i + 1));
     } else {
         *lo = i;
         *hi = i + 1;
@@ -289,11 +297,7 @@ static int parse_column(PyObject *spec, Py_ssize_t n, Column *c, Views *v) {
             PyErr_SetString(PyExc_ValueError, "list offsets shorter than the batch");
             return -1;
         }
-        c->rows = (const int64_t *)rows_data + first_row;
-        if ((uintptr_t)c->rows % 8) {
-            PyErr_SetString(PyExc_ValueError, "list offsets not aligned");
-            return -1;
-        }
+        c->rows = rows_data + 8 * first_row;
     }
     if (get_buffer(v, values, &c->values, &num_values_bytes) < 0) return -1;
     Py_ssize_t width = c->kind == KIND_FLOAT ? 4 : 8;
@@ -394,33 +398,36 @@ static PyObject *frame_records(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "y*y*", &offs, &data)) return NULL;
     PyObject *out = NULL;
     Py_ssize_t n = offs.len / 8 - 1;
-    const int64_t *off = (const int64_t *)offs.buf;
-    if (n < 0 || offs.len % 8 || (uintptr_t)off % 8) {
-        PyErr_SetString(PyExc_ValueError, "offsets must be n + 1 aligned int64 values");
+    const uint8_t *ob = (const uint8_t *)offs.buf;
+    if (n < 0 || offs.len % 8) {
+        PyErr_SetString(PyExc_ValueError, "offsets must be n + 1 int64 values");
         goto done;
     }
+#define OFF(i) load_i64(ob + 8 * (i))
     for (Py_ssize_t i = 0; i < n; i++) {
-        if (off[i] < 0 || off[i + 1] < off[i] || off[i + 1] > data.len) {
+        if (OFF(i) < 0 || OFF(i + 1) < OFF(i) || OFF(i + 1) > data.len) {
             PyErr_Format(PyExc_ValueError, "record %zd reaches outside the data", i);
             goto done;
         }
     }
-    Py_ssize_t size = n ? (Py_ssize_t)(off[n] - off[0]) + 16 * n : 0;
+    Py_ssize_t size = n ? (Py_ssize_t)(OFF(n) - OFF(0)) + 16 * n : 0;
     out = PyByteArray_FromStringAndSize(NULL, size);
     if (!out) goto done;
     uint8_t *p = (uint8_t *)PyByteArray_AS_STRING(out);
     const uint8_t *src = (const uint8_t *)data.buf;
     Py_BEGIN_ALLOW_THREADS
     for (Py_ssize_t i = 0; i < n; i++) {
-        uint64_t len = (uint64_t)(off[i + 1] - off[i]);
+        int64_t at = OFF(i);
+        uint64_t len = (uint64_t)(OFF(i + 1) - at);
         uint8_t *head = p;
         p = put_le64(p, len);
         p = put_le32(p, masked(crc32c(head, 8)));
-        memcpy(p, src + off[i], (size_t)len);
+        memcpy(p, src + at, (size_t)len);
         p += len;
-        p = put_le32(p, masked(crc32c(src + off[i], (size_t)len)));
+        p = put_le32(p, masked(crc32c(src + at, (size_t)len)));
     }
     Py_END_ALLOW_THREADS
+#undef OFF
 done:
     PyBuffer_Release(&offs);
     PyBuffer_Release(&data);
@@ -478,13 +485,15 @@ static PyObject *data_crc_mismatches(PyObject *self, PyObject *args) {
     PyObject *result = NULL;
     Py_ssize_t n = heads.len / 8;
     const uint8_t *buf = (const uint8_t *)data.buf;
-    const int64_t *h = (const int64_t *)heads.buf, *l = (const int64_t *)lengths.buf;
-    if (lengths.len != heads.len || heads.len % 8 || (uintptr_t)h % 8 || (uintptr_t)l % 8) {
-        PyErr_SetString(PyExc_ValueError, "heads and lengths must be aligned int64 arrays of one length");
+    const uint8_t *hb = (const uint8_t *)heads.buf, *lb = (const uint8_t *)lengths.buf;
+    if (lengths.len != heads.len || heads.len % 8) {
+        PyErr_SetString(PyExc_ValueError, "heads and lengths must be int64 arrays of one length");
         goto done;
     }
+#define H(i) load_i64(hb + 8 * (i))
+#define L(i) load_i64(lb + 8 * (i))
     for (Py_ssize_t i = 0; i < n; i++) {
-        if (h[i] < 0 || l[i] < 0 || l[i] > data.len || h[i] > data.len - 16 - l[i]) {
+        if (H(i) < 0 || L(i) < 0 || L(i) > data.len || H(i) > data.len - 16 - L(i)) {
             PyErr_Format(PyExc_ValueError, "record %zd reaches outside the data", i);
             goto done;
         }
@@ -496,8 +505,8 @@ static PyObject *data_crc_mismatches(PyObject *self, PyObject *args) {
         Py_ssize_t found = -1;
         Py_BEGIN_ALLOW_THREADS
         for (; i < n; i++) {
-            const uint8_t *rec = buf + h[i] + 12;
-            if (masked(crc32c(rec, (size_t)l[i])) != get_le32(rec + l[i])) {
+            const uint8_t *rec = buf + H(i) + 12;
+            if (masked(crc32c(rec, (size_t)L(i))) != get_le32(rec + L(i))) {
                 found = i++;
                 break;
             }
@@ -513,6 +522,8 @@ static PyObject *data_crc_mismatches(PyObject *self, PyObject *args) {
             Py_DECREF(index);
         }
     }
+#undef H
+#undef L
 done:
     PyBuffer_Release(&data);
     PyBuffer_Release(&heads);

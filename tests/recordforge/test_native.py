@@ -208,3 +208,27 @@ def test_find_records_and_data_crcs() -> None:
     lengths = np.array([len(r) for r in records], np.int64)
     assert _native.data_crc_mismatches(bytes(broken), offsets[:-1].copy(), lengths) == [2, 3]
     assert _native.data_crc_mismatches(raw, offsets[:-1].copy(), lengths) == []
+
+
+def _unaligned(buf: pa.Buffer) -> pa.Buffer:
+    """The same bytes at an odd address (as buffers come out of a pickle on a Dask worker)."""
+    return pa.py_buffer(b"\0" + buf.to_pybytes())[1:]
+
+
+def test_unaligned_buffers_encode_and_frame_alike() -> None:
+    batch = _every_kind_batch(np.random.default_rng(5), 40)
+    conformed = conform_batch(batch, EVERY_KIND, file="mem", first_row=0).batch
+    moved = []
+    for col in conformed.columns:
+        if pa.types.is_large_list(col.type):
+            valid, offsets = col.buffers()[:2]
+            col = pa.LargeListArray.from_buffers(
+                col.type, len(col), [valid, _unaligned(offsets)], children=[col.values], offset=col.offset
+            )
+        moved.append(col)
+    encoder = ExampleEncoder(EVERY_KIND)
+    encoded = encoder.encode(conformed)
+    assert encoder.encode(pa.RecordBatch.from_arrays(moved, schema=conformed.schema)).equals(encoded)
+    valid, offsets, data = encoded.buffers()
+    shifted = pa.Array.from_buffers(pa.large_binary(), len(encoded), [valid, _unaligned(offsets), data])
+    assert framed(shifted)[1].tobytes() == framed(encoded)[1].tobytes()
