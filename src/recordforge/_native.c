@@ -43,7 +43,7 @@ static void crc_init(void) {
             crc_table[t][i] = (crc_table[t - 1][i] >> 8) ^ crc_table[0][crc_table[t - 1][i] & 0xFF];
 #ifdef RF_X86_CRC
     __builtin_cpu_init();
-    have_hw_crc = __builtin_cpu_supports("sse4.2");
+    have_hw_crc = __builtin_cpu_supports("sse4.2") != 0;
 #endif
 }
 
