@@ -1,5 +1,6 @@
 """Per-step rates of the conversion's data path on one core: `python -m bench.steps [--rows N]`.
 
+Run it with another tree's src on PYTHONPATH to compare (this file runs on older trees too).
 Reads the bench table's first N rows (`bench/table.py`, the schema `make bench` infers) once,
 then times each step alone over the same batches, in rounds (median of --rounds): decoding the
 Parquet file, conforming, encoding Examples, framing TFRecords, deflating (isal, level 1) and
@@ -41,9 +42,9 @@ def main() -> None:
 
     from isal import isal_zlib
 
+    from recordforge import tfrecord
     from recordforge.encoding import ExampleEncoder
     from recordforge.schemas import compile_schema, load_schema
-    from recordforge.tfrecord import framed
     from recordforge.transforms.conform import conform_batch
 
     w = os.path.abspath(args.workdir)
@@ -72,7 +73,15 @@ def main() -> None:
     conformed = [conform_batch(b, plan, file="t", first_row=0).batch for b in batches]
     encoder = ExampleEncoder(plan)
     encoded = [encoder.encode(c) for c in conformed]
-    frames = [framed(e)[1] for e in encoded]
+    if hasattr(tfrecord, "framed"):
+        frame = tfrecord.framed
+    else:  # an older tree (`--against`-style comparisons): the same bytes as an Arrow array
+        from recordforge.arrays import binary_parts
+
+        def frame(records: object) -> tuple:
+            return binary_parts(tfrecord.frame_records(records))
+
+    frames = [frame(e)[1] for e in encoded]
     deflated: list[bytes] = []
 
     def deflate() -> None:
@@ -91,7 +100,7 @@ def main() -> None:
         "Parquet decode (one thread)": read,
         "conform": lambda: [conform_batch(b, plan, file="t", first_row=0) for b in batches],
         "encode Examples": lambda: [encoder.encode(c) for c in conformed],
-        "frame (length, CRC32Cs)": lambda: [framed(e) for e in encoded],
+        "frame (length, CRC32Cs)": lambda: [frame(e) for e in encoded],
         "deflate (isal level 1)": deflate,
         "sha256 of the compressed": sha,
     }
