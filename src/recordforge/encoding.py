@@ -1,7 +1,7 @@
 """An exact and deterministic encoder from conformed Arrow batches to tf.train.Example.
 
 Every record is built from the protobuf wire format directly, by one C loop over the batch's
-Arrow buffers (`_native.encode_examples`, in _native.c):
+Arrow buffers (`_native.encode_examples`, in _examples.c):
 
     Example   = 0x0A len Features
     Features  = (0x0A len MapEntry)*            one per present feature, keys sorted
@@ -36,7 +36,7 @@ __all__ = ["ExampleEncoder"]
 
 _EMPTY = pa.scalar(b"", pa.large_binary())
 _FEATURE_TAG = {ExampleKind.BYTES: 0x0A, ExampleKind.FLOAT: 0x12, ExampleKind.INT64: 0x1A}
-_KIND_CODE = {ExampleKind.BYTES: 0, ExampleKind.FLOAT: 1, ExampleKind.INT64: 2}  # as _native.c's
+_KIND_CODE = {ExampleKind.BYTES: 0, ExampleKind.FLOAT: 1, ExampleKind.INT64: 2}  # as _examples.c's
 _VALUE_TYPE = {
     ExampleKind.BYTES: pa.large_binary(),
     ExampleKind.FLOAT: pa.float32(),
