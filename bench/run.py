@@ -237,6 +237,11 @@ def main() -> None:
                 *TWO_WORKERS,
             ],
         ),
+        # No runner flag: what a plain `recordforge convert` does (every core this process may use).
+        "rf_default": (
+            f"recordforge, Parquet, GZIP, no runner flags (every core: {len(os.sched_getaffinity(0))} here)",
+            ["recordforge", source, f"{w}/rf_default", n, "--schema", schema],
+        ),
         "rf_beam_sink": (
             "recordforge's reader + Beam's WriteToTFRecord, Parquet, GZIP",
             ["beam_sink", source, f"{w}/rf_beam", n, schema],
@@ -388,6 +393,7 @@ def main() -> None:
             )
         print()
     ratio("rf_2w", "rf", "2 workers vs 1")
+    ratio("rf_default", "rf", "the default (every core) vs 1 worker")
     for key, workers in (("rf_images", "1 worker"), ("rf_images_2w", "2 workers")):
         if key in results:  # the folder's real count (the generator rounds per class)
             count = results[key][1]["rows"]

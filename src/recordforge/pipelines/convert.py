@@ -239,15 +239,7 @@ def _progress(traits: RunnerTraits, inputs: Inputs) -> contextlib.AbstractContex
     def total() -> int | None:
         if inputs.folder is not None:
             return int(inputs.folder.count)
-        if (
-            inputs.fmt != "parquet"
-            or len(inputs.files) > 1000
-            or not all(is_local(f.path) for f in inputs.files)
-        ):
-            return None
-        import pyarrow.parquet as pq
-
-        return sum(pq.ParquetFile(f.path).metadata.num_rows for f in inputs.files)
+        return inputs.rows
 
     return session(traits, total=total)
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import logging
+import os
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -177,8 +178,11 @@ def _pipeline_options(options: PipelineOptions, *, explicit: Sequence[str]) -> P
     standard = options.view_as(StandardOptions)
     # None: RecordForge's local runner; Beam's own DaskRunner loses outputs, RecordForge's
     # corrects it (runners/dask_runner.py).
+    local = standard.runner is None
     standard.runner = runner_name(standard.runner)
-    if not any("pipeline_type_check" in a.split("=")[0] for a in explicit):
+    if local:
+        _every_core(options.view_as(DirectOptions), explicit)
+    if not _given(explicit, "pipeline_type_check"):
         # Beam's construction-time type check is a noticeable part of a small job and checks
         # nothing here: elements are Arrow batches and dataclasses its hints cannot see.
         options.view_as(TypeOptions).pipeline_type_check = False
@@ -206,6 +210,33 @@ def _pipeline_options(options: PipelineOptions, *, explicit: Sequence[str]) -> P
                 "letters, digits, '-', '_' and '.')"
             )
     return options
+
+
+def _given(explicit: Sequence[str], name: str) -> bool:
+    """Whether the flags the caller gave name `name` (argv tokens or keyword names)."""
+    return any(name in a.split("=")[0] for a in explicit)
+
+
+def _every_core(direct: DirectOptions, explicit: Sequence[str]) -> None:
+    """A local run uses every core it may run on unless told otherwise: one forked worker per core
+    (multi_processing; one core keeps Beam's in-memory mode, which has no workers to fork). A
+    worker count alone asks for that many workers, not for in-memory mode's single thread."""
+    mode_given = _given(explicit, "direct_running_mode")
+    if not _given(explicit, "direct_num_workers"):
+        if mode_given:
+            return
+        direct.direct_num_workers = _cores()
+    elif direct.direct_num_workers == 0:  # Beam's own spelling of "every core"
+        direct.direct_num_workers = _cores()
+    if not mode_given and direct.direct_num_workers > 1:
+        direct.direct_running_mode = "multi_processing"
+
+
+def _cores() -> int:
+    """The cores this process may run on (its affinity, as a container or `taskset` limits it)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
 
 
 def _with_span(config: ConvertConfig) -> ConvertConfig:
