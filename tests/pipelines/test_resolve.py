@@ -91,6 +91,35 @@ def test_a_local_run_uses_every_core_unless_told(
     assert dask.view_as(DirectOptions).direct_num_workers == 1  # a runner named: its own defaults
 
 
+def test_a_small_conversion_keeps_one_worker_unless_workers_were_asked_for(
+    table: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(resolve_module.os, "sched_getaffinity", lambda _: {0, 1, 2, 3})
+
+    def workers(flags: list[str]) -> tuple[str, int]:
+        request = request_from_argv(["--source", table, "--output", str(tmp_path / "out"), *flags])
+        run = resolve(request.options, request.config, every_core=request.every_core)
+        direct = run.options.view_as(DirectOptions)
+        assert run.traits.workers == direct.direct_num_workers
+        return direct.direct_running_mode, direct.direct_num_workers
+
+    assert workers([]) == ("in_memory", 1)  # 3 rows: workers would cost more than they save
+    assert workers(["--direct_num_workers", "4"]) == ("multi_processing", 4)
+    monkeypatch.setattr(resolve_module, "SMALL_ROWS", 3)
+    assert workers([]) == ("multi_processing", 4)
+    monkeypatch.setattr(resolve_module, "SMALL_ROWS", 4)
+    assert workers([]) == ("in_memory", 1)
+    csv = tmp_path / "t.csv"
+    csv.write_text("x\n1\n")
+    request = request_from_argv(["--source", str(csv), "--output", str(tmp_path / "csv")])
+    resolve(request.options, request.config, every_core=request.every_core)
+    assert request.options.view_as(DirectOptions).direct_num_workers == 1  # by its size in bytes
+    monkeypatch.setattr(resolve_module, "SMALL_BYTES", 2)
+    request = request_from_argv(["--source", str(csv), "--output", str(tmp_path / "csv")])
+    resolve(request.options, request.config, every_core=request.every_core)
+    assert request.options.view_as(DirectOptions).direct_num_workers == 4
+
+
 def test_each_parquet_footer_is_read_once_and_gives_the_row_total(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -302,9 +302,9 @@ def convert(request: Request) -> tuple[Run | None, dict[str, Any]]:
 
         # The job is built offline and summarised; the output is not looked at (on gs:// even a
         # listing would need credentials), so --overwrite and --if_changed are not checked.
-        run = resolve(request.options, request.config, look_at_output=False)
+        run = resolve(request.options, request.config, look_at_output=False, every_core=request.every_core)
         return None, dry_run(pipeline, run, build)
-    run = resolve(request.options, request.config)
+    run = resolve(request.options, request.config, every_core=request.every_core)
     if run.up_to_date is not None:
         return run, _up_to_date(run, run.up_to_date)
     try:

@@ -62,6 +62,7 @@ class Request:
 
     options: PipelineOptions
     config: ConvertConfig
+    every_core: bool = False  # the local workers were not asked for: resolve may size them
 
     @property
     def dry_run(self) -> bool:
@@ -103,9 +104,9 @@ def request_from_argv(argv: Sequence[str]) -> Request:
     neither RecordForge nor Beam knows is refused with the nearest known name."""
     argv = list(argv)
     check_flags(argv)
-    options = _pipeline_options(PipelineOptions(argv), explicit=argv)
+    options, every_core = _pipeline_options(PipelineOptions(argv), explicit=argv)
     config = ConvertConfig.from_options(options.view_as(ConvertOptions), tuple(argv))
-    return Request(options, _with_span(config))
+    return Request(options, _with_span(config), every_core)
 
 
 def request_from_kwargs(
@@ -141,8 +142,8 @@ def request_from_kwargs(
             hint = f"; did you mean {guesses[0]}?" if guesses else ""
             raise UsageError(f"unknown option {name}{hint}")
     command = ("recordforge.convert", *(f"{k}={v!r}" for k, v in flags.items()))
-    options = _pipeline_options(PipelineOptions([], **beam_values), explicit=list(beam_values))
-    return Request(options, _with_span(ConvertConfig(**values, command=command)))
+    options, every_core = _pipeline_options(PipelineOptions([], **beam_values), explicit=list(beam_values))
+    return Request(options, _with_span(ConvertConfig(**values, command=command)), every_core)
 
 
 def _typed(flag: Flag, value: object) -> object:
@@ -172,16 +173,19 @@ def _typed(flag: Flag, value: object) -> object:
     return value
 
 
-def _pipeline_options(options: PipelineOptions, *, explicit: Sequence[str]) -> PipelineOptions:
-    """Beam's options with RecordForge's defaults (its local runner; no construction-time type
-    check unless asked for) and the combinations refused before Beam would act on them."""
+def _pipeline_options(options: PipelineOptions, *, explicit: Sequence[str]) -> tuple[PipelineOptions, bool]:
+    """Beam's options with RecordForge's defaults (its local runner, on every core; no
+    construction-time type check unless asked for) and the combinations refused before Beam would
+    act on them; and whether the local workers were left to RecordForge (`Request.every_core`)."""
     standard = options.view_as(StandardOptions)
     # None: RecordForge's local runner; Beam's own DaskRunner loses outputs, RecordForge's
     # corrects it (runners/dask_runner.py).
-    local = standard.runner is None
-    standard.runner = runner_name(standard.runner)
-    if local:
+    every_core = standard.runner is None and not (
+        _given(explicit, "direct_num_workers") or _given(explicit, "direct_running_mode")
+    )
+    if standard.runner is None:
         _every_core(options.view_as(DirectOptions), explicit)
+    standard.runner = runner_name(standard.runner)
     if not _given(explicit, "pipeline_type_check"):
         # Beam's construction-time type check is a noticeable part of a small job and checks
         # nothing here: elements are Arrow batches and dataclasses its hints cannot see.
@@ -209,7 +213,7 @@ def _pipeline_options(options: PipelineOptions, *, explicit: Sequence[str]) -> P
                 f"--temp_location {temp!r}: not a gs://bucket/path (bucket names are lower-case "
                 "letters, digits, '-', '_' and '.')"
             )
-    return options
+    return options, every_core
 
 
 def _given(explicit: Sequence[str], name: str) -> bool:
@@ -230,6 +234,29 @@ def _every_core(direct: DirectOptions, explicit: Sequence[str]) -> None:
         direct.direct_num_workers = _cores()
     if not mode_given and direct.direct_num_workers > 1:
         direct.direct_running_mode = "multi_processing"
+
+
+# Below these, starting a worker per core costs more than the workers save (docs/performance.md,
+# "All cores locally"): such a run keeps one worker unless workers were asked for.
+SMALL_ROWS = 250_000
+SMALL_BYTES = 32 << 20
+SMALL_IMAGES = 10_000
+
+
+def _small(inputs: Inputs) -> bool:
+    """Whether `inputs` are known, cheaply, to be a small conversion: rows from the Parquet
+    footers, else the files' sizes, an image folder's count."""
+    if inputs.folder is not None:
+        return int(inputs.folder.count) < SMALL_IMAGES
+    if inputs.rows is not None:
+        return inputs.rows < SMALL_ROWS
+    sizes = [f.size for f in inputs.files]
+    return all(size is not None for size in sizes) and sum(s or 0 for s in sizes) < SMALL_BYTES
+
+
+def _one_worker(options: PipelineOptions) -> None:
+    direct = options.view_as(DirectOptions)
+    direct.direct_num_workers, direct.direct_running_mode = 1, "in_memory"
 
 
 def _cores() -> int:
@@ -263,13 +290,15 @@ def resolve(
     *,
     look_at_output: bool = True,
     inputs: Inputs | None = None,
+    every_core: bool = False,
 ) -> Run:
     """The run `config` asks for, checked top to bottom before anything is written.
 
     `look_at_output`: read the output's state (refusing to replace a published bundle unless
     asked to, finishing a commit a killed run left, deciding --if_changed); a dry run and a test
     of the graph alone do not. `inputs`: already resolved (a run converted again with every row's
-    types)."""
+    types). `every_core`: the local workers were left to RecordForge (`Request.every_core`): a
+    small conversion keeps one."""
     check_output_path(config.output)
     state = None
     if look_at_output:
@@ -284,6 +313,8 @@ def resolve(
     # --if_changed compares fingerprints, so it takes its types from every row at once.
     if inputs is None:
         inputs = resolve_inputs(config, first_rows=look_at_output and not config.if_changed)
+    if every_core and _small(inputs):
+        _one_worker(options)
     if state is not None and config.if_changed:
         if state.published is not None and state.published.get("input_fingerprint") == inputs.fingerprint:
             return _run(options, config, inputs, state, up_to_date=state.published)
