@@ -296,19 +296,20 @@ def convert(request: Request) -> tuple[Run | None, dict[str, Any]]:
     """Runs the conversion `request` asks for and publishes it (publishing.py): the run
     as resolved (None for a dry run) and the published metadata, or with --dry_run=True (Dataflow
     only) the summary of the job built offline (runners/dryrun.py), the output untouched."""
-    pipeline = _pipeline(request.options)
+    _pipeline(request.options)  # Beam validates the options first, before the inputs are read
     if request.dry_run:
         from recordforge.runners.dryrun import dry_run
 
         # The job is built offline and summarised; the output is not looked at (on gs:// even a
         # listing would need credentials), so --overwrite and --if_changed are not checked.
         run = resolve(request.options, request.config, look_at_output=False, every_core=request.every_core)
-        return None, dry_run(pipeline, run, build)
+        return None, dry_run(_pipeline(run.options), run, build)
     run = resolve(request.options, request.config, every_core=request.every_core)
     if run.up_to_date is not None:
         return run, _up_to_date(run, run.up_to_date)
     try:
-        return run, _run_once(pipeline, run)
+        # A pipeline of the options as resolved (Beam copies them: resolve may size the workers).
+        return run, _run_once(_pipeline(run.options), run)
     except TypesChanged as exn:
         if not run.plan.retype_file:
             raise
