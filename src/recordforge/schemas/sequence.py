@@ -12,6 +12,7 @@ from recordforge.schemas.plan import Plan, compile_schema
 
 __all__ = [
     "CHUNK_FEATURE",
+    "DEFAULT_MAX_GROUP_ROWS",
     "Longer",
     "POLICY_RULES",
     "SequencePlans",
@@ -28,10 +29,14 @@ __all__ = [
 CHUNK_FEATURE = "chunk_index"
 # Dead-letter rules of rows the declared length policy leaves out (not bad data): they are
 # rejected rows, but neither fail a strict run nor count against --max_rejected.
-POLICY_RULES = frozenset({"sequence_min_length", "sequence_max_length", "sequence_keep_last"})
+POLICY_RULES = frozenset(
+    {"sequence_min_length", "sequence_max_length", "sequence_keep_last", "sequence_group_rows"}
+)
+# A group of more rows is never held whole (docs/sequences.md): cut or rejected as it is read.
+DEFAULT_MAX_GROUP_ROWS = 1_000_000
 # Where tfx-bsl's SequenceExampleRecord TFXIO looks for the feature lists in a TFMD schema.
 TFMD_SEQUENCE_FEATURE = "##SEQUENCE##"
-_KEYS = ("key", "order", "context", "max_length", "longer", "min_length")
+_KEYS = ("key", "order", "context", "max_length", "longer", "min_length", "max_group_rows")
 _ORDER_TYPES = (DType.INT64, DType.TIMESTAMP, DType.DATE, DType.TIME, DType.FLOAT32, DType.STRING)
 
 
@@ -55,6 +60,11 @@ class SequenceSpec:
     max_length: int | None = None
     longer: Longer = Longer.SPLIT
     min_length: int = 1
+    # The most rows of one group a worker holds: a larger group is never gathered whole. With
+    # `longer: reject` or `keep_last` its rows are rejected or dropped as they are read (what
+    # max_length would do to it anyway); otherwise (it cannot be cut without sorting it whole)
+    # it is rejected, rule sequence_group_rows.
+    max_group_rows: int = DEFAULT_MAX_GROUP_ROWS
 
     def context_names(self) -> tuple[str, ...]:
         """The features written once per sequence: the key, then the declared context."""
@@ -97,6 +107,13 @@ class SequenceSpec:
             out.append(f"`min_length` must be an integer of 1 or more, not {self.min_length!r}")
         elif self.max_length is not None and _is_int(self.max_length) and self.min_length > self.max_length:
             out.append(f"`min_length` {self.min_length} is above `max_length` {self.max_length}")
+        if not (_is_int(self.max_group_rows) and self.max_group_rows >= 1):
+            out.append(f"`max_group_rows` must be an integer of 1 or more, not {self.max_group_rows!r}")
+        else:
+            for name in ("max_length", "min_length"):
+                value = getattr(self, name)
+                if _is_int(value) and value > self.max_group_rows:
+                    out.append(f"`{name}` {value} is above `max_group_rows` {self.max_group_rows}")
         return out
 
     @property
@@ -111,6 +128,8 @@ class SequenceSpec:
             out.update(max_length=self.max_length, longer=self.longer.value)
         if self.min_length != 1:
             out["min_length"] = self.min_length
+        if self.max_group_rows != DEFAULT_MAX_GROUP_ROWS:
+            out["max_group_rows"] = self.max_group_rows
         return out
 
 
@@ -150,6 +169,7 @@ def sequence_from_dict(raw: Any) -> tuple[SequenceSpec | None, list[str]]:
             max_length=raw.get("max_length"),
             longer=Longer(longer),
             min_length=raw.get("min_length", 1),
+            max_group_rows=raw.get("max_group_rows", DEFAULT_MAX_GROUP_ROWS),
         ),
         [],
     )
