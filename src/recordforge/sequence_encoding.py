@@ -126,7 +126,9 @@ class SequenceEncoder:
             for c in sorted(plans.steps.columns, key=lambda c: c.name.encode("utf-8"))
         ]
 
-    def encode(self, context: pa.RecordBatch, steps: pa.RecordBatch, offsets: np.ndarray) -> pa.LargeBinaryArray:
+    def encode(
+        self, context: pa.RecordBatch, steps: pa.RecordBatch, offsets: np.ndarray
+    ) -> pa.LargeBinaryArray:
         """One serialized SequenceExample per row of `context` (in the context plan's Arrow
         schema); sequence i has the rows offsets[i]:offsets[i + 1] of `steps` (in the step plan's
         schema, in step order), `offsets` rising by one or more from 0 to steps.num_rows."""

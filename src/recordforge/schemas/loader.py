@@ -280,5 +280,7 @@ def dump_schema(schema: Schema, *, header: str = "", comments: dict[str, str] | 
         lines.extend("  " + line for line in body.rstrip("\n").splitlines())
     if schema.sequence is not None:
         block = {"sequence": schema.sequence.to_dict()}
-        lines.extend(yaml.safe_dump(block, sort_keys=False, default_flow_style=None).rstrip("\n").splitlines())
+        lines.extend(
+            yaml.safe_dump(block, sort_keys=False, default_flow_style=None).rstrip("\n").splitlines()
+        )
     return "\n".join(lines) + "\n"

@@ -71,7 +71,9 @@ def sort_rows(table: pa.Table, order: str, steps: ExampleEncoder, step_columns: 
 class Groups:
     """The sorted rows of one partition, cut into groups, and the verdict on each."""
 
-    def __init__(self, table: pa.Table, spec: SequenceSpec, context_encoders: dict[str, ExampleEncoder]) -> None:
+    def __init__(
+        self, table: pa.Table, spec: SequenceSpec, context_encoders: dict[str, ExampleEncoder]
+    ) -> None:
         keys = table.column(KEY)
         n = table.num_rows
         new = np.ones(n, dtype=bool)
@@ -162,7 +164,9 @@ class OverLimit:
         return self._kept
 
 
-def dead_letters(dropped: Dropped, internal: set[str], strings: set[str]) -> Iterator[tuple[int, int, dict[str, Any]]]:
+def dead_letters(
+    dropped: Dropped, internal: set[str], strings: set[str]
+) -> Iterator[tuple[int, int, dict[str, Any]]]:
     """(file index, row, conformed values with strings as text) of each dropped row."""
     picked = dropped.table.take(pa.array(dropped.rows))
     values = picked.select([n for n in picked.column_names if n not in internal]).to_pylist()

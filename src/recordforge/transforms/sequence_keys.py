@@ -170,8 +170,14 @@ class KeyRowsFn(beam.DoFn):
         keys = self._key_encoder.encode(good.select(self._key_columns))
         hashes = key_hashes(keys)
         extra = {HASH: pa.array(hashes), KEY: keys, ROW: pa.array(rows.astype(np.int64))}
-        good = pa.RecordBatch.from_arrays([*good.columns, *extra.values()], names=[*good.schema.names, *extra])
-        parts = (hashes >> np.uint64(64 - self._bits)).astype(np.int64) if self._bits else np.zeros(len(hashes), np.int64)
+        good = pa.RecordBatch.from_arrays(
+            [*good.columns, *extra.values()], names=[*good.schema.names, *extra]
+        )
+        parts = (
+            (hashes >> np.uint64(64 - self._bits)).astype(np.int64)
+            if self._bits
+            else np.zeros(len(hashes), np.int64)
+        )
         order = np.argsort(parts, kind="stable")
         ends = np.searchsorted(parts[order], np.arange((1 << self._bits) + 1))
         for part in np.flatnonzero(np.diff(ends)).tolist():

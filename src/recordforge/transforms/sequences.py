@@ -123,7 +123,9 @@ class _EncodePartitionFn(beam.DoFn):
             return
         table = pa.concat_tables(held).combine_chunks()
         del held
-        yield from self._encode(part, files, sort_rows(table, self._spec.order, self._steps_encoder, self._step_columns))
+        yield from self._encode(
+            part, files, sort_rows(table, self._spec.order, self._steps_encoder, self._step_columns)
+        )
 
     def _encode(self, part: int, files: list[str], table: pa.Table) -> Iterator[Any]:
         spec = self._spec
@@ -139,7 +141,9 @@ class _EncodePartitionFn(beam.DoFn):
             kept &= ~dropped
             reason = keep_last_reason(spec.max_length)
             rule = "sequence_keep_last"
-            yield from self._rejected(Dropped(table, np.flatnonzero(dropped), spec.order, rule, reason), files)
+            yield from self._rejected(
+                Dropped(table, np.flatnonzero(dropped), spec.order, rule, reason), files
+            )
         elif spec.chunked:
             assert spec.max_length is not None
             chunk = groups.position // spec.max_length
@@ -189,7 +193,14 @@ class _EncodePartitionFn(beam.DoFn):
         if not dropped.rows.size:
             return
         for file_index, row, record in dead_letters(dropped, _INTERNAL, self._strings):
-            bad = BadRow(files[file_index], row, dropped.column, dropped.rule, dropped.reason, record.get(dropped.column))
+            bad = BadRow(
+                files[file_index],
+                row,
+                dropped.column,
+                dropped.rule,
+                dropped.reason,
+                record.get(dropped.column),
+            )
             if self._strict and dropped.rule not in POLICY_RULES:
                 raise bad.error()
             self._rows_rejected.inc()
