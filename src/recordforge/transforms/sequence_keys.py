@@ -32,6 +32,7 @@ __all__ = [
     "PARTITION_BYTES",
     "ROW",
     "Fragment",
+    "KeyRows",
     "key_hashes",
     "load_rows",
     "partitions_for",
@@ -113,7 +114,7 @@ def _spill(rows: pa.RecordBatch, spill_dir: str) -> str:
     return path
 
 
-class KeyRowsFn(beam.DoFn):
+class _KeyRowsFn(beam.DoFn):
     """Conforms a source batch and cuts its good rows by partition (the top bits of their key
     hash); bad rows leave as JSON lines, as ToExamples writes them. With `spill_dir`, each
     fragment's rows wait for the shuffle in a file there, and the shuffle holds its name."""
@@ -188,3 +189,21 @@ class KeyRowsFn(beam.DoFn):
             held: pa.RecordBatch | str = piece if self._spill_dir is None else _spill(piece, self._spill_dir)
             # (partition, the fragment's rows, or their file, with their keys' row counts)
             yield part, Fragment(element.file, held, distinct, counts.astype(np.int64))
+
+
+class KeyRows(beam.PTransform):
+    """Conforms source batches and cuts their good rows by partition of their key's hash.
+
+    In: `SourceBatch`es. Out: `rows`, `(partition, Fragment)` (each fragment a batch's rows of
+    one partition, or with `spill_dir` the file they wait in, with their keys' row counts); and
+    `rejected`, one JSON line per row that fails conforming (with `strict`, a DataError instead).
+    Metrics: `recordforge/rows_read`, `rows_rejected`, `rejected_<rule>`."""
+
+    def __init__(
+        self, plan: Plan, *, strict: bool, partitions: int, spill_dir: str | None, progress: str | None
+    ) -> None:
+        super().__init__()
+        self._fn = _KeyRowsFn(plan, strict, partitions, spill_dir, progress)
+
+    def expand(self, batches: beam.PCollection[SourceBatch]) -> beam.pvalue.DoOutputsTuple:
+        return batches | "Key" >> beam.ParDo(self._fn).with_outputs(REJECTED, main="rows")

@@ -50,7 +50,7 @@ from recordforge.transforms.sequence_keys import (
     KEY,
     ROW,
     Fragment,
-    KeyRowsFn,
+    KeyRows,
     load_rows,
 )
 from recordforge.transforms.splits import SplitSpec, assign_by_hash
@@ -255,9 +255,13 @@ class ToSequences(beam.PTransform):
         self._progress = progress
 
     def expand(self, batches: beam.PCollection) -> dict[str, beam.PCollection]:
-        keyed = batches | "KeyRows" >> beam.ParDo(
-            KeyRowsFn(self._plan, self._strict, self._partitions, self._spill_dir, self._progress)
-        ).with_outputs(REJECTED, main="rows")
+        keyed = batches | "KeyRows" >> KeyRows(
+            self._plan,
+            strict=self._strict,
+            partitions=self._partitions,
+            spill_dir=self._spill_dir,
+            progress=self._progress,
+        )
         # rows: (partition, Fragment: conformed rows, or their file, and their keys' row counts)
         encoded = (
             keyed.rows
