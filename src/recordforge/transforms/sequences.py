@@ -95,6 +95,8 @@ class _EncodePartitionFn(beam.DoFn):
         part, fragments = element
         # The group sizes first (the fragments' counts, no rows read): which groups to hold.
         hashes, counts = group_sizes([f.hashes for f in fragments], [f.counts for f in fragments])
+        # By hash: a key sharing its 64-bit hash with a group over the limit (as likely as any
+        # 64-bit collision among a partition's keys) would be treated as part of it.
         over = hashes[counts > self._spec.max_group_rows]
         limit = OverLimit(
             self._spec,
