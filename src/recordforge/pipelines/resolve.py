@@ -20,6 +20,7 @@ from apache_beam.options.pipeline_options import (
     TypeOptions,
 )
 
+from recordforge import layout
 from recordforge.errors import RecordForgeError, UsageError
 from recordforge.layout import new_version, version_root
 from recordforge.output_state import OutputState, check_not_inside, check_output_path, check_state, read_state
@@ -32,6 +33,7 @@ from recordforge.runners.dryrun import dataflow_preflight
 from recordforge.runners.session import LOCAL_RUNNER, runner_name, runner_traits
 from recordforge.schemas import Plan
 from recordforge.traits import RunnerTraits
+from recordforge.transforms.sequence_keys import partitions_for
 from recordforge.transforms.shard_spec import ShardSpec
 from recordforge.transforms.splits import SplitSpec
 
@@ -87,6 +89,10 @@ class Run:
     fit_split: str | None  # the split analyzers are fitted on (None: all rows)
     shards: dict[str, ShardSpec]  # how each split's writer ("data" without splits) sizes shards
     traits: RunnerTraits  # the runner as the transforms are told it (runners/session.py)
+    # Partitions of the key hash a sequence run's rows are grouped in (0: no `sequence:` block),
+    # and where they wait for the grouping on a runner that holds it in memory (None: they don't).
+    sequence_partitions: int = 0
+    sequence_spill_dir: str | None = None
     up_to_date: dict[str, Any] | None = None  # --if_changed: the published metadata, if it is current
 
     @property
@@ -341,6 +347,13 @@ def _run(
         check_not_inside(config.output, [config.schema_path], "--schema")
     dataflow_preflight(options, config, files)
     splits = config.split_spec(plan)
+    if plan.schema.sequence is not None and (
+        config.split_key or config.split_column or config.preprocessing_fn
+    ):
+        raise UsageError(
+            "a schema with a `sequence:` block is split by the hash of each sequence's key (no "
+            "--split_key or --split_column) and cannot be preprocessed (no --preprocessing_fn)"
+        )
     shares: dict[str, float] = {}
     if splits is None and folder is not None and folder.splits:
         # An image folder's split folders (train/, test/...) are its splits: shards apart, as
@@ -356,19 +369,27 @@ def _run(
         share = shares.get(name, share)
         shards[name] = shard_spec(config, inputs, name=name, compression=compression, share=share)
     version = new_version()
+    root = version_root(config.output, version)
+    traits = runner_traits(options)
+    partitions, spill_dir = 0, None
+    if plan.schema.sequence is not None:
+        partitions = partitions_for(sum(f.size or 0 for f in files))
+        spill_dir = layout.temp_dir(root) if traits.spill else None
     return Run(
         options=options,
         config=config,
         inputs=inputs,
         state=state,
         version=version,
-        root=version_root(config.output, version),
+        root=root,
         compression=compression,
         splits=splits,
         shares=shares,
         preprocessing=preprocessing,
         fit_split=config.fit_split(splits) if preprocessing else None,
         shards=shards,
-        traits=runner_traits(options),
+        traits=traits,
         up_to_date=up_to_date,
+        sequence_partitions=partitions,
+        sequence_spill_dir=spill_dir,
     )

@@ -204,8 +204,11 @@ def _count_problems(meta: dict[str, Any]) -> list[str]:
             "the manifest breaks rows_read == rows_written + rows_rejected "
             f"({read} != {written} + {rejected})"
         )
-    if sum(s.get("records", 0) for s in meta.get("shards", [])) != written:
-        out.append(f"the manifest's shards do not add up to rows_written ({written})")
+    # A SequenceExample holds many rows: its shards add up to num_records, its rows to rows_written.
+    records = meta.get("num_records") if "sequence" in meta else written
+    if sum(s.get("records", 0) for s in meta.get("shards", [])) != records:
+        what = "num_records" if "sequence" in meta else "rows_written"
+        out.append(f"the manifest's shards do not add up to {what} ({records})")
     return out
 
 
@@ -240,6 +243,10 @@ def verify(path: str, *, workers: int | None = None) -> list[str]:
             spec = json.loads(f.read())
     except Exception as exn:
         return [*problems, f"cannot read the manifest: {exn}"]
+    if "sequence" in meta:
+        # SequenceExamples: a record's context (field 1, laid out as an Example's features) is
+        # checked against the context spec; its feature lists by the CRCs alone.
+        spec = spec["context"]
     shards = meta.get("shards", [])
     escaping = [s["file"] for s in shards if _escapes(s["file"], version)]
     problems.extend(f"{f}: shard path escapes the bundle's folder" for f in escaping)
