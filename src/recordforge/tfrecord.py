@@ -226,6 +226,7 @@ class ShardInfo:
     records: int
     bytes: int
     sha256: str
+    index: str | None = None  # the shard's record index file, where one was written
 
 
 class FileDigest:
