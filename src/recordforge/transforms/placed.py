@@ -30,7 +30,9 @@ class _WriteShardFn(beam.DoFn):
         yield shard, self._files.write(f"shard-{shard:05d}", arrays)
 
 
-def _publish_slots(_: bytes, written: list[tuple[int, TempShard]], files: ShardFiles, count: int) -> list[ShardInfo]:
+def _publish_slots(
+    _: bytes, written: list[tuple[int, TempShard]], files: ShardFiles, count: int
+) -> list[ShardInfo]:
     return files.publish_slots(count, written)
 
 
@@ -67,6 +69,5 @@ def write_placed(
     return (
         batches.pipeline
         | "Once" >> beam.Impulse()
-        | "Publish"
-        >> beam.FlatMap(_publish_slots, beam.pvalue.AsList(written), files, spec.count)
+        | "Publish" >> beam.FlatMap(_publish_slots, beam.pvalue.AsList(written), files, spec.count)
     )

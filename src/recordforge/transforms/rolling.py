@@ -259,7 +259,8 @@ def _join(join: _Join, tmp_dir: str, fmt: ShardFormat, limits: Limits) -> list[_
     if not limits.max_records:
         pieces = ((part.tmp, seg) for part, segs in join.pieces for seg in segs)
         spliced, segments = fmt.splice(tmp, pieces)
-        return [_Part(spliced.tmp, spliced.records, spliced.bytes, spliced.sha256, first_key, segments, first_record)]
+        s = spliced
+        return [_Part(s.tmp, s.records, s.bytes, s.sha256, first_key, segments, first_record)]
     roller = _Roller(tmp_dir, fmt, limits)
     out: list[_Part] = []
     for part, _ in join.pieces:

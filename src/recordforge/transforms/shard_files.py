@@ -52,7 +52,9 @@ def temp_path(temp_dir: str, kind: str, ext: str = layout.TEMP_PART) -> str:
     return layout.temp_file(temp_dir, kind, ext)
 
 
-def write_shard(path: str, arrays: Iterable[pa.Array], fmt: ShardFormat) -> tuple[TempShard, tuple[Segment, ...]]:
+def write_shard(
+    path: str, arrays: Iterable[pa.Array], fmt: ShardFormat
+) -> tuple[TempShard, tuple[Segment, ...]]:
     """Writes the arrays of serialized records, in the order given, as one shard at `path`:
     one write per array, so the same arrays give the same bytes. Returns its description and
     segments; a failure deletes the file before it propagates."""

@@ -3,6 +3,7 @@ parts of shards into one; the writers (rolling.py, placed.py) are the same for e
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import os
 import tempfile
@@ -82,7 +83,9 @@ class ShardFormat(Protocol):
 
     def open(self, path: str) -> ShardWriter: ...
 
-    def splice(self, path: str, pieces: Iterable[tuple[str, Segment]]) -> tuple[TempShard, tuple[Segment, ...]]: ...
+    def splice(
+        self, path: str, pieces: Iterable[tuple[str, Segment]]
+    ) -> tuple[TempShard, tuple[Segment, ...]]: ...
 
     def records(self, path: str) -> Iterator[bytes]: ...
 
@@ -179,7 +182,9 @@ class TFRecordFormat:
     def open(self, path: str) -> ShardWriter:
         return _TFRecordWriter(path, self.compression, self.level, self.index)
 
-    def splice(self, path: str, pieces: Iterable[tuple[str, Segment]]) -> tuple[TempShard, tuple[Segment, ...]]:
+    def splice(
+        self, path: str, pieces: Iterable[tuple[str, Segment]]
+    ) -> tuple[TempShard, tuple[Segment, ...]]:
         """The segments copied byte for byte behind a fresh header (streams.splice); an index is
         the sources' index lines of those segments, moved to where the segments now start."""
         pieces = list(pieces)
@@ -192,7 +197,9 @@ class TFRecordFormat:
             raise
         return TempShard(path, records, size, sha), segments
 
-    def _splice_index(self, path: str, pieces: list[tuple[str, Segment]], segments: tuple[Segment, ...]) -> None:
+    def _splice_index(
+        self, path: str, pieces: list[tuple[str, Segment]], segments: tuple[Segment, ...]
+    ) -> None:
         indexes: dict[str, np.ndarray] = {}
         with open_write(layout.temp_index(path)) as out:
             for (source, seg), new in zip(pieces, segments, strict=True):
@@ -236,7 +243,7 @@ class _ArrayRecordWriter:
         rel = (framed.offsets[start : end + 1] - framed.offsets[start]).tolist()
         self.write_records(raw[a:b] for a, b in zip(rel, rel[1:], strict=False))
 
-    def write_records(self, records: Iterable[bytes]) -> None:
+    def write_records(self, records: Iterable[builtins.bytes]) -> None:
         write = self._writer.write
         for record in records:
             write(record)
@@ -310,7 +317,9 @@ class ArrayRecordFormat:
     def open(self, path: str) -> ShardWriter:
         return _ArrayRecordWriter(path, self.options)
 
-    def splice(self, path: str, pieces: Iterable[tuple[str, Segment]]) -> tuple[TempShard, tuple[Segment, ...]]:
+    def splice(
+        self, path: str, pieces: Iterable[tuple[str, Segment]]
+    ) -> tuple[TempShard, tuple[Segment, ...]]:
         """The records of each piece read from its part (by index: no bytes can be copied, each
         chunk holds its position) and written anew, one segment per piece."""
         writer = _ArrayRecordWriter(path, self.options)

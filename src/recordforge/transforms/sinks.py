@@ -22,9 +22,10 @@ class WriteTFRecords(beam.PTransform):
     first_row). Out: a `ShardInfo` per shard (records, bytes, sha256 of the bytes as written).
     Shards are written in the spec's format (shard_format.py: TFRecord framed vectorised and
     deflated with ISA-L at `spec.level`, with a record index if asked; or ArrayRecord), and
-    named, published and cleaned up by one protocol (shard_files.py). Rolling sizings (bytes, records, count) go to
-    the rolling writer, placed sizing to the placed writer, which with `spill` keeps what waits
-    for its grouping in temporary files (for runners that hold a grouping in memory).
+    named, published and cleaned up by one protocol (shard_files.py). Rolling sizings (bytes,
+    records, count) go to the rolling writer, placed sizing to the placed writer, which with
+    `spill` keeps what waits for its grouping in temporary files (for runners that hold a
+    grouping in memory).
     """
 
     def __init__(self, output: str, spec: ShardSpec, *, spill: bool) -> None:
