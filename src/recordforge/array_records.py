@@ -23,6 +23,7 @@ __all__ = [
     "local_copy",
     "open_reader",
     "open_writer",
+    "reading",
     "upload",
     "writer_options",
 ]
@@ -38,6 +39,12 @@ READ_OPTIONS = "readahead_buffer_size:0,max_parallelism:0"
 _SEQUENTIAL = "readahead_buffer_size:4M,max_parallelism:0"
 _BATCH = 1024  # records per sequential read
 _COPY_CHUNK = 8 << 20
+
+
+def reading(meta: dict[str, Any]) -> str:
+    """How a bundle's shards are read, from its metadata.json: "array_record", or the TFRecord
+    compression (what the tools' readers take)."""
+    return ARRAY_RECORD if meta.get("format") == ARRAY_RECORD else str(meta["compression"])
 
 
 def writer_options(compression: str) -> str:

@@ -9,6 +9,7 @@ from typing import Any
 import yaml
 
 from recordforge import layout
+from recordforge.array_records import reading
 from recordforge.storage import exists, open_read
 from recordforge.tfrecord import detect_compression, read_records
 from recordforge.tools.records import infer_feature_spec, parse_example
@@ -128,7 +129,7 @@ def inspect(path: str, *, split: str | None = None, n: int = 5) -> dict[str, Any
         meta = {**meta, "shards": [s for s in meta["shards"] if s.get("split") == split]}
     records = []
     for shard in meta["shards"]:
-        for _, raw in read_records(f"{out}/{shard['file']}", meta["compression"]):
+        for _, raw in read_records(f"{out}/{shard['file']}", reading(meta)):
             records.append(parse_example(raw))
             if len(records) >= n:
                 break

@@ -213,9 +213,18 @@ class TFRecordFormat:
         return iter_records(path, self.compression)
 
 
+# Bytes riegeli adds per record of group_size:1, uncompressed (chunk header and data, the
+# footer's entry, block headers), measured on records of 60 and 300 bytes: 54 and 55.5.
+_CHUNK_OVERHEAD = 56
+
+
 class _ArrayRecordWriter:
     """An ArrayRecord file, written where the library can write (the shard's own path on a
-    local disk, else a local temporary file uploaded on close), hashed as it lands."""
+    local disk, else a local temporary file uploaded on close), hashed as it lands.
+
+    The library keeps what it writes until the file is closed, so `bytes` is an estimate: the
+    records' bytes plus riegeli's overhead per record, which is exact to a few percent for
+    uncompressed files and an upper bound for zstd ones (those come out smaller)."""
 
     def __init__(self, path: str, options: str) -> None:
         self._path = path
@@ -230,13 +239,14 @@ class _ArrayRecordWriter:
         except BaseException:
             self._discard()
             raise
-        self._records = 0
+        self._records = self._raw = 0
         self._segments: list[Segment] = []
         self._seg_start = self._seg_raw = self._seg_records = 0
 
     @property
     def bytes(self) -> int:
-        return os.path.getsize(self._local)
+        records = self._records + self._seg_records
+        return self._raw + self._seg_raw + records * _CHUNK_OVERHEAD
 
     def write(self, framed: Framed, start: int, end: int) -> None:
         raw = bytes(framed.chunk(start, end))
@@ -257,6 +267,7 @@ class _ArrayRecordWriter:
         first = self._records
         self._segments.append(Segment(self._seg_start, end, self._seg_raw, 0, self._seg_records, first))
         self._records += self._seg_records
+        self._raw += self._seg_raw
         self._seg_start, self._seg_raw, self._seg_records = end, 0, 0
 
     def close(self) -> tuple[TempShard, tuple[Segment, ...]]:
