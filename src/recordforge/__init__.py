@@ -32,8 +32,8 @@ if TYPE_CHECKING:
     import apache_beam as beam
     import tensorflow as tf
 
-    from recordforge.random_access import DataSource
     from recordforge.pipelines.embedding import Conversion
+    from recordforge.random_access import DataSource
 
 
 def convert(
