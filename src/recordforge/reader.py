@@ -80,6 +80,12 @@ def read(
             f"{path.rstrip('/')} holds splits {', '.join(splits)}: pass split= (one of them), "
             f"e.g. recordforge.read({path!r}, split={splits[0]!r})"
         )
+    if bundle["metadata"].get("format") == "array_record":
+        # tf.data has no ArrayRecord reader; the data source reads them, without TensorFlow.
+        raise RecordForgeError(
+            f"{path.rstrip('/')} holds ArrayRecord shards, which tf.data cannot read: use "
+            f"recordforge.data_source({path!r}) (Grain, tfds.data_source), or convert TFRecords"
+        )
     json_spec = bundle["feature_spec"]
     compression = bundle["metadata"]["tf_compression_type"]
     files = tf.constant(bundle["files"], dtype=tf.string)

@@ -26,13 +26,16 @@ _COPY_CHUNK = 8 << 20
 @dataclass(frozen=True)
 class Segment:
     """Compressed bytes [start, end) of a file that decode on their own to `raw` bytes holding
-    `records` whole TFRecords; `check` is their CRC-32 (gzip) or Adler-32 (zlib)."""
+    `records` whole TFRecords; `check` is their CRC-32 (gzip) or Adler-32 (zlib). In a file that
+    cannot be cut by bytes (ArrayRecord), [start, end) is only its size, and `first` the index
+    of its first record in the file."""
 
     start: int
     end: int
     raw: int
     check: int
     records: int
+    first: int = 0
 
     @property
     def bytes(self) -> int:

@@ -398,7 +398,12 @@ def test_splits_hash_the_key_and_split_flags_that_do_not_apply_are_refused(tmp_p
         for split in ("train", "test")
     }
     assert not sessions["train"] & sessions["test"]
-    for extra in (["--split_key", "session"], ["--split_column", "country"]):
+    for extra in (
+        ["--split_key", "session"],
+        ["--split_column", "country"],
+        ["--output_format", "array_record", "--compression", "none"],
+        ["--record_index"],
+    ):
         with pytest.raises(UsageError, match="sequence"):
             run([*flags, *extra, "--output", str(tmp_path / "refused")])
 

@@ -223,6 +223,7 @@ def _bundle_spec(run: Run, transformed: Transformed | None) -> BundleSpec:
         source_format=run.inputs.fmt,
         sources=tuple((f.path, f.size, f.modified) for f in files),
         compression=run.compression,
+        output_format=config.output_format,
         command=config.command,
         facts=RunFacts(
             input_fingerprint=run.inputs.fingerprint,

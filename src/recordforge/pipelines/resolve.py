@@ -354,6 +354,12 @@ def _run(
             "a schema with a `sequence:` block is split by the hash of each sequence's key (no "
             "--split_key or --split_column) and cannot be preprocessed (no --preprocessing_fn)"
         )
+    if plan.schema.sequence is not None and (config.output_format != "tfrecord" or config.record_index):
+        # The tools read SequenceExamples from TFRecord shards only, and data_source parses Examples.
+        raise UsageError(
+            "a schema with a `sequence:` block writes TFRecord shards: --output_format array_record "
+            "and --record_index are not supported with it"
+        )
     shares: dict[str, float] = {}
     if splits is None and folder is not None and folder.splits:
         # An image folder's split folders (train/, test/...) are its splits: shards apart, as

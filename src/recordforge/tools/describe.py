@@ -9,6 +9,7 @@ from typing import Any
 import yaml
 
 from recordforge import layout
+from recordforge.array_records import reading
 from recordforge.storage import exists, open_read
 from recordforge.tfrecord import detect_compression, read_records
 from recordforge.tools.records import infer_feature_spec, parse_example
@@ -138,7 +139,7 @@ def inspect(path: str, *, split: str | None = None, n: int = 5) -> dict[str, Any
     records = []
     parse = _parse_sequence if "sequence" in meta else parse_example
     for shard in meta["shards"]:
-        for _, raw in read_records(f"{out}/{shard['file']}", meta["compression"]):
+        for _, raw in read_records(f"{out}/{shard['file']}", reading(meta)):
             records.append(parse(raw))
             if len(records) >= n:
                 break

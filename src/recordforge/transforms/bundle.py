@@ -12,6 +12,7 @@ from typing import Any
 import apache_beam as beam
 
 from recordforge import __version__, layout
+from recordforge.array_records import ARRAY_RECORD, writer_options
 from recordforge.errors import RecordForgeError
 from recordforge.layout import (
     CROISSANT,
@@ -97,6 +98,7 @@ class BundleSpec:
     source_format: str
     sources: tuple[tuple[str, int | None, float], ...]  # (path, size in bytes or None, modified)
     compression: str
+    output_format: str = "tfrecord"
     command: tuple[str, ...] = ()
     max_rejected: int = 0
     max_rejected_fraction: float = 0.0
@@ -127,6 +129,7 @@ def package_versions() -> dict[str, str]:
         "numpy",
         "protobuf",
         "isal",
+        "array-record",
         "tensorflow-metadata",
         "tensorflow-transform",
         "tensorflow",
@@ -166,6 +169,21 @@ def _split_totals(spec: BundleSpec, shards: list[ShardInfo]) -> dict[str, Any]:
     return {"split_counts": totals, "empty_splits": [n for n, t in totals.items() if t["records"] == 0]}
 
 
+def _format_facts(spec: BundleSpec) -> dict[str, Any]:
+    """How the shards are written: the file format, its compression and how to read them."""
+    if spec.output_format == ARRAY_RECORD:
+        return {
+            "format": ARRAY_RECORD,
+            "compression": spec.compression,
+            "array_record_options": writer_options(spec.compression),
+        }
+    return {
+        "format": "tfrecord",
+        "compression": spec.compression,
+        "tf_compression_type": Compression.tf(spec.compression),
+    }
+
+
 def metadata_dict(
     spec: BundleSpec, shards: list[ShardInfo], counts: RunCounts, previous_version: str | None = None
 ) -> dict[str, Any]:
@@ -190,8 +208,7 @@ def metadata_dict(
         "schema_notes": list(schema.notes),
         "columns": {f.name: f.source_column for f in schema.features},
         "null_policies": {f.name: f.nulls.value for f in schema.features},
-        "compression": spec.compression,
-        "tf_compression_type": Compression.tf(spec.compression),
+        **_format_facts(spec),
         "rows_read": counts.rows_read,
         "rows_written": written,
         "rows_rejected": counts.rows_rejected,
@@ -212,6 +229,7 @@ def metadata_dict(
                 "records": s.records,
                 "bytes": s.bytes,
                 "sha256": s.sha256,
+                **({"index": layout.relative(s.index, spec.output)} if s.index else {}),
             }
             for s in shards
         ],
