@@ -48,6 +48,7 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python -m bench.run $(BENCH_ARGS)
+	$(BIN)/python -m bench.sequences
 
 clean:
 	rm -rf out bench/out

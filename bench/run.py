@@ -216,20 +216,6 @@ def main() -> None:
             "recordforge, Parquet, GZIP, 1 worker",
             ["recordforge", source, f"{w}/rf", n, "--schema", schema, *ONE_WORKER],
         ),
-        "rf_none": (
-            "recordforge, Parquet, --compression none, 1 worker",
-            [
-                "recordforge",
-                source,
-                f"{w}/rf_none",
-                n,
-                "--schema",
-                schema,
-                "--compression",
-                "none",
-                *ONE_WORKER,
-            ],
-        ),
         # Right after the conversion, in every round: reading the bundle it wrote.
         "rf_verify": (
             "recordforge verify of the bundle rf wrote (same round)",
@@ -250,6 +236,11 @@ def main() -> None:
                 schema,
                 *TWO_WORKERS,
             ],
+        ),
+        # No runner flag: what a plain `recordforge convert` does (every core this process may use).
+        "rf_default": (
+            f"recordforge, Parquet, GZIP, no runner flags (every core: {len(os.sched_getaffinity(0))} here)",
+            ["recordforge", source, f"{w}/rf_default", n, "--schema", schema],
         ),
         "rf_beam_sink": (
             "recordforge's reader + Beam's WriteToTFRecord, Parquet, GZIP",
@@ -289,6 +280,48 @@ def main() -> None:
                 "train=8,eval=2",
                 *ONE_WORKER,
             ],
+        ),
+        # Random access: the uncompressed conversion the other formats are measured against, the
+        # same with a record index, ArrayRecord; then random reads from the bundles they wrote.
+        "rf_none": (
+            "recordforge, Parquet, uncompressed TFRecord, 1 worker",
+            [
+                "recordforge",
+                source,
+                f"{w}/rf_none",
+                n,
+                "--schema",
+                schema,
+                "--compression",
+                "none",
+                *ONE_WORKER,
+            ],
+        ),
+        "rf_indexed": (
+            "recordforge --record_index (uncompressed TFRecord), 1 worker",
+            ["recordforge", source, f"{w}/rf_indexed", n, "--schema", schema, "--record_index", *ONE_WORKER],
+        ),
+        "rf_array_record": (
+            "recordforge --output_format array_record, 1 worker",
+            [
+                "recordforge",
+                source,
+                f"{w}/rf_ar",
+                n,
+                "--schema",
+                schema,
+                "--output_format",
+                "array_record",
+                *ONE_WORKER,
+            ],
+        ),
+        "reads_indexed": (
+            "random reads, data_source over rf_indexed's bundle, 1 core",
+            ["random_reads", f"{w}/rf_indexed", "-", "100000"],
+        ),
+        "reads_array_record": (
+            "random reads, data_source over rf_array_record's bundle, 1 core",
+            ["random_reads", f"{w}/rf_ar", "-", "100000"],
         ),
         "rf_csv": (
             "recordforge, CSV, GZIP, 1 worker",
@@ -335,7 +368,11 @@ def main() -> None:
         runs = {
             k: v
             for k, v in runs.items()
-            if k in wanted or k == "tutorial" or (k in ("rf_verify", "rf_stats") and "rf" in wanted)
+            if k in wanted
+            or k == "tutorial"
+            or (k in ("rf_verify", "rf_stats") and "rf" in wanted)
+            or (k == "reads_indexed" and "rf_indexed" in wanted)
+            or (k == "reads_array_record" and "rf_array_record" in wanted)
         }
     print(
         f"machine: {platform.machine()}, {os.cpu_count()} cores, Python "
@@ -403,6 +440,7 @@ def main() -> None:
             )
         print()
     ratio("rf_2w", "rf", "2 workers vs 1")
+    ratio("rf_default", "rf", "the default (every core) vs 1 worker")
     for key, workers in (("rf_images", "1 worker"), ("rf_images_2w", "2 workers")):
         if key in results:  # the folder's real count (the generator rounds per class)
             count = results[key][1]["rows"]
@@ -414,6 +452,11 @@ def main() -> None:
             )
     ratio("rf_tft", "tft_census", "Vocabulary + z-score: recordforge vs TFT census-style", 1)
     ratio("rf", "rf_csv", "Parquet vs CSV throughput")
+    ratio("rf_indexed", "rf_none", "--record_index vs uncompressed TFRecord throughput")
+    ratio("rf_array_record", "rf_none", "--output_format array_record vs uncompressed TFRecord throughput")
+    for key in ("reads_indexed", "reads_array_record"):
+        if key in results:
+            print(f"{results[key][0]}: {results[key][1]['rows_per_s']:.0f} reads/s")
     ratio("rf", "rf_shuffle", "Unshuffled vs --shuffle throughput (the cost of the global order)")
     for key, what in (("rf_verify", "verify"), ("rf_stats", "stats")):
         if key in results and "rf" in results:

@@ -17,6 +17,7 @@ __all__ = [
     "__version__",
     "add_conversion",
     "convert",
+    "data_source",
     "head",
     "image_grid",
     "inspect",
@@ -32,6 +33,7 @@ if TYPE_CHECKING:
     import tensorflow as tf
 
     from recordforge.pipelines.embedding import Conversion
+    from recordforge.random_access import DataSource
 
 
 def convert(
@@ -83,6 +85,15 @@ def read(
     from recordforge.reader import read as _read
 
     return _read(path, batch_size=batch_size, decode_images=decode_images, split=split)
+
+
+def data_source(path: str, split: str | None = None, *, cache_dir: str | None = None) -> DataSource:
+    """Random access to a bundle's records (ArrayRecord or indexed TFRecord shards): `len()`,
+    `[i]` and `__getitems__` give serialized tf.train.Examples in the order of a sequential read,
+    as Grain's RandomAccessDataSource; `.parse(record)` gives numpy arrays. No TensorFlow."""
+    from recordforge.random_access import DataSource as _DataSource
+
+    return _DataSource(path, split, cache_dir=cache_dir)
 
 
 def load_bundle(path: str) -> dict[str, Any]:

@@ -131,9 +131,18 @@ def _infer_schema(argv: list[str]) -> int:
         action="store_true",
         help="keep float64 columns bit-exact (encode: bytes) instead of narrowing them to float32",
     )
+    parser.add_argument(
+        "--sequence_key",
+        default=None,
+        help="print a `sequence:` block grouping rows by these columns (comma-separated) into "
+        "SequenceExamples; needs --sequence_order",
+    )
+    parser.add_argument("--sequence_order", default=None, help="the column that orders a sequence's steps")
     # The default since float64 is narrowed by default, as convert infers it; still accepted.
     parser.add_argument("--narrow_float64", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if (args.sequence_key is None) != (args.sequence_order is None):
+        parser.error("--sequence_key and --sequence_order go together")
     from recordforge.schemas import dump_schema
     from recordforge.schemas.infer import inferred_schema, sample_notes
     from recordforge.source_probe import format_from_path, read_sample
@@ -156,6 +165,13 @@ def _infer_schema(argv: list[str]) -> int:
     if fmt is None:
         raise RecordForgeError(f"cannot tell the format of {first} from its name; pass --format")
     schema, _ = inferred_schema(first, fmt, matches, lossless=args.lossless_float64)
+    if args.sequence_key is not None:
+        from recordforge.schemas.sequence import with_sequence
+
+        try:
+            schema = with_sequence(schema, args.sequence_key.split(","), args.sequence_order)
+        except ValueError as exn:
+            parser.error(str(exn))
     sample = read_sample(first, fmt, args.sample_rows)  # for the comments (nulls, ranges)
     notes = "".join(f"# note: {n}\n" for n in schema.notes)
     header = f"# inferred from {first}; edit it and pass it with --schema\n{notes}"

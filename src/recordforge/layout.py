@@ -7,6 +7,8 @@
   feature_spec.json ...  copies of the published version's small files, for convenience
   v-<time>-<id>/         one version: everything one run wrote, never modified once published
     data-SSSSS-of-NNNNN.tfrecord[.gz|.deflate]   (or {split}/{split}-SSSSS-of-NNNNN...)
+    [data-SSSSS-of-NNNNN.tfindex]   an uncompressed shard's record index (--record_index)
+    (data-SSSSS-of-NNNNN.array_record with --output_format array_record)
     _rejected/  transform_fn/  transformed_metadata/  metadata/
     schema.pbtxt  schema.yaml  feature_spec.json  [raw_feature_spec.json]  metadata.json
     croissant.json  [dataset_info.json  features.json  label_id.labels.txt]   (TFDS, Croissant)
@@ -25,8 +27,10 @@ import re
 import uuid
 
 __all__ = [
+    "ARRAY_RECORD_SUFFIX",
     "CROISSANT",
     "FEATURE_SPEC",
+    "INDEX_SUFFIX",
     "METADATA",
     "RAW_FEATURE_SPEC",
     "RAW_METADATA",
@@ -57,6 +61,7 @@ __all__ = [
     "lock_path",
     "new_version",
     "rejected_prefix",
+    "temp_index",
     "relative",
     "shard_name",
     "shard_prefix",
@@ -92,6 +97,13 @@ TEMP_PART = ".part"
 SHARD_TEMPLATE = "-SSSSS-of-NNNNN"
 # A shard's suffix by its compression (zlib shards are `.deflate`, which Beam and TFDV detect).
 SHARD_SUFFIXES = {"gzip": ".tfrecord.gz", "zlib": ".tfrecord.deflate", "none": ".tfrecord"}
+# ArrayRecord shards: the suffix TFDS gives them (its file format's name), so that its
+# dataset_info.json can name them.
+ARRAY_RECORD_SUFFIX = ".array_record"
+# A record index beside an uncompressed TFRecord shard: one `offset size` line per record, the
+# format DALI's and the `tfrecord` package's readers take (their tfrecord2idx writes `.tfindex`
+# beside `.tfrecord`): data-00003-of-00008.tfindex.
+INDEX_SUFFIX = ".tfindex"
 SPILL_SUFFIX = ".arrow"  # batches a local writer spilled to disk while it groups (Arrow IPC)
 # Catalog metadata (schemas/tfds_metadata.py, schemas/croissant.py). Their paths are relative to
 # the output, so readers are handed the output folder and read the top-level copies.
@@ -183,6 +195,11 @@ def shard_prefix(folder: str, name: str) -> str:
 def shard_name(prefix: str, shard: int, count: int, suffix: str) -> str:
     """`{prefix}-SSSSS-of-NNNNN{suffix}`, SHARD_TEMPLATE filled in: data-00003-of-00008.tfrecord.gz."""
     return f"{prefix}-{shard:05d}-of-{count:05d}{suffix}"
+
+
+def temp_index(temp_shard: str) -> str:
+    """The index written beside a temporary shard file, until both are published."""
+    return f"{temp_shard}{INDEX_SUFFIX}"
 
 
 def temp_dir(folder: str) -> str:

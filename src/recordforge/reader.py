@@ -59,6 +59,10 @@ def read(
 ) -> Any:
     """Parsed feature dicts; batched (tf.io.parse_example) when `batch_size` is given. An output
     with splits is read one split at a time: `split` names it (without it, an error lists them).
+    An output of SequenceExamples (a schema with a `sequence:` block) yields (context,
+    sequences) per record, or batched (context, sequences, lengths) as
+    tf.io.parse_sequence_example returns them: fixed-shape step features padded with zeros to
+    the longest sequence of the batch, the others ragged.
     `decode_images`: image features as uint8 [height, width, channels] tensors (per record, as
     images differ in size; so not with `batch_size`)."""
     if decode_images and batch_size:
@@ -76,8 +80,13 @@ def read(
             f"{path.rstrip('/')} holds splits {', '.join(splits)}: pass split= (one of them), "
             f"e.g. recordforge.read({path!r}, split={splits[0]!r})"
         )
+    if bundle["metadata"].get("format") == "array_record":
+        # tf.data has no ArrayRecord reader; the data source reads them, without TensorFlow.
+        raise RecordForgeError(
+            f"{path.rstrip('/')} holds ArrayRecord shards, which tf.data cannot read: use "
+            f"recordforge.data_source({path!r}) (Grain, tfds.data_source), or convert TFRecords"
+        )
     json_spec = bundle["feature_spec"]
-    spec = to_tf_feature_spec(json_spec)
     compression = bundle["metadata"]["tf_compression_type"]
     files = tf.constant(bundle["files"], dtype=tf.string)
     ds = tf.data.Dataset.from_tensor_slices(files).interleave(
@@ -86,6 +95,9 @@ def read(
         num_parallel_calls=tf.data.AUTOTUNE,
         deterministic=True,
     )
+    if "sequence" in bundle["metadata"]:
+        return _sequences(ds, json_spec, batch_size)
+    spec = to_tf_feature_spec(json_spec)
     ds = ds.batch(batch_size or 1024).map(
         lambda x: decode_parsed(tf.io.parse_example(x, spec), json_spec),
         num_parallel_calls=tf.data.AUTOTUNE,
@@ -96,3 +108,21 @@ def read(
     if decode_images:
         ds = ds.map(lambda r: _decode_images(r, json_spec), num_parallel_calls=tf.data.AUTOTUNE)
     return ds
+
+
+def _sequences(ds: Any, json_spec: dict[str, Any], batch_size: int | None) -> Any:
+    """Serialized SequenceExamples parsed with the bundle's context and sequence specs."""
+    import tensorflow as tf
+
+    from recordforge.schemas.sequence import to_tf_sequence_spec
+
+    context, sequence = to_tf_sequence_spec(json_spec)
+    if batch_size:
+        return ds.batch(batch_size).map(
+            lambda x: tf.io.parse_sequence_example(x, context, sequence), num_parallel_calls=tf.data.AUTOTUNE
+        )
+    # One record at a time: a batch would pad every sequence to the batch's longest.
+    return ds.map(
+        lambda x: tf.io.parse_single_sequence_example(x, context, sequence),
+        num_parallel_calls=tf.data.AUTOTUNE,
+    )

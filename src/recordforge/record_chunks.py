@@ -8,9 +8,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from recordforge import _native
+from recordforge import _native, array_records
 from recordforge.crc32c import masked_crc32c
-from recordforge.tfrecord import CorruptRecord, decompressed_chunks, detect_compression
+from recordforge.tfrecord import CorruptRecord, decompressed_chunks, detect_compression, framed
 
 __all__ = ["RecordChunk", "data_crc_mismatches", "read_record_chunks"]
 
@@ -72,7 +72,13 @@ def read_record_chunks(
 ) -> Iterator[RecordChunk]:
     """The records of a file in chunks of about `chunk_bytes`, streaming in bounded memory, every
     length CRC checked (data CRCs: `data_crc_mismatches`, where the chunk is used). Raises
-    CorruptRecord after the last good chunk, at the first bad frame, as `read_records` does."""
+    CorruptRecord after the last good chunk, at the first bad frame, as `read_records` does.
+    ArrayRecord files (compression "array_record") come framed as TFRecords, so that one chunk
+    layout serves every tool (riegeli checks its own chunks' hashes as it reads them)."""
+    compression = compression or detect_compression(path)
+    if compression == array_records.ARRAY_RECORD:
+        yield from _array_record_chunks(path, on_raw, chunk_bytes)
+        return
     pending = b""
     base = 0
     records = 0
@@ -104,6 +110,45 @@ def read_record_chunks(
         yield from _split(chunk, chunk_bytes)
     if problem:
         raise CorruptRecord(path, base + len(chunk.data), problem)
+
+
+def _array_record_chunks(
+    path: str, on_raw: Callable[[bytes], None] | None, chunk_bytes: int
+) -> Iterator[RecordChunk]:
+    """The records of an ArrayRecord file as RecordChunks; the file's bytes are counted (and
+    given to `on_raw`) as they are read, before its records."""
+    raw = [0]
+
+    def count(data: bytes) -> None:
+        raw[0] += len(data)
+        if on_raw is not None:
+            on_raw(data)
+
+    first = 0
+    with array_records.local_copy(path, count) as local:
+        pending: list[bytes] = []
+        size = 0
+        for batch in array_records.batches(local):
+            pending += batch
+            size += sum(map(len, batch))
+            if size >= chunk_bytes:
+                yield _framed_chunk(pending, first, raw)
+                first, pending, size = first + len(pending), [], 0
+        if pending or not first:
+            yield _framed_chunk(pending, first, raw)
+
+
+def _framed_chunk(records: list[bytes], first: int, raw: list[int]) -> RecordChunk:
+    """Records framed as TFRecords in one buffer; the file bytes read since the last chunk."""
+    import pyarrow as pa
+
+    offsets, data = framed(pa.array(records, pa.large_binary()))
+    heads = offsets[:-1] - offsets[0]
+    lengths = np.diff(offsets) - 16
+    chunk = RecordChunk(data[offsets[0] : offsets[-1]].tobytes(), 0, heads.astype(np.int64), lengths, raw[0])
+    chunk.first_record = first
+    raw[0] = 0
+    return chunk
 
 
 def _split(chunk: RecordChunk, chunk_bytes: int) -> Iterator[RecordChunk]:

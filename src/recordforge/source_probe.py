@@ -7,6 +7,7 @@ import bz2
 import gzip
 import json
 import posixpath
+from collections.abc import Mapping, Sequence
 from typing import IO
 
 import pyarrow as pa
@@ -23,6 +24,7 @@ __all__ = [
     "format_from_path",
     "never_null_columns",
     "open_source",
+    "parquet_footers",
     "read_arrow_schema",
     "read_sample",
     "with_json_lists",
@@ -168,20 +170,28 @@ def read_arrow_schema(path: str, fmt: str, *, every_row: bool = True) -> pa.Sche
         raise SourceError(f"{path}: cannot read its schema as {fmt}: {exn}") from exn
 
 
-def never_null_columns(paths: list[str]) -> frozenset[str]:
-    """The scalar columns (struct leaves as `a.b`) that every row group of every Parquet file in
-    `paths` records as holding no null: exact counts from the footers, no data read. A column
-    whose statistics are missing anywhere is not among them; nor is any when a footer cannot be
-    read or there are more than MAX_FOOTERS files."""
+def parquet_footers(paths: Sequence[str]) -> dict[str, pq.FileMetaData] | None:
+    """Each Parquet file's footer, read once for a run (its schema, the columns without nulls, its
+    rows); None where there are more than MAX_FOOTERS files or one cannot be read (its reader
+    reports it, or skips it)."""
     if not paths or len(paths) > MAX_FOOTERS:
-        return frozenset()
-    known: set[str] | None = None
+        return None
+    footers = {}
     for path in paths:
         try:
             with open_source(path) as f:
-                meta = pq.ParquetFile(f).metadata
-        except Exception:  # noqa: BLE001 - unreadable: the reader reports it (or skips it); no column is known clean
-            return frozenset()
+                footers[path] = pq.ParquetFile(f).metadata
+        except Exception:  # noqa: BLE001 - unreadable: the reader reports it (or skips it)
+            return None
+    return footers
+
+
+def never_null_columns(footers: Mapping[str, pq.FileMetaData] | None) -> frozenset[str]:
+    """The scalar columns (struct leaves as `a.b`) that every row group of every footer records as
+    holding no null: exact counts, no data read. A column whose statistics are missing anywhere is
+    not among them; nor is any without footers (`parquet_footers` gave None)."""
+    known: set[str] | None = None
+    for meta in (footers or {}).values():
         clean: dict[str, bool] = {}
         for g in range(meta.num_row_groups):
             group = meta.row_group(g)

@@ -33,13 +33,16 @@ _GROWTH, _SLACK = 2, 4096
 @dataclass(frozen=True)
 class Segment:
     """Compressed bytes [start, end) of a file that decode on their own to `raw` bytes holding
-    `records` whole TFRecords; `check` is their CRC-32 (gzip) or Adler-32 (zlib)."""
+    `records` whole TFRecords; `check` is their CRC-32 (gzip) or Adler-32 (zlib). In a file that
+    cannot be cut by bytes (ArrayRecord), [start, end) is only its size, and `first` the index
+    of its first record in the file."""
 
     start: int
     end: int
     raw: int
     check: int
     records: int
+    first: int = 0
 
     @property
     def bytes(self) -> int:
@@ -172,6 +175,11 @@ class StreamWriter:
         """Queues `framed` (which must not change until the stream has written it)."""
         self._given += len(framed)
         self._behind.call(self._write, framed, records)
+
+    @property
+    def given(self) -> int:
+        """Bytes given to `write` so far: an uncompressed stream's offset of the next record."""
+        return self._given
 
     def end_segment(self) -> None:
         self._behind.call(self._end_segment)

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from recordforge import _native, layout
+from recordforge import _native, array_records, layout
 from recordforge.crc32c import masked_crc32c
 from recordforge.errors import RecordForgeError
 from recordforge.file_kinds import looks_like
@@ -110,9 +110,12 @@ class CorruptRecord(RecordForgeError, ValueError):
 
 
 def detect_compression(path: str) -> str:
-    """ "gzip", "zlib" or "none", from the first bytes (the suffix is not trusted)."""
+    """ "gzip", "zlib" or "none", from the first bytes (the suffix is not trusted); "array_record"
+    for an ArrayRecord file (which the readers here read too)."""
     with open_read(path) as f:
         head = f.read(16)
+    if head.startswith(array_records.SIGNATURE):
+        return array_records.ARRAY_RECORD
     if head[:2] == b"\x1f\x8b":
         return "gzip"
     if len(head) >= 2 and head[0] & 0x0F == 8 and (head[0] << 8 | head[1]) % 31 == 0:
@@ -185,7 +188,11 @@ def read_records(
     on_raw: Callable[[bytes], None] | None = None,
 ) -> Iterator[tuple[int, bytes]]:
     """(offset, record) for each record, streaming in bounded memory. Raises CorruptRecord at the
-    first bad frame or CRC, naming its offset. `on_raw` sees the file's bytes as read (to hash)."""
+    first bad frame or CRC, naming its offset. `on_raw` sees the file's bytes as read (to hash).
+    An ArrayRecord file (compression "array_record") gives (index, record)."""
+    if (compression or detect_compression(path)) == array_records.ARRAY_RECORD:
+        yield from _array_records(path, on_raw)
+        return
     stream = _Stream(decompressed_chunks(path, compression or detect_compression(path), on_raw))
     while True:
         offset = stream.offset
@@ -204,6 +211,15 @@ def read_records(
         if check_crc and struct.unpack("<I", body[length:])[0] != masked_crc32c(data):
             raise CorruptRecord(path, offset, "corrupt data (CRC mismatch)")
         yield offset, data
+
+
+def _array_records(path: str, on_raw: Callable[[bytes], None] | None) -> Iterator[tuple[int, bytes]]:
+    index = 0
+    with array_records.local_copy(path, on_raw) as local:
+        for batch in array_records.batches(local):
+            for record in batch:
+                yield index, record
+                index += 1
 
 
 def iter_records(path: str, compression: str, *, check_crc: bool = False) -> Iterator[bytes]:
@@ -225,6 +241,7 @@ class ShardInfo:
     records: int
     bytes: int
     sha256: str
+    index: str | None = None  # the shard's record index file, where one was written
 
 
 class FileDigest:

@@ -172,6 +172,54 @@ def test_4_a_forked_worker_runs_beams_worker_main_and_logs_through_the_drivers_h
         _check(4, noise not in stderr, f"{noise!r} in the driver's log")
 
 
+# As _FORKED_RUN, logging as the CLI does, with an element that fails in a worker: the driver
+# prints whether it raised it.
+_FAILING_FORKED_RUN = textwrap.dedent(
+    """
+    import logging, sys, threading, time
+    import apache_beam as beam
+    from apache_beam.options.pipeline_options import PipelineOptions
+    from recordforge.runners.local_runner import LocalRunner
+
+    from recordforge.cli import _configure_logging
+
+    _configure_logging(debug=False)  # as the CLI: Beam's error logs dropped, the driver reports
+    logging.getLogger("recordforge").setLevel(logging.INFO)
+    if sys.argv[1:] == ["fresh"]:  # another thread: the runner starts its workers afresh
+        threading.Thread(target=time.sleep, args=(600,), daemon=True).start()
+
+    def fail(x):
+        if x == 7:
+            raise ValueError("element seven fails")
+        return x
+
+    options = PipelineOptions(["--direct_running_mode=multi_processing", "--direct_num_workers=2"])
+    try:
+        with beam.Pipeline(runner=LocalRunner(), options=options) as p:
+            _ = p | beam.Create(list(range(20))) | beam.Reshuffle() | beam.Map(fail)
+    except Exception as exn:
+        print("driver raised:", "element seven fails" in str(exn))
+    """
+)
+
+
+@pytest.mark.parametrize("workers", ["forked", "fresh"])
+def test_4_a_failing_instruction_reaches_the_driver_without_the_workers_traceback(workers: str) -> None:
+    from apache_beam.runners.worker import sdk_worker
+
+    source = inspect.getsource(sdk_worker)
+    _check(4, "print(traceback_string, file=sys.stderr)" in source, "the worker no longer prints it")
+    _check(4, "Error processing instruction" in source, "the worker's log line changed")
+    proc = subprocess.run(
+        [sys.executable, "-c", _FAILING_FORKED_RUN, workers], capture_output=True, text=True, timeout=300
+    )
+    _check(4, proc.stdout.strip() == "driver raised: True", proc.stdout + proc.stderr[-3000:])
+    started = "workers start as fresh processes" if workers == "fresh" else "workers are forked"
+    _check(2 if workers == "fresh" else 4, started in proc.stderr, proc.stderr[-3000:])
+    for noise in ("Traceback", "Error processing instruction", "semi_persistent"):
+        _check(4, noise not in proc.stderr, f"{noise!r} in the driver's log: {proc.stderr[-3000:]}")
+
+
 def test_5_bundle_processors_make_their_sampler_by_looking_the_class_up(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

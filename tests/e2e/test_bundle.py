@@ -33,7 +33,19 @@ def test_a_run_that_loses_a_row_refuses_to_publish(tmp_path: Path, monkeypatch: 
     monkeypatch.setattr(ExampleEncoder, "encode", lose_one)
     out = tmp_path / "out"
     with pytest.raises(Exception, match=r"read 500 rows but the shards hold 499 records and 0 were rejected"):
-        run(["--source", str(tmp_path / "t.parquet"), "--output", str(out), "--batch_size", "128"])
+        # One worker, this process: the bug is patched into it.
+        run(
+            [
+                "--source",
+                str(tmp_path / "t.parquet"),
+                "--output",
+                str(out),
+                "--batch_size",
+                "128",
+                "--direct_num_workers",
+                "1",
+            ]
+        )
     assert lost, "the encoder was not called: the test proved nothing"
     assert not (out / "_SUCCESS").exists() and not (out / "metadata.json").exists()
 

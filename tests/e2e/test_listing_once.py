@@ -121,7 +121,8 @@ def test_a_local_image_folder_is_listed_once_with_spread_workers(
     assert meta["num_records"] == meta["images"] == len(written)
 
 
-@pytest.mark.parametrize("flags", [[], SPREAD_FLAGS], ids=["one", "spread"])
+# "one": one worker, in this process, so that every listing and lookup is seen.
+@pytest.mark.parametrize("flags", [["--direct_num_workers=1"], SPREAD_FLAGS], ids=["one", "spread"])
 def test_gcs_parquet_and_csv_inputs_are_listed_once(
     gcs_bucket: str, tmp_path: Path, matches: list[str], flags: list[str]
 ) -> None:

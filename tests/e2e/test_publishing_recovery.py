@@ -24,7 +24,18 @@ def _args(tmp_path: Path, rows: int) -> list[str]:
     src = tmp_path / "in" / f"{rows}.parquet"
     src.parent.mkdir(exist_ok=True)
     pq.write_table(pa.table({"i": list(range(rows))}), src)
-    return ["--source", str(src), "--output", str(tmp_path / "out"), "--compression", "none"]
+    # One worker, this process: the faults are patched into it, and workers the runner starts
+    # afresh (several, by default, where the machine has the cores) would not have them.
+    return [
+        "--source",
+        str(src),
+        "--output",
+        str(tmp_path / "out"),
+        "--compression",
+        "none",
+        "--direct_num_workers",
+        "1",
+    ]
 
 
 def _tree(out: Path) -> dict[str, bytes]:

@@ -29,6 +29,8 @@ _OTHER: dict[str, dict[str, Any]] = {
     "schema_path": {"schema_path": "schema.yaml"},
     "source_format": {"source_format": "csv"},
     "compression": {"compression": "zlib"},
+    "output_format": {"output_format": "array_record"},
+    "record_index": {"record_index": True},
     "compression_level": {"compression_level": 3},
     "shard_size": {"shard_size": "64MB"},
     "records_per_shard": {"records_per_shard": 10},

@@ -10,8 +10,10 @@ import pyarrow.parquet as pq
 import pytest
 from apache_beam.options.pipeline_options import DirectOptions, StandardOptions
 
+from recordforge import source_probe
 from recordforge.errors import RecordForgeError, UsageError
 from recordforge.pipelines import inputs as inputs_module
+from recordforge.pipelines import resolve as resolve_module
 from recordforge.pipelines.resolve import DEFAULT_RUNNER, request_from_argv, request_from_kwargs, resolve
 
 
@@ -61,6 +63,81 @@ def test_beam_options_by_name_reach_the_pipeline_options(table: str) -> None:
     assert options.view_as(DirectOptions).direct_num_workers == 2
     with pytest.raises(UsageError, match="multi_threading is refused"):
         request_from_kwargs(table, "out", None, {"direct_running_mode": "multi_threading"})
+
+
+@pytest.mark.parametrize("cores", [1, 2, 16])
+def test_a_local_run_uses_every_core_unless_told(
+    table: str, cores: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(resolve_module.os, "sched_getaffinity", lambda _: set(range(cores)))
+
+    def direct(flags: dict[str, object]) -> tuple[str, int]:
+        options = request_from_kwargs(table, "out", None, flags).options.view_as(DirectOptions)
+        return options.direct_running_mode, options.direct_num_workers
+
+    every = ("multi_processing", cores) if cores > 1 else ("in_memory", 1)
+    assert direct({}) == every
+    assert direct({"direct_num_workers": 0}) == every  # Beam's spelling of every core
+    assert direct({"direct_num_workers": 1}) == ("in_memory", 1)
+    assert direct({"direct_num_workers": 3}) == ("multi_processing", 3)
+    assert direct({"direct_running_mode": "in_memory"}) == ("in_memory", 1)
+    assert direct({"direct_running_mode": "multi_processing", "direct_num_workers": 2}) == (
+        "multi_processing",
+        2,
+    )
+    argv = request_from_argv(["--source", table, "--output", "out"]).options.view_as(DirectOptions)
+    assert (argv.direct_running_mode, argv.direct_num_workers) == every
+    dask = request_from_kwargs(table, "out", None, {"runner": "DirectRunner"}).options
+    assert dask.view_as(DirectOptions).direct_num_workers == 1  # a runner named: its own defaults
+
+
+def test_a_small_conversion_keeps_one_worker_unless_workers_were_asked_for(
+    table: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(resolve_module.os, "sched_getaffinity", lambda _: {0, 1, 2, 3})
+
+    def workers(flags: list[str]) -> tuple[str, int]:
+        request = request_from_argv(["--source", table, "--output", str(tmp_path / "out"), *flags])
+        run = resolve(request.options, request.config, every_core=request.every_core)
+        direct = run.options.view_as(DirectOptions)
+        assert run.traits.workers == direct.direct_num_workers
+        return direct.direct_running_mode, direct.direct_num_workers
+
+    assert workers([]) == ("in_memory", 1)  # 3 rows: workers would cost more than they save
+    assert workers(["--direct_num_workers", "4"]) == ("multi_processing", 4)
+    monkeypatch.setattr(resolve_module, "SMALL_ROWS", 3)
+    assert workers([]) == ("multi_processing", 4)
+    monkeypatch.setattr(resolve_module, "SMALL_ROWS", 4)
+    assert workers([]) == ("in_memory", 1)
+    csv = tmp_path / "t.csv"
+    csv.write_text("x\n1\n")
+    request = request_from_argv(["--source", str(csv), "--output", str(tmp_path / "csv")])
+    resolve(request.options, request.config, every_core=request.every_core)
+    assert request.options.view_as(DirectOptions).direct_num_workers == 1  # by its size in bytes
+    monkeypatch.setattr(resolve_module, "SMALL_BYTES", 2)
+    request = request_from_argv(["--source", str(csv), "--output", str(tmp_path / "csv")])
+    resolve(request.options, request.config, every_core=request.every_core)
+    assert request.options.view_as(DirectOptions).direct_num_workers == 4
+
+
+def test_each_parquet_footer_is_read_once_and_gives_the_row_total(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for i in range(3):
+        pq.write_table(pa.table({"x": list(range(i + 1)), "s": ["a"] * (i + 1)}), tmp_path / f"{i}.parquet")
+    opened: list[object] = []
+    real = source_probe.pq.ParquetFile
+
+    def counting(source: object, *args: object, **kwargs: object) -> object:
+        opened.append(getattr(source, "name", source))
+        return real(source, *args, **kwargs)
+
+    monkeypatch.setattr(source_probe.pq, "ParquetFile", counting)
+    request = request_from_argv(["--source", str(tmp_path / "*.parquet"), "--output", str(tmp_path / "out")])
+    run = resolve(request.options, request.config)
+    assert len(opened) == 3 and run.inputs.rows == 1 + 2 + 3
+    nulls = {f.name: f.nulls.value for f in run.plan.schema.features}
+    assert nulls == {"x": "required", "s": "required"}  # no null in any footer
 
 
 def test_resolve_makes_one_frozen_run_and_fingerprints_the_inputs_once(

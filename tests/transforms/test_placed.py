@@ -16,6 +16,7 @@ from conftest import DEFAULT_RUNNER
 
 from recordforge.tfrecord import ShardInfo, iter_records
 from recordforge.transforms.shard_files import write_shard
+from recordforge.transforms.shard_format import TFRecordFormat
 from recordforge.transforms.shard_spec import ShardSpec, Sizing
 from recordforge.transforms.sinks import WriteTFRecords
 
@@ -69,7 +70,7 @@ def test_by_position_a_shard_of_whole_batches_is_written_as_those_batches(tmp_pa
     out = _write(tmp_path, ShardSpec(Sizing.PLACED, "gzip", count=4), lambda _: None, spill=True)
     for s, digest in enumerate(_digests(out).values()):
         arrays = [pa.array(r, pa.large_binary()) for _, r in BATCHES[2 * s : 2 * s + 2]]
-        temp, _ = write_shard(str(tmp_path / f"expected-{s}"), arrays, "gzip", 1)
+        temp, _ = write_shard(str(tmp_path / f"expected-{s}"), arrays, TFRecordFormat("gzip"))
         assert temp.sha256 == digest
 
 
@@ -95,6 +96,6 @@ def test_the_placed_writer_refuses_a_rolling_spec(tmp_path: Path) -> None:
     from recordforge.transforms.placed import write_placed
     from recordforge.transforms.shard_files import ShardFiles
 
-    files = ShardFiles.beside(str(tmp_path / "data"), ".tfrecord")
+    files = ShardFiles.beside(str(tmp_path / "data"), TFRecordFormat("none"))
     with test_pipeline.TestPipeline(runner=DEFAULT_RUNNER) as p, pytest.raises(ValueError, match="not count"):
         write_placed(p | beam.Create([]), files, ShardSpec(Sizing.COUNT, "none", count=2), spill=False)

@@ -25,6 +25,7 @@ from recordforge.transforms.rolling import (
     _Roller,
     _RollingWriteFn,
 )
+from recordforge.transforms.shard_format import TFRecordFormat
 from recordforge.transforms.shard_spec import ShardSpec, Sizing
 from recordforge.transforms.sinks import WriteTFRecords
 
@@ -35,7 +36,7 @@ def _bundles(tmp: Path, sizes: list[int], limits: Limits, compression: str) -> t
     """Parts as a runner with bundles of `sizes` batches of 100 records would leave them."""
     parts, everything, key = [], [], 0
     for bundle in sizes:
-        roller = _Roller(str(tmp), compression, 1, limits)
+        roller = _Roller(str(tmp), TFRecordFormat(compression), limits)
         for _ in range(bundle):
             batch = sample_records(100, key)
             everything += batch
@@ -50,8 +51,8 @@ def _shards(tmp_path: Path, sizes: list[int], limits: Limits, compression: str =
     tmp = tmp_path / "_tmp"
     tmp.mkdir()
     parts, everything = _bundles(tmp, sizes, limits, compression)
-    joined = [_join(j, str(tmp), compression, 1, limits) for j in _plan(b"", parts, limits)]
-    shards = _publish(b"", parts, joined, str(tmp_path / "data"), ".tfrecord.gz", str(tmp), limits)
+    joined = [_join(j, str(tmp), TFRecordFormat(compression), limits) for j in _plan(b"", parts, limits)]
+    shards = _publish(b"", parts, joined, str(tmp_path / "data"), TFRecordFormat("gzip"), str(tmp), limits)
     assert not tmp.exists()
     written = [r for s in shards for r in iter_records(s.path, compression, check_crc=True)]
     assert sorted(written) == sorted(everything)  # nothing lost, nothing twice
@@ -116,7 +117,7 @@ def test_a_bundle_or_a_join_run_twice_writes_each_record_once(tmp_path: Path) ->
     limits = Limits(max_bytes=25_000, max_records=0)
     tmp = tmp_path / "_tmp"
     tmp.mkdir()
-    fn = _RollingWriteFn(str(tmp), "gzip", 1, limits)
+    fn = _RollingWriteFn(str(tmp), TFRecordFormat("gzip"), limits)
     bundles = [
         [((k,), pa.array(sample_records(100, k), pa.large_binary())) for k in range(b, b + 2)]
         for b in (0, 2, 4)
@@ -128,10 +129,10 @@ def test_a_bundle_or_a_join_run_twice_writes_each_record_once(tmp_path: Path) ->
     joins = list(_plan(b"", parts, limits))
     assert joins
     for j in joins:
-        _join(j, str(tmp), "gzip", 1, limits)  # a join attempt whose result is lost
-    joined = [_join(j, str(tmp), "gzip", 1, limits) for j in joins]
-    shards = _publish(b"", parts, joined, str(tmp_path / "data"), ".tfrecord.gz", str(tmp), limits)
-    again = _publish(b"", parts, joined, str(tmp_path / "data"), ".tfrecord.gz", str(tmp), limits)
+        _join(j, str(tmp), TFRecordFormat("gzip"), limits)  # a join attempt whose result is lost
+    joined = [_join(j, str(tmp), TFRecordFormat("gzip"), limits) for j in joins]
+    shards = _publish(b"", parts, joined, str(tmp_path / "data"), TFRecordFormat("gzip"), str(tmp), limits)
+    again = _publish(b"", parts, joined, str(tmp_path / "data"), TFRecordFormat("gzip"), str(tmp), limits)
     assert shards == again and not tmp.exists()  # the orphans of failed attempts went with it
     written = sorted(r for s in shards for r in iter_records(s.path, "gzip", check_crc=True))
     assert written == sorted(r for k in range(6) for r in sample_records(100, k))
@@ -234,7 +235,7 @@ def test_the_rolling_writer_refuses_a_placed_spec(tmp_path: Path) -> None:
     from recordforge.transforms.rolling import WriteRollingShards
     from recordforge.transforms.shard_files import ShardFiles
 
-    files = ShardFiles.beside(str(tmp_path / "data"), ".tfrecord")
+    files = ShardFiles.beside(str(tmp_path / "data"), TFRecordFormat("none"))
     with pytest.raises(ValueError, match="not placed"):
         WriteRollingShards(files, ShardSpec(Sizing.PLACED, "none", count=2))
 

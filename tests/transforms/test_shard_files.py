@@ -22,10 +22,12 @@ from recordforge.tfrecord import ShardInfo, describe_shard, iter_records
 from recordforge.transforms import rolling, shard_files, shuffle
 from recordforge.transforms.rolling import Limits, _Roller
 from recordforge.transforms.shard_files import ShardFiles, TempShard
+from recordforge.transforms.shard_format import TFRecordFormat
 from recordforge.transforms.shard_spec import DEFAULT_SHARD_SIZE, ShardSpec, Sizing
 from recordforge.transforms.sinks import WriteTFRecords
 
 SUFFIX = {"gzip": ".tfrecord.gz", "zlib": ".tfrecord.deflate", "none": ".tfrecord"}
+FORMAT = {"gzip": TFRecordFormat("gzip"), "zlib": TFRecordFormat("zlib"), "none": TFRecordFormat("none")}
 TEMP_DIR = re.compile(r"^_tmp-[0-9a-f]{12}$")
 
 
@@ -64,9 +66,9 @@ def target(tmp_path: Path) -> Path:
 
 
 def test_names_follow_one_scheme(tmp_path: Path) -> None:
-    files = ShardFiles.beside(str(tmp_path / "data"), ".tfrecord.gz")
+    files = ShardFiles.beside(str(tmp_path / "data"), FORMAT["gzip"])
     assert Path(files.temp_dir).parent == tmp_path and TEMP_DIR.match(Path(files.temp_dir).name)
-    assert ShardFiles.beside(files.prefix, files.suffix).temp_dir != files.temp_dir
+    assert ShardFiles.beside(files.prefix, files.format).temp_dir != files.temp_dir
     a, b = files.temp("part"), files.temp("part")
     assert a != b and Path(a).parent == Path(files.temp_dir)
     assert re.fullmatch(r"part-[0-9a-f]{32}\.part", Path(a).name)
@@ -81,9 +83,9 @@ def test_published_shards_are_described_as_written_and_the_temp_folder_goes(
     target: Path, compression: str
 ) -> None:
     before = _snapshot(target.parent)
-    files = ShardFiles.beside(str(target / "data"), SUFFIX[compression])
+    files = ShardFiles.beside(str(target / "data"), FORMAT[compression])
     batches = [[_records(50, 1), _records(7, 2)], [], [_records(1, 3)]]
-    temps = [files.write("shard", [_array(b) for b in arrays], compression, 1) for arrays in batches]
+    temps = [files.write("shard", [_array(b) for b in arrays]) for arrays in batches]
     assert all(Path(t.tmp).parent == Path(files.temp_dir) for t in temps)
     shards = files.publish(temps)
     again = files.publish(temps)  # a retried publish
@@ -101,24 +103,24 @@ def test_published_shards_are_described_as_written_and_the_temp_folder_goes(
 
 
 def test_a_shard_that_is_gone_is_never_published(tmp_path: Path) -> None:
-    files = ShardFiles.beside(str(tmp_path / "data"), ".tfrecord")
-    temps = [files.write("shard", [_array(_records(5, i))], "none", 1) for i in range(2)]
+    files = ShardFiles.beside(str(tmp_path / "data"), FORMAT["none"])
+    temps = [files.write("shard", [_array(_records(5, i))]) for i in range(2)]
     os.unlink(temps[1].tmp)
     with pytest.raises(RuntimeError, match="1 shard"):
         files.publish(temps)
 
 
 def test_slots_are_published_with_empty_shards_for_the_missing(tmp_path: Path) -> None:
-    files = ShardFiles.beside(str(tmp_path / "data"), ".tfrecord.gz")
-    written = [(2, files.write("shard-00002", [_array(_records(9, 0))], "gzip", 1))]
-    shards = files.publish_slots(4, written, "gzip", 1)
+    files = ShardFiles.beside(str(tmp_path / "data"), FORMAT["gzip"])
+    written = [(2, files.write("shard-00002", [_array(_records(9, 0))]))]
+    shards = files.publish_slots(4, written)
     assert [s.records for s in shards] == [0, 0, 9, 0]
     assert all(s == describe_shard(s.path, "gzip") for s in shards)
     assert sorted(p.name for p in tmp_path.iterdir()) == [
         f"data-0000{i}-of-00004.tfrecord.gz" for i in range(4)
     ]
     with pytest.raises(RuntimeError, match="written twice"):
-        files.publish_slots(4, written * 2, "gzip", 1)
+        files.publish_slots(4, written * 2)
 
 
 def _failing(after: int) -> Iterator[pa.Array]:
@@ -129,9 +131,9 @@ def _failing(after: int) -> Iterator[pa.Array]:
 
 def test_a_failed_write_leaves_no_file(target: Path) -> None:
     before = _snapshot(target.parent)
-    files = ShardFiles.beside(str(target / "data"), ".tfrecord.gz")
+    files = ShardFiles.beside(str(target / "data"), FORMAT["gzip"])
     with pytest.raises(OSError, match="injected"):
-        files.write("shard", _failing(3), "gzip", 1)
+        files.write("shard", _failing(3))
     assert _snapshot(target.parent) == before
     assert files.cleanup() == 0
 
@@ -150,10 +152,10 @@ def test_a_failing_file_system_leaves_no_file(target: Path, monkeypatch: pytest.
 
     monkeypatch.setattr(HashingFile, "write", write)
     before = _snapshot(target.parent)
-    files = ShardFiles.beside(str(target / "data"), ".tfrecord")
+    files = ShardFiles.beside(str(target / "data"), FORMAT["none"])
     with pytest.raises(OSError, match="no space"):
-        files.write("shard", [_array(_records(50, i)) for i in range(3)], "none", 1)
-    roller = _Roller(files.temp_dir, "none", 1, Limits(max_bytes=10**6, max_records=0))
+        files.write("shard", [_array(_records(50, i)) for i in range(3)])
+    roller = _Roller(files.temp_dir, FORMAT["none"], Limits(max_bytes=10**6, max_records=0))
     with pytest.raises(OSError, match="no space"):
         list(roller.add(("data", "f", 0), _array(_records(3000, 0))))
     room[0] = 0  # not even a header
@@ -161,8 +163,7 @@ def test_a_failing_file_system_leaves_no_file(target: Path, monkeypatch: pytest.
         rolling._join(
             rolling._Join(0, ()),  # an empty shard: still a file to write
             files.temp_dir,
-            "gzip",
-            1,
+            FORMAT["gzip"],
             Limits(max_bytes=0, max_records=0, num_shards=2),
         )
     assert _snapshot(target.parent) == before
@@ -174,7 +175,7 @@ def test_a_failed_spill_leaves_no_file(target: Path, monkeypatch: pytest.MonkeyP
 
     monkeypatch.setattr(pa.ipc, "new_stream", fail)
     before = _snapshot(target.parent)
-    files = ShardFiles.beside(str(target / "data"), ".tfrecord")
+    files = ShardFiles.beside(str(target / "data"), FORMAT["none"])
     with pytest.raises(OSError, match="spill"):
         shuffle._write_array(files.temp("batch", ".arrow"), _array(_records(5, 0)))
     assert _snapshot(target.parent) == before

@@ -7,12 +7,20 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from recordforge.array_records import ARRAY_RECORD
+from recordforge.array_records import COMPRESSIONS as ARRAY_RECORD_COMPRESSIONS
 from recordforge.errors import RecordForgeError
-from recordforge.pipelines.flags import FLAGS, FORMATS, default
+from recordforge.pipelines.flags import COMPRESSIONS, FLAGS, FORMATS, default
 from recordforge.pipelines.options import ConvertOptions
 from recordforge.schemas.plan import Plan
 from recordforge.tfrecord import Compression
-from recordforge.transforms.shard_spec import DEFAULT_SHARD_SIZE, ShardSpec, Sizing, parse_size
+from recordforge.transforms.shard_spec import (
+    DEFAULT_SHARD_SIZE,
+    OUTPUT_FORMATS,
+    ShardSpec,
+    Sizing,
+    parse_size,
+)
 from recordforge.transforms.splits import SplitSpec
 
 if TYPE_CHECKING:  # inputs.py imports this module
@@ -47,7 +55,9 @@ class ConvertConfig:
     output: str
     schema_path: str | None = default("schema_path")
     source_format: str | None = default("source_format")
-    compression: str | None = default("compression")  # None: gzip, or none when the schema holds images
+    compression: str | None = default("compression")  # None: gzip, or none (images, an index, ArrayRecord)
+    output_format: str = default("output_format")
+    record_index: bool = default("record_index")
     num_shards: int = default("num_shards")
     batch_size: int = default("batch_size")
     shard_size: str | None = default("shard_size")
@@ -78,8 +88,25 @@ class ConvertConfig:
             problems.append("--output is required")
         if self.source_format is not None and self.source_format not in FORMATS:
             problems.append(f"--format must be one of {', '.join(FORMATS)}")
-        if self.compression is not None and self.compression not in Compression.CHOICES:
-            problems.append(f"--compression must be one of {', '.join(Compression.CHOICES)}")
+        if self.compression is not None and self.compression not in COMPRESSIONS:
+            problems.append(f"--compression must be one of {', '.join(COMPRESSIONS)}")
+        if self.output_format not in OUTPUT_FORMATS:
+            problems.append(f"--output_format must be one of {', '.join(OUTPUT_FORMATS)}")
+        array_record = self.output_format == ARRAY_RECORD
+        if array_record and self.compression not in (None, *ARRAY_RECORD_COMPRESSIONS):
+            problems.append(
+                f"--output_format array_record compresses each record itself: --compression "
+                f"{' or '.join(ARRAY_RECORD_COMPRESSIONS)}, not {self.compression}"
+            )
+        if not array_record and self.compression not in (None, *Compression.CHOICES):
+            problems.append(f"--compression {self.compression} is for --output_format array_record")
+        if self.record_index and array_record:
+            problems.append("--record_index is for TFRecord shards (ArrayRecord files carry their own index)")
+        if self.record_index and self.compression not in (None, "none"):
+            problems.append(
+                f"--record_index needs uncompressed shards, not --compression {self.compression}: an "
+                "offset cannot be sought inside a deflate stream, which is read from its start"
+            )
         if self.num_shards < 0:
             problems.append("--num_shards must be 0 (as many as --shard_size makes) or more")
         if self.seed != default("seed") and not self.shuffle:
@@ -136,7 +163,7 @@ class ConvertConfig:
         """An explicit --compression always wins."""
         if self.compression is not None:
             return self.compression
-        return "none" if has_images else "gzip"
+        return "none" if has_images or self.record_index or self.output_format == ARRAY_RECORD else "gzip"
 
     def settings(self) -> dict[str, object]:
         """What, besides inputs and schema, decides the output's bytes (for --if_changed): every
@@ -192,6 +219,7 @@ def shard_spec(
     --shard_size of input (per 1,024 images of a folder whose listing gave no sizes), a
     function of the input and the flags alone, as the output's bytes must be."""
     level = config.compression_level
+    fmt, index = config.output_format, config.record_index
     if config.fixed_shards:
         count = config.num_shards
         if not count and inputs.folder is not None and inputs.folder.sizes is None:
@@ -200,9 +228,13 @@ def shard_spec(
             size = sum(f.size for f in inputs.files if f.size is not None)
             count = max(1, math.ceil(size * share / config.shard_bytes))
         seed = config.seed if config.shuffle else None
-        return ShardSpec(Sizing.PLACED, compression, level, name, count=count, seed=seed)
+        return ShardSpec(
+            Sizing.PLACED, compression, level, name, count=count, seed=seed, format=fmt, index=index
+        )
     if config.num_shards:
-        return ShardSpec(Sizing.COUNT, compression, level, name, count=config.num_shards)
+        return ShardSpec(
+            Sizing.COUNT, compression, level, name, count=config.num_shards, format=fmt, index=index
+        )
     if config.records_per_shard:
         return ShardSpec(
             Sizing.RECORDS,
@@ -211,5 +243,9 @@ def shard_spec(
             name,
             max_bytes=config.shard_bytes,
             max_records=config.records_per_shard,
+            format=fmt,
+            index=index,
         )
-    return ShardSpec(Sizing.BYTES, compression, level, name, max_bytes=config.shard_bytes)
+    return ShardSpec(
+        Sizing.BYTES, compression, level, name, max_bytes=config.shard_bytes, format=fmt, index=index
+    )

@@ -55,6 +55,7 @@ from recordforge.transforms.examples import REJECTED, ToExamples
 from recordforge.transforms.image_folder import ReadImageFolder
 from recordforge.transforms.parquet_source import ReadParquet
 from recordforge.transforms.rejects import WriteRejected
+from recordforge.transforms.sequences import COUNTS, ToSequences
 from recordforge.transforms.sinks import WriteTFRecords
 from recordforge.transforms.source_types import UNREADABLE
 from recordforge.transforms.splits import in_split
@@ -79,25 +80,40 @@ def build(pipeline: beam.Pipeline, run: Run) -> beam.PCollection[str]:
     # Rows per batch, summed where the bundle is written: a global combine here would add two
     # stages to the end of every run (on the local runner, a round trip to each worker apiece).
     rows_per_batch = batches | "RowsPerBatch" >> beam.Map(lambda b: b.batch.num_rows)
-    # tensorflow-transform reads the conformed rows themselves, not their encoded Examples.
-    encoded = batches | "ToExamples" >> ToExamples(
-        run.plan,
-        strict=config.strict,
-        splits=run.splits,
-        encode=not run.preprocessing,
-        progress=run.traits.progress,
-    )
+    sequences = run.plan.schema.sequence is not None
+    if sequences:
+        # A schema's `sequence:` block: rows grouped by key into SequenceExamples. Where the
+        # runner holds a grouping in memory, the rows wait for it in files (deleted at commit).
+        encoded = batches | "ToSequences" >> ToSequences(
+            run.plan,
+            strict=config.strict,
+            splits=run.splits,
+            partitions=run.sequence_partitions,
+            spill_dir=run.sequence_spill_dir,
+            progress=run.traits.progress,
+        )
+    else:
+        # tensorflow-transform reads the conformed rows themselves, not their encoded Examples.
+        encoded = batches | "ToExamples" >> ToExamples(
+            run.plan,
+            strict=config.strict,
+            splits=run.splits,
+            encode=not run.preprocessing,
+            progress=run.traits.progress,
+        )
     # examples: ((split, file, first_row), pa.LargeBinaryArray of serialized tf.train.Examples),
-    #   or with preprocessing the conformed rows as a pa.RecordBatch; split is "" without splits
+    #   or with preprocessing the conformed rows as a pa.RecordBatch; split is "" without splits;
+    #   sequences: ((split, bucket, part), SequenceExamples) (transforms/sequences.py)
     # rejected: one JSON line per bad row, with its file, row, column, rule and original values
-    examples, transformed = encoded.examples, None
+    examples, transformed = encoded["examples"], None
     if run.preprocessing:
         transformed = _preprocess(pipeline, run, examples)
         examples = transformed.examples  # the same keys, transformed Examples
     rejected = [encoded[REJECTED], *([source[REJECTED]] if REJECTED in source else [])]
     rejected_lines = rejected | "AllRejected" >> beam.Flatten()
-    if config.strict:
-        # Strict runs fail at the first bad row, so there is never a rejected row to write.
+    if config.strict and not sequences:
+        # Strict runs fail at the first bad row, so there is never a rejected row to write (a
+        # sequence's length policy leaves rows out of a strict run too: they are written).
         rejected_files = rejected_lines | "NoRejectedFiles" >> beam.FlatMap(_nothing)
     else:
         rejected_files = rejected_lines | "WriteRejected" >> WriteRejected(run.root)
@@ -110,6 +126,7 @@ def build(pipeline: beam.Pipeline, run: Run) -> beam.PCollection[str]:
         unreadable=source[UNREADABLE],
         rejected_files=rejected_files,
         transform_written=transformed.written if transformed is not None else None,
+        sequence_counts=encoded[COUNTS] if sequences else None,
     )
 
 
@@ -184,7 +201,8 @@ def _write_shards(run: Run, examples: beam.PCollection) -> beam.PCollection:
 
 
 def _bundle_spec(run: Run, transformed: Transformed | None) -> BundleSpec:
-    """What the bundle step records: the plans, the sources, and the run's facts."""
+    """What the bundle step records: the plans, the sources, and the run's facts; the working
+    folders (TFT's, and where sequence rows waited for their grouping) are deleted at commit."""
     config, splits, folder, files = run.config, run.splits, run.inputs.folder, run.inputs.files
     transform = None
     if transformed is not None:
@@ -198,10 +216,14 @@ def _bundle_spec(run: Run, transformed: Transformed | None) -> BundleSpec:
         version=run.version,
         plan=transformed.plan if transformed is not None else run.plan,
         raw_plan=run.plan if transformed is not None else None,
-        temp_dirs=(transformed.temp_dir,) if transformed is not None else (),
+        temp_dirs=(
+            *((transformed.temp_dir,) if transformed is not None else ()),
+            *((run.sequence_spill_dir,) if run.sequence_spill_dir is not None else ()),
+        ),
         source_format=run.inputs.fmt,
         sources=tuple((f.path, f.size, f.modified) for f in files),
         compression=run.compression,
+        output_format=config.output_format,
         command=config.command,
         facts=RunFacts(
             input_fingerprint=run.inputs.fingerprint,
@@ -239,15 +261,7 @@ def _progress(traits: RunnerTraits, inputs: Inputs) -> contextlib.AbstractContex
     def total() -> int | None:
         if inputs.folder is not None:
             return int(inputs.folder.count)
-        if (
-            inputs.fmt != "parquet"
-            or len(inputs.files) > 1000
-            or not all(is_local(f.path) for f in inputs.files)
-        ):
-            return None
-        import pyarrow.parquet as pq
-
-        return sum(pq.ParquetFile(f.path).metadata.num_rows for f in inputs.files)
+        return inputs.rows
 
     return session(traits, total=total)
 
@@ -304,19 +318,20 @@ def convert(request: Request) -> tuple[Run | None, dict[str, Any]]:
     """Runs the conversion `request` asks for and publishes it (publishing.py): the run
     as resolved (None for a dry run) and the published metadata, or with --dry_run=True (Dataflow
     only) the summary of the job built offline (runners/dryrun.py), the output untouched."""
-    pipeline = _pipeline(request.options)
+    _pipeline(request.options)  # Beam validates the options first, before the inputs are read
     if request.dry_run:
         from recordforge.runners.dryrun import dry_run
 
         # The job is built offline and summarised; the output is not looked at (on gs:// even a
         # listing would need credentials), so --overwrite and --if_changed are not checked.
-        run = resolve(request.options, request.config, look_at_output=False)
-        return None, dry_run(pipeline, run, build)
-    run = resolve(request.options, request.config)
+        run = resolve(request.options, request.config, look_at_output=False, every_core=request.every_core)
+        return None, dry_run(_pipeline(run.options), run, build)
+    run = resolve(request.options, request.config, every_core=request.every_core)
     if run.up_to_date is not None:
         return run, _up_to_date(run, run.up_to_date)
     try:
-        return run, _run_once(pipeline, run)
+        # A pipeline of the options as resolved (Beam copies them: resolve may size the workers).
+        return run, _run_once(_pipeline(run.options), run)
     except TypesChanged as exn:
         if not run.plan.retype_file:
             raise

@@ -9,12 +9,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from recordforge.tfrecord import Compression
-from recordforge.transforms.shard_spec import DEFAULT_LEVEL, DEFAULT_SHARD_SIZE
+from recordforge.transforms.shard_spec import DEFAULT_LEVEL, DEFAULT_SHARD_SIZE, OUTPUT_FORMATS
 from recordforge.transforms.shuffle import DEFAULT_SEED
 
-__all__ = ["add_flags", "default", "Flag", "FLAGS", "FORMATS", "parse_bool", "readme_table"]
+__all__ = ["add_flags", "COMPRESSIONS", "default", "Flag", "FLAGS", "FORMATS", "parse_bool", "readme_table"]
 
 FORMATS = ("parquet", "csv", "images")
+# TFRecord's (Compression.CHOICES) and zstd, which only ArrayRecord shards take.
+COMPRESSIONS = (*Compression.CHOICES, "zstd")
 _ANY = r"^\S+$"
 _NUMBER = "^[0-9]+$"
 _BOOL = "^(true|false)$"
@@ -122,15 +124,38 @@ FLAGS: tuple[Flag, ...] = (
         field="source_format",
     ),
     Flag(
+        "output_format",
+        "Shard file format: tfrecord (default), or array_record (random access: Grain, "
+        "tfds.data_source, recordforge.data_source).",
+        True,
+        "Shard file format",
+        "^(tfrecord|array_record)$",
+        "`array_record` for random access (`recordforge.data_source`, Grain, TFDS); see "
+        "Output formats and random access",
+        default=OUTPUT_FORMATS[0],
+        choices=OUTPUT_FORMATS,
+        row="output_format",
+    ),
+    _bool_flag(
+        "record_index",
+        "Write a record index (one `offset size` line per record, as DALI and the tfrecord "
+        "package read) beside each TFRecord shard; implies uncompressed shards.",
+        changes_output=True,
+        label="Record index per TFRecord shard",
+        summary="",
+        row="output_format",
+    ),
+    Flag(
         "compression",
-        "Compression of the TFRecord shards: gzip by default, none when the schema holds images "
-        "(encoded images gain ~3% from GZIP at 8-9x the CPU).",
+        "Compression of the shards: TFRecord gzip by default, none when the schema holds images "
+        "(encoded images gain ~3% from GZIP at 8-9x the CPU) or with --record_index; "
+        "ArrayRecord none by default, or zstd.",
         True,
         "Shard compression",
-        "^(gzip|zlib|none)$",
+        "^(gzip|zlib|none|zstd)$",
         "default gzip (none when the schema holds images; zlib shards are `.deflate`, which "
-        "Beam and TFDV detect, tf.data reads as `ZLIB`); ISA-L level, default 1",
-        choices=Compression.CHOICES,
+        "Beam and TFDV detect, tf.data reads as `ZLIB`; ArrayRecord: none or zstd); ISA-L level, default 1",
+        choices=COMPRESSIONS,
         row="compression",
     ),
     Flag(

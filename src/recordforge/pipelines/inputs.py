@@ -7,14 +7,17 @@ import dataclasses
 import hashlib
 import json
 import logging
+from collections.abc import Mapping
+
+import pyarrow.parquet as pq
 
 from recordforge.errors import RecordForgeError
 from recordforge.pipelines.config import ConvertConfig
 from recordforge.schemas import Plan, compile_schema, load_schema
 from recordforge.schemas.infer import inferred_schema
 from recordforge.schemas.loader import dump_schema
-from recordforge.source_probe import format_from_path
-from recordforge.storage import open_input
+from recordforge.source_probe import format_from_path, parquet_footers
+from recordforge.storage import is_local, open_input
 from recordforge.transforms.image_folder import ImageFolder, folder_schema, list_image_folder
 from recordforge.transforms.source_types import FileInfo, expand_patterns
 
@@ -40,6 +43,7 @@ class Inputs:
     plan: Plan
     fingerprint: str
     folder: ImageFolder | None = None
+    rows: int | None = None  # from the Parquet footers, where they were read (progress total)
 
 
 def resolve_inputs(config: ConvertConfig, *, first_rows: bool = False) -> Inputs:
@@ -59,8 +63,15 @@ def resolve_inputs(config: ConvertConfig, *, first_rows: bool = False) -> Inputs
     files = expand_patterns(config.sources)
     fmt = detect_format(files[0].path) if config.source_format in (None, "images") else config.source_format
     paths = [f.path for f in files]
-    plan = resolve_plan(config, fmt, files[0].path, paths, first_rows=first_rows)
-    return Inputs(files, fmt, plan, input_fingerprint(files, plan, config))
+    # Each footer is read once here: for the schema inferred (columns without nulls) or, of local
+    # files, for the progress line's total. Remote footers with a declared schema are left to the
+    # workers, which read them anyway.
+    footers = None
+    if fmt == "parquet" and (not config.schema_path or all(is_local(p) for p in paths)):
+        footers = parquet_footers(paths)
+    plan = resolve_plan(config, fmt, files[0].path, paths, first_rows=first_rows, footers=footers)
+    rows = sum(f.num_rows for f in footers.values()) if footers is not None else None
+    return Inputs(files, fmt, plan, input_fingerprint(files, plan, config), rows=rows)
 
 
 def input_fingerprint(files: list[FileInfo], plan: Plan, config: ConvertConfig) -> str:
@@ -98,13 +109,16 @@ def resolve_plan(
     files: list[str] | None = None,
     *,
     first_rows: bool = False,
+    footers: Mapping[str, pq.FileMetaData] | None = None,
 ) -> Plan:
     """The declared schema, or one inferred from the input files (`inferred_schema`, logged as
     YAML); with `first_rows` a CSV file's types from its first block, to be checked as the run
     converts (Plan.retype_file)."""
     if config.schema_path:
         return compile_schema(load_schema(config.schema_path))
-    schema, retype = inferred_schema(first_file, fmt, files or [first_file], first_rows=first_rows)
+    schema, retype = inferred_schema(
+        first_file, fmt, files or [first_file], first_rows=first_rows, footers=footers
+    )
     _LOGGER.info(
         "No --schema given: inferred from %s (written to the bundle as schema.yaml; save it, edit "
         "it and pass it with --schema to pin it):\n%s",

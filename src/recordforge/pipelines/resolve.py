@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import logging
+import os
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -19,6 +20,7 @@ from apache_beam.options.pipeline_options import (
     TypeOptions,
 )
 
+from recordforge import layout
 from recordforge.errors import RecordForgeError, UsageError
 from recordforge.layout import new_version, version_root
 from recordforge.output_state import OutputState, check_not_inside, check_output_path, check_state, read_state
@@ -31,6 +33,7 @@ from recordforge.runners.dryrun import dataflow_preflight
 from recordforge.runners.session import LOCAL_RUNNER, runner_name, runner_traits
 from recordforge.schemas import Plan
 from recordforge.traits import RunnerTraits
+from recordforge.transforms.sequence_keys import partitions_for
 from recordforge.transforms.shard_spec import ShardSpec
 from recordforge.transforms.splits import SplitSpec
 
@@ -61,6 +64,7 @@ class Request:
 
     options: PipelineOptions
     config: ConvertConfig
+    every_core: bool = False  # the local workers were not asked for: resolve may size them
 
     @property
     def dry_run(self) -> bool:
@@ -85,6 +89,10 @@ class Run:
     fit_split: str | None  # the split analyzers are fitted on (None: all rows)
     shards: dict[str, ShardSpec]  # how each split's writer ("data" without splits) sizes shards
     traits: RunnerTraits  # the runner as the transforms are told it (runners/session.py)
+    # Partitions of the key hash a sequence run's rows are grouped in (0: no `sequence:` block),
+    # and where they wait for the grouping on a runner that holds it in memory (None: they don't).
+    sequence_partitions: int = 0
+    sequence_spill_dir: str | None = None
     up_to_date: dict[str, Any] | None = None  # --if_changed: the published metadata, if it is current
 
     @property
@@ -102,9 +110,9 @@ def request_from_argv(argv: Sequence[str]) -> Request:
     neither RecordForge nor Beam knows is refused with the nearest known name."""
     argv = list(argv)
     check_flags(argv)
-    options = _pipeline_options(PipelineOptions(argv), explicit=argv)
+    options, every_core = _pipeline_options(PipelineOptions(argv), explicit=argv)
     config = ConvertConfig.from_options(options.view_as(ConvertOptions), tuple(argv))
-    return Request(options, _with_span(config))
+    return Request(options, _with_span(config), every_core)
 
 
 def request_from_kwargs(
@@ -140,8 +148,8 @@ def request_from_kwargs(
             hint = f"; did you mean {guesses[0]}?" if guesses else ""
             raise UsageError(f"unknown option {name}{hint}")
     command = ("recordforge.convert", *(f"{k}={v!r}" for k, v in flags.items()))
-    options = _pipeline_options(PipelineOptions([], **beam_values), explicit=list(beam_values))
-    return Request(options, _with_span(ConvertConfig(**values, command=command)))
+    options, every_core = _pipeline_options(PipelineOptions([], **beam_values), explicit=list(beam_values))
+    return Request(options, _with_span(ConvertConfig(**values, command=command)), every_core)
 
 
 def _typed(flag: Flag, value: object) -> object:
@@ -171,14 +179,20 @@ def _typed(flag: Flag, value: object) -> object:
     return value
 
 
-def _pipeline_options(options: PipelineOptions, *, explicit: Sequence[str]) -> PipelineOptions:
-    """Beam's options with RecordForge's defaults (its local runner; no construction-time type
-    check unless asked for) and the combinations refused before Beam would act on them."""
+def _pipeline_options(options: PipelineOptions, *, explicit: Sequence[str]) -> tuple[PipelineOptions, bool]:
+    """Beam's options with RecordForge's defaults (its local runner, on every core; no
+    construction-time type check unless asked for) and the combinations refused before Beam would
+    act on them; and whether the local workers were left to RecordForge (`Request.every_core`)."""
     standard = options.view_as(StandardOptions)
     # None: RecordForge's local runner; Beam's own DaskRunner loses outputs, RecordForge's
     # corrects it (runners/dask_runner.py).
+    every_core = standard.runner is None and not (
+        _given(explicit, "direct_num_workers") or _given(explicit, "direct_running_mode")
+    )
+    if standard.runner is None:
+        _every_core(options.view_as(DirectOptions), explicit)
     standard.runner = runner_name(standard.runner)
-    if not any("pipeline_type_check" in a.split("=")[0] for a in explicit):
+    if not _given(explicit, "pipeline_type_check"):
         # Beam's construction-time type check is a noticeable part of a small job and checks
         # nothing here: elements are Arrow batches and dataclasses its hints cannot see.
         options.view_as(TypeOptions).pipeline_type_check = False
@@ -205,7 +219,57 @@ def _pipeline_options(options: PipelineOptions, *, explicit: Sequence[str]) -> P
                 f"--temp_location {temp!r}: not a gs://bucket/path (bucket names are lower-case "
                 "letters, digits, '-', '_' and '.')"
             )
-    return options
+    return options, every_core
+
+
+def _given(explicit: Sequence[str], name: str) -> bool:
+    """Whether the flags the caller gave name `name` (argv tokens or keyword names)."""
+    return any(name in a.split("=")[0] for a in explicit)
+
+
+def _every_core(direct: DirectOptions, explicit: Sequence[str]) -> None:
+    """A local run uses every core it may run on unless told otherwise: one forked worker per core
+    (multi_processing; one core keeps Beam's in-memory mode, which has no workers to fork). A
+    worker count alone asks for that many workers, not for in-memory mode's single thread."""
+    mode_given = _given(explicit, "direct_running_mode")
+    if not _given(explicit, "direct_num_workers"):
+        if mode_given:
+            return
+        direct.direct_num_workers = _cores()
+    elif direct.direct_num_workers == 0:  # Beam's own spelling of "every core"
+        direct.direct_num_workers = _cores()
+    if not mode_given and direct.direct_num_workers > 1:
+        direct.direct_running_mode = "multi_processing"
+
+
+# Below these, starting a worker per core costs more than the workers save (docs/performance.md,
+# "All cores locally"): such a run keeps one worker unless workers were asked for.
+SMALL_ROWS = 250_000
+SMALL_BYTES = 32 << 20
+SMALL_IMAGES = 10_000
+
+
+def _small(inputs: Inputs) -> bool:
+    """Whether `inputs` are known, cheaply, to be a small conversion: rows from the Parquet
+    footers, else the files' sizes, an image folder's count."""
+    if inputs.folder is not None:
+        return int(inputs.folder.count) < SMALL_IMAGES
+    if inputs.rows is not None:
+        return inputs.rows < SMALL_ROWS
+    sizes = [f.size for f in inputs.files]
+    return all(size is not None for size in sizes) and sum(s or 0 for s in sizes) < SMALL_BYTES
+
+
+def _one_worker(options: PipelineOptions) -> None:
+    direct = options.view_as(DirectOptions)
+    direct.direct_num_workers, direct.direct_running_mode = 1, "in_memory"
+
+
+def _cores() -> int:
+    """The cores this process may run on (its affinity, as a container or `taskset` limits it)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
 
 
 def _with_span(config: ConvertConfig) -> ConvertConfig:
@@ -232,13 +296,15 @@ def resolve(
     *,
     look_at_output: bool = True,
     inputs: Inputs | None = None,
+    every_core: bool = False,
 ) -> Run:
     """The run `config` asks for, checked top to bottom before anything is written.
 
     `look_at_output`: read the output's state (refusing to replace a published bundle unless
     asked to, finishing a commit a killed run left, deciding --if_changed); a dry run and a test
     of the graph alone do not. `inputs`: already resolved (a run converted again with every row's
-    types)."""
+    types). `every_core`: the local workers were left to RecordForge (`Request.every_core`): a
+    small conversion keeps one."""
     check_output_path(config.output)
     state = None
     if look_at_output:
@@ -253,6 +319,8 @@ def resolve(
     # --if_changed compares fingerprints, so it takes its types from every row at once.
     if inputs is None:
         inputs = resolve_inputs(config, first_rows=look_at_output and not config.if_changed)
+    if every_core and _small(inputs):
+        _one_worker(options)
     if state is not None and config.if_changed:
         if state.published is not None and state.published.get("input_fingerprint") == inputs.fingerprint:
             return _run(options, config, inputs, state, up_to_date=state.published)
@@ -279,6 +347,19 @@ def _run(
         check_not_inside(config.output, [config.schema_path], "--schema")
     dataflow_preflight(options, config, files)
     splits = config.split_spec(plan)
+    if plan.schema.sequence is not None and (
+        config.split_key or config.split_column or config.preprocessing_fn
+    ):
+        raise UsageError(
+            "a schema with a `sequence:` block is split by the hash of each sequence's key (no "
+            "--split_key or --split_column) and cannot be preprocessed (no --preprocessing_fn)"
+        )
+    if plan.schema.sequence is not None and (config.output_format != "tfrecord" or config.record_index):
+        # The tools read SequenceExamples from TFRecord shards only, and data_source parses Examples.
+        raise UsageError(
+            "a schema with a `sequence:` block writes TFRecord shards: --output_format array_record "
+            "and --record_index are not supported with it"
+        )
     shares: dict[str, float] = {}
     if splits is None and folder is not None and folder.splits:
         # An image folder's split folders (train/, test/...) are its splits: shards apart, as
@@ -294,19 +375,27 @@ def _run(
         share = shares.get(name, share)
         shards[name] = shard_spec(config, inputs, name=name, compression=compression, share=share)
     version = new_version()
+    root = version_root(config.output, version)
+    traits = runner_traits(options)
+    partitions, spill_dir = 0, None
+    if plan.schema.sequence is not None:
+        partitions = partitions_for(sum(f.size or 0 for f in files))
+        spill_dir = layout.temp_dir(root) if traits.spill else None
     return Run(
         options=options,
         config=config,
         inputs=inputs,
         state=state,
         version=version,
-        root=version_root(config.output, version),
+        root=root,
         compression=compression,
         splits=splits,
         shares=shares,
         preprocessing=preprocessing,
         fit_split=config.fit_split(splits) if preprocessing else None,
         shards=shards,
-        traits=runner_traits(options),
+        traits=traits,
         up_to_date=up_to_date,
+        sequence_partitions=partitions,
+        sequence_spill_dir=spill_dir,
     )

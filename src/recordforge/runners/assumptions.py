@@ -52,7 +52,10 @@ ASSUMPTIONS: tuple[Assumption, ...] = (
         "run_via_runner_api(proto, options), which makes the stages from the proto it is given; with "
         "direct_running_mode=multi_processing the proto's default environment has urn "
         "python_urns.SUBPROCESS_SDK and payload exactly BEAM_WORKER_COMMAND (a multi_processing run "
-        "in which no environment matches runs Beam's command, with a log line).",
+        "in which no environment matches runs Beam's command, with a log line); the runner starts "
+        "such a worker by running the payload as a shell command line with the worker's settings "
+        "in its environment, so that a run whose workers cannot be forked swaps in "
+        "runners/fresh_worker.py's command.",
         (FORKING,),
     ),
     Assumption(
@@ -72,7 +75,11 @@ ASSUMPTIONS: tuple[Assumption, ...] = (
         "set the root logger's level to INFO); it returns once the runner closes the control channel; "
         "it warns 'No semi_persistent_directory found' (logger apache_beam.runners.worker."
         "sdk_worker_main) when there is no pickled main session, as in a forked worker, which needs "
-        "none: that line is filtered.",
+        "none: that line is filtered. When an instruction fails, SdkWorker._execute (module "
+        "apache_beam.runners.worker.sdk_worker) prints its traceback to sys.stderr, logs it at ERROR "
+        "('Error processing instruction ...') and returns it to the runner as the instruction's "
+        "error, which the driver raises: a forked worker drops the print and the log line unless "
+        "the driver shows DEBUG.",
         (FORKING,),
     ),
     Assumption(

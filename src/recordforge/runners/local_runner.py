@@ -28,6 +28,7 @@ from recordforge.runners.assumptions import (
 )
 from recordforge.runners.fork_server import ForkServer, request_worker
 from recordforge.runners.progress import watch_threads
+from recordforge.runners.worker_logs import quiet_worker
 from recordforge.startup import BEAM_VERSION
 
 __all__ = [
@@ -72,6 +73,8 @@ class LocalRunner(FnApiRunner):
                 unsafe = _fork_unsafe()
                 if unsafe:
                     _LOGGER.info("multi_processing workers start as fresh processes: %s", unsafe)
+                    for env in envs:
+                        env.payload = _fresh_worker_command().encode()
                 else:
                     _LOGGER.info("multi_processing workers are forked from the driver")
                     _forked_handler()  # registered for FORKED_WORKER_URN
@@ -285,13 +288,13 @@ def _watch(conn: Any, worker_id: str) -> None:
         )
 
 
-class _NoMainSession(logging.Filter):
-    """Drops Beam's warning that a worker found no pickled main session to load (assumption 4):
-    a forked worker has the driver's whole memory, so there is none to load, and the warning
-    would come on every run from every worker."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not record.getMessage().startswith("No semi_persistent_directory found")
+def _fresh_worker_command() -> str:
+    """The command a worker started afresh runs (assumption 2): Beam's worker, made as quiet as
+    a forked one (fresh_worker.py), and as verbose where the driver shows DEBUG."""
+    debug = min(logging.getLogger().getEffectiveLevel(), logging.getLogger("recordforge").getEffectiveLevel())
+    return f"{sys.executable} -m recordforge.runners.fresh_worker" + (
+        " --debug" if debug <= logging.DEBUG else ""
+    )
 
 
 def _arrow_threads(workers: int) -> int:
@@ -318,7 +321,7 @@ def _run_beam_worker(env: dict[str, str], arrow_threads: int = 0) -> None:
         handler.setLevel(max(handler.level, shown))
     beam_logger = logging.getLogger("apache_beam")
     beam_logger.setLevel(beam_logger.getEffectiveLevel() if beam_logger.level else driver)
-    logging.getLogger("apache_beam.runners.worker.sdk_worker_main").addFilter(_NoMainSession())
+    quiet_worker(debug=shown <= logging.DEBUG)
     import pyarrow as pa
 
     if arrow_threads:

@@ -16,6 +16,7 @@ __all__ = ["CONFORMS_TO", "croissant_json", "croissant_metadata", "split_regex"]
 
 CONFORMS_TO = "http://mlcommons.org/croissant/1.0"
 TFRECORD_MIME = "application/x-tfrecord"  # no registered type; the one in common use
+ARRAY_RECORD_MIME = "application/x-array-record"  # no registered type either
 # The recommended 1.0 context (as mlcroissant writes it), plus the two array terms.
 _CONTEXT: dict[str, Any] = {
     "@language": "en",
@@ -193,11 +194,16 @@ def croissant_metadata(plan: Plan, meta: Mapping[str, Any], *, output: str) -> d
     split_names = list(weights) if weights else []
     compression = meta["compression"]
     suffix = meta["shards"][0]["file"].rsplit("/", 1)[-1].split(".", 1)[1] if meta["shards"] else "tfrecord"
-    reading = (
-        "uncompressed TFRecords"
-        if compression == "none"
-        else f"{compression}-compressed TFRecords (tf.data compression_type {meta['tf_compression_type']})"
-    )
+    mime = TFRECORD_MIME
+    if meta.get("format") == "array_record":
+        mime = ARRAY_RECORD_MIME
+        reading = f"ArrayRecord files (writer options {meta['array_record_options']})"
+    elif compression == "none":
+        reading = "uncompressed TFRecords"
+    else:
+        reading = (
+            f"{compression}-compressed TFRecords (tf.data compression_type {meta['tf_compression_type']})"
+        )
     distribution: list[dict[str, Any]] = [
         {
             "@type": "cr:FileObject",
@@ -206,7 +212,7 @@ def croissant_metadata(plan: Plan, meta: Mapping[str, Any], *, output: str) -> d
             "description": f"{s['records']} records" + (f", split {s['split']}" if "split" in s else ""),
             "contentUrl": s["file"],
             "contentSize": f"{s['bytes']} B",
-            "encodingFormat": TFRECORD_MIME,
+            "encodingFormat": mime,
             "sha256": s["sha256"],
         }
         for s in meta["shards"]
@@ -217,7 +223,7 @@ def croissant_metadata(plan: Plan, meta: Mapping[str, Any], *, output: str) -> d
             "@id": _SHARDS,
             "name": _SHARDS,
             "description": f"every shard: {reading} of tf.train.Example",
-            "encodingFormat": TFRECORD_MIME,
+            "encodingFormat": mime,
             "includes": f"{version}/*/*.{suffix}" if split_names else f"{version}/*.{suffix}",
         }
     )

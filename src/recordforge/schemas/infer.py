@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 from recordforge.errors import SchemaError
 from recordforge.schemas.kinds import RAGGED, VARIABLE, DType, NullPolicy, normalize_name
 from recordforge.schemas.model import Feature, Schema
-from recordforge.source_probe import never_null_columns, read_arrow_schema
+from recordforge.source_probe import never_null_columns, parquet_footers, read_arrow_schema
 
 __all__ = ["infer_schema", "inferred_schema", "sample_notes"]
 
@@ -221,18 +222,30 @@ def _column(table: pa.Table, path: str) -> pa.Array | None:
 
 
 def inferred_schema(
-    first_file: str, fmt: str, files: list[str], *, lossless: bool = False, first_rows: bool = False
+    first_file: str,
+    fmt: str,
+    files: list[str],
+    *,
+    lossless: bool = False,
+    first_rows: bool = False,
+    footers: Mapping[str, pq.FileMetaData] | None = None,
 ) -> tuple[Schema, bool]:
     """The schema inferred for a conversion of `files` (what `convert` without --schema and
     `infer-schema` both print): types from the first file, every row of a CSV file (or, with
     `first_rows`, its first block where no column there is all empty: then True, the types to be
-    checked as the run converts); Parquet columns without a null in any of `files` are dense."""
+    checked as the run converts); Parquet columns without a null in any of `files` are dense.
+    `footers`: the Parquet files' footers where the caller has read them (else read here)."""
     retype = False
     if fmt == "csv" and first_rows:
         arrow_schema = read_arrow_schema(first_file, fmt, every_row=False)
         retype = not any(pa.types.is_null(t) for t in arrow_schema.types)
-    if not retype:
+    never_null: frozenset[str] = frozenset()
+    if fmt == "parquet":
+        footers = footers if footers is not None else parquet_footers(files)
+        never_null = never_null_columns(footers)
+    if footers is not None and first_file in footers:
+        arrow_schema = footers[first_file].schema.to_arrow_schema()
+    elif not retype:
         arrow_schema = read_arrow_schema(first_file, fmt)
-    never_null = never_null_columns(files) if fmt == "parquet" else frozenset()
     schema = infer_schema(arrow_schema, origin=first_file, lossless=lossless, never_null=never_null)
     return schema, retype

@@ -139,9 +139,17 @@ def schema_from_dict(data: Any, *, origin: str = "declared") -> Schema:
         problems.extend(f"{prefix}: {e}" for e in errs)
         if feature is not None:
             features.append(feature)
+    sequence = None
+    if "sequence" in data:
+        from recordforge.schemas.sequence import sequence_from_dict
+
+        raw = data["sequence"]
+        line = raw.pop(_LINE, "?") if isinstance(raw, dict) else "?"
+        sequence, errs = sequence_from_dict(raw)
+        problems.extend(f"{where}:{line}: sequence: {e}" for e in errs)
     if not problems:
         try:
-            return Schema(tuple(features), origin=origin)
+            return Schema(tuple(features), origin=origin, sequence=sequence)
         except ValueError as exn:
             problems.append(f"{where}: {exn}")
     raise SchemaError("invalid schema:\n  " + "\n  ".join(problems))
@@ -270,4 +278,9 @@ def dump_schema(schema: Schema, *, header: str = "", comments: dict[str, str] | 
             [feature_to_dict(f)], sort_keys=False, default_flow_style=None, allow_unicode=True
         )
         lines.extend("  " + line for line in body.rstrip("\n").splitlines())
+    if schema.sequence is not None:
+        block = {"sequence": schema.sequence.to_dict()}
+        lines.extend(
+            yaml.safe_dump(block, sort_keys=False, default_flow_style=None).rstrip("\n").splitlines()
+        )
     return "\n".join(lines) + "\n"

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from recordforge.schemas.analyzers import Transform
 from recordforge.schemas.feature_checks import feature_problems
 from recordforge.schemas.kinds import IMAGE_PARTS, RAGGED, VARIABLE, DType, ExampleKind, NullPolicy, Op
+
+if TYPE_CHECKING:
+    from recordforge.schemas.sequence import SequenceSpec
 
 __all__ = ["Feature", "Schema", "feature_to_dict"]
 
@@ -125,10 +128,13 @@ class Schema:
     features: tuple[Feature, ...]
     origin: str = "declared"  # "declared", "inferred" or the path of the file it was loaded from
     notes: tuple[str, ...] = field(default=())
+    sequence: SequenceSpec | None = None  # rows grouped by key into SequenceExamples (sequence.py)
 
     def __post_init__(self) -> None:
         if not self.features:
             raise ValueError("a schema needs at least one feature")
+        if self.sequence is not None and self.sequence.problems(self.features):
+            raise ValueError("sequence: " + "; ".join(self.sequence.problems(self.features)))
         names = [f.name for f in self.features]
         names += [f.row_lengths_name for f in self.features if f.is_ragged]
         names += [f.part_name(p) for f in self.features if f.is_image for p in IMAGE_PARTS]
@@ -148,7 +154,10 @@ class Schema:
 
     def to_dict(self) -> dict[str, Any]:
         """The YAML/JSON form the loader reads back (round-trips through `schema_from_dict`)."""
-        return {"features": [feature_to_dict(f) for f in self.features]}
+        out: dict[str, Any] = {"features": [feature_to_dict(f) for f in self.features]}
+        if self.sequence is not None:
+            out["sequence"] = self.sequence.to_dict()
+        return out
 
 
 def feature_to_dict(f: Feature) -> dict[str, Any]:

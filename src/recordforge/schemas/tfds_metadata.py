@@ -128,7 +128,7 @@ def _shard_name(template: str, index: int, count: int) -> str:
     return template.replace("{SHARD_X_OF_Y}", f"{index:0{digits}d}-of-{count:0{digits}d}")
 
 
-def _splits(meta: Mapping[str, Any]) -> list[dict[str, Any]] | None:
+def _splits(meta: Mapping[str, Any], suffix: str) -> list[dict[str, Any]] | None:
     """dataset_info.json's splits, or None when a shard's name is not the one TFDS would open."""
     version = meta["version"]
     weights = meta.get("split_weights")
@@ -137,7 +137,7 @@ def _splits(meta: Mapping[str, Any]) -> list[dict[str, Any]] | None:
     for split in names:
         shards = [s for s in meta["shards"] if s.get("split", SINGLE_SPLIT) == split]
         prefix = f"{version}/{split}/{split}" if weights else f"{version}/data"
-        template = prefix + "-{SHARD_X_OF_Y}" + layout.SHARD_SUFFIXES["none"]
+        template = prefix + "-{SHARD_X_OF_Y}" + suffix
         expected = [_shard_name(template, i, len(shards)) for i in range(len(shards))]
         if [s["file"] for s in shards] != expected:
             return None
@@ -162,7 +162,8 @@ def _dataset_name(output: str) -> str:
 
 def tfds_metadata(plan: Plan, meta: Mapping[str, Any], *, output: str) -> dict[str, bytes]:
     """The TFDS files of a bundle ({} when TFDS cannot read its shards), given metadata.json."""
-    if meta["compression"] != "none":
+    array_record = meta.get("format") == "array_record"
+    if meta["compression"] != "none" and not array_record:
         _LOGGER.info(
             "%s: no TFDS metadata: TFDS reads TFRecords without a compression type, and these "
             "shards are %s (convert with --compression none to load them with tfds)",
@@ -170,7 +171,7 @@ def tfds_metadata(plan: Plan, meta: Mapping[str, Any], *, output: str) -> dict[s
             meta["compression"],
         )
         return {}
-    splits = _splits(meta)
+    splits = _splits(meta, layout.ARRAY_RECORD_SUFFIX if array_record else layout.SHARD_SUFFIXES["none"])
     if splits is None:
         _LOGGER.warning("%s: no TFDS metadata: shard names do not follow TFDS's numbering", output)
         return {}
@@ -183,7 +184,7 @@ def tfds_metadata(plan: Plan, meta: Mapping[str, Any], *, output: str) -> dict[s
         "name": _dataset_name(output),
         "description": f"RecordForge bundle {meta['version']} ({meta['num_records']} records)",
         "version": TFDS_VERSION,
-        "fileFormat": "tfrecord",
+        "fileFormat": "array_record" if array_record else "tfrecord",
         "splits": splits,
     }
     label = mapped.get(LABEL_FEATURE, {})

@@ -9,6 +9,7 @@ from typing import Any
 import yaml
 
 from recordforge import layout
+from recordforge.array_records import reading
 from recordforge.storage import exists, open_read
 from recordforge.tfrecord import detect_compression, read_records
 from recordforge.tools.records import infer_feature_spec, parse_example
@@ -76,6 +77,15 @@ def _show_value(kind: str, values: list[Any]) -> str:
     return f"{kind}[{shown}{more}]"
 
 
+def _parse_sequence(raw: bytes) -> dict[str, tuple[str, list[Any]]]:
+    """A SequenceExample as one record to show: context features, then each feature list as
+    `name[steps]` holding one list of values per step."""
+    from recordforge.tools.sequence_records import parse_sequence_example
+
+    context, lists = parse_sequence_example(raw)
+    return {**context, **{f"{name}[steps]": value for name, value in lists.items()}}
+
+
 def format_record(record: dict[str, tuple[str, list[Any]]]) -> str:
     return "\n".join(f"  {name}: {_show_value(*record[name])}" for name in sorted(record))
 
@@ -127,9 +137,10 @@ def inspect(path: str, *, split: str | None = None, n: int = 5) -> dict[str, Any
     if split:
         meta = {**meta, "shards": [s for s in meta["shards"] if s.get("split") == split]}
     records = []
+    parse = _parse_sequence if "sequence" in meta else parse_example
     for shard in meta["shards"]:
-        for _, raw in read_records(f"{out}/{shard['file']}", meta["compression"]):
-            records.append(parse_example(raw))
+        for _, raw in read_records(f"{out}/{shard['file']}", reading(meta)):
+            records.append(parse(raw))
             if len(records) >= n:
                 break
         if len(records) >= n:
@@ -156,10 +167,17 @@ def format_inspect(result: dict[str, Any]) -> str:
         "",
         "Features:",
     ]
-    for name, e in result["feature_spec"].items():
-        shape = f" shape {e['shape']}" if "shape" in e else ""
-        extra = f" ({e['logical']})" if "logical" in e else ""
-        lines.append(f"  {name}: {e['kind']} {e['dtype']}{shape}{extra}")
+    spec = result["feature_spec"]
+    sections = (
+        [("", spec)]
+        if "sequence" not in meta
+        else [("context ", spec["context"]), ("steps ", spec["sequence"])]
+    )
+    for where, entries in sections:
+        for name, e in entries.items():
+            shape = f" shape {e['shape']}" if "shape" in e else ""
+            extra = f" ({e['logical']})" if "logical" in e else ""
+            lines.append(f"  {where}{name}: {e['kind']} {e['dtype']}{shape}{extra}")
     lines += ["", "Shards:"]
     for s in meta["shards"]:
         lines.append(f"  {s['file']}: {s['records']} records, {s['bytes']} bytes")

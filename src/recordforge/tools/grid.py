@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from recordforge.array_records import reading
 from recordforge.errors import RecordForgeError
 from recordforge.image_headers import image_format
 from recordforge.record_chunks import read_record_chunks
@@ -39,7 +40,7 @@ def _files(path: str, split: str | None) -> tuple[list[tuple[str, str]], bool]:
     if not shards:
         names = sorted({s["split"] for s in meta["shards"]})
         raise RecordForgeError(f"{out}: no split {split!r} (splits: {names})")
-    return [(f"{out}/{s['file']}", meta["compression"]) for s in shards], False
+    return [(f"{out}/{s['file']}", reading(meta)) for s in shards], False
 
 
 def _first_value(col: Column, kind: int) -> dict[int, Any]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from recordforge.array_records import reading
 from recordforge.storage import exists, open_read
 from recordforge.tfrecord import detect_compression
 
@@ -21,7 +22,7 @@ def record_files(path: str) -> list[tuple[str, str]]:
 
         with open_read(f"{out}/metadata.json") as f:
             meta = json.loads(f.read())
-        return [(f"{out}/{s['file']}", meta["compression"]) for s in meta["shards"]]
+        return [(f"{out}/{s['file']}", reading(meta)) for s in meta["shards"]]
     return [(out, detect_compression(out))]
 
 

@@ -339,6 +339,11 @@ def stats(path: str, *, workers: int | None = None) -> dict[str, Any]:
             raise ValueError(f"{r.path}: {r.error}")
         total.merge(r.acc)
     spec = _spec(path)
+    # SequenceExamples: the context is summarised (laid out as an Example's features); the
+    # feature lists are not yet.
+    sequences = "sequence" in spec and "context" in spec
+    if sequences:
+        spec = spec["context"]
     for name, s in total.features.items():
         s.finish()
         entry = spec.get(name, {})
@@ -352,4 +357,9 @@ def stats(path: str, *, workers: int | None = None) -> dict[str, Any]:
         "not_examples": total.not_examples,
         "feature_spec": spec,
         "features": dict(sorted(total.features.items())),
+        **(
+            {"note": "SequenceExamples: context features only; feature lists are not summarised"}
+            if sequences
+            else {}
+        ),
     }

@@ -100,6 +100,8 @@ def format_stats(result: dict[str, Any]) -> str:
         f"{'mean':>22} {'std':>12}"
     )
     lines = [f"{result['path']}: {n:,} records", "", head, "-" * len(head)]
+    if result.get("note"):
+        lines[1:1] = [result["note"]]
     for name, s in result["features"].items():
         kind, logical = s.kind, s.logical
         if kind in ("int64", "float") and s.values:

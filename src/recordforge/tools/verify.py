@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from recordforge import layout
+from recordforge.array_records import reading
 from recordforge.output_state import committed_versions
 from recordforge.record_chunks import RecordChunk, data_crc_mismatches
 from recordforge.storage import exists, is_local, list_files, open_read, read_bytes
@@ -32,14 +33,18 @@ class _Checks:
     """Per chunk: the data CRCs, and every record against the feature spec, feature by feature
     over the whole chunk (numpy), each bad record named with its index and byte offset."""
 
-    def __init__(self, spec: dict[str, dict]) -> None:
+    def __init__(self, spec: dict[str, dict], *, sizes: bool = False) -> None:
         self.spec = spec
+        # (first record, framed sizes) per chunk, where the shard's record index is checked.
+        self.sizes: list[tuple[int, np.ndarray]] | None = [] if sizes else None
         self.keys = KeyTable()
         self.corrupt: tuple[int, str] | None = None  # (offset, what) of the first bad data CRC
         self.bad: list[tuple[int, int, str]] = []  # (record index, offset, why), the first few
         self.bad_count = 0
 
     def add(self, chunk: RecordChunk, shard: str) -> None:
+        if self.sizes is not None:
+            self.sizes.append((chunk.first_record, chunk.lengths + 16))
         crc_bad = data_crc_mismatches(chunk)
         if len(crc_bad):
             offset = chunk.offset + int(chunk.heads[crc_bad[0]])
@@ -61,6 +66,38 @@ class _Checks:
             self.corrupt = other.corrupt
         self.bad = sorted(self.bad + other.bad)[:_MAX_LISTED]
         self.bad_count += other.bad_count
+        if self.sizes is not None and other.sizes is not None:
+            self.sizes += other.sizes
+
+    def index(self) -> np.ndarray:
+        """The (offset, size) of every record read, as its index file must list them."""
+        parts = [sizes for _, sizes in sorted(self.sizes or [], key=lambda p: p[0])]
+        sizes = np.concatenate(parts) if parts else np.zeros(0, np.int64)
+        offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]]) if len(sizes) else sizes
+        return np.stack([offsets, sizes], axis=1).astype(np.int64)
+
+
+def _index_problems(out: str, shard: dict[str, Any], result: ShardResult) -> list[str]:
+    """A shard's record index must list every record's offset and size, in order, as read."""
+    name = posixpath.basename(shard["index"])
+    path = layout.join(out, shard["index"])
+    if not exists(path):
+        return [f"{name}: missing record index"]
+    try:
+        listed = np.array(read_bytes(path).split(), dtype=np.int64).reshape(-1, 2)
+    except ValueError:
+        return [f"{name}: not a record index (one `offset size` line per record)"]
+    expected = result.acc.index()
+    if len(listed) != len(expected):
+        return [f"{name}: lists {len(listed)} records, the shard holds {len(expected)}"]
+    wrong = np.flatnonzero((listed != expected).any(axis=1))
+    if len(wrong):
+        at = int(wrong[0])
+        return [
+            f"{name}: line {at + 1} says offset {listed[at][0]} size {listed[at][1]}, the record is "
+            f"at {expected[at][0]} with {expected[at][1]} bytes"
+        ]
+    return []
 
 
 def _spec_problems(batch: Batch, spec: dict[str, dict]) -> dict[int, list[str]]:
@@ -204,8 +241,11 @@ def _count_problems(meta: dict[str, Any]) -> list[str]:
             "the manifest breaks rows_read == rows_written + rows_rejected "
             f"({read} != {written} + {rejected})"
         )
-    if sum(s.get("records", 0) for s in meta.get("shards", [])) != written:
-        out.append(f"the manifest's shards do not add up to rows_written ({written})")
+    # A SequenceExample holds many rows: its shards add up to num_records, its rows to rows_written.
+    records = meta.get("num_records") if "sequence" in meta else written
+    if sum(s.get("records", 0) for s in meta.get("shards", [])) != records:
+        what = "num_records" if "sequence" in meta else "rows_written"
+        out.append(f"the manifest's shards do not add up to {what} ({records})")
     return out
 
 
@@ -240,11 +280,15 @@ def verify(path: str, *, workers: int | None = None) -> list[str]:
             spec = json.loads(f.read())
     except Exception as exn:
         return [*problems, f"cannot read the manifest: {exn}"]
+    if "sequence" in meta:
+        # SequenceExamples: a record's context (field 1, laid out as an Example's features) is
+        # checked against the context spec; its feature lists by the CRCs alone.
+        spec = spec["context"]
     shards = meta.get("shards", [])
     escaping = [s["file"] for s in shards if _escapes(s["file"], version)]
     problems.extend(f"{f}: shard path escapes the bundle's folder" for f in escaping)
     shards = [s for s in shards if s["file"] not in escaping]
-    listed = {s["file"] for s in shards}
+    listed = {s["file"] for s in shards} | {s["index"] for s in shards if "index" in s}
     problems.extend(f"{extra}: extra file, not in the manifest" for extra in _unlisted(out, meta, listed))
     problems.extend(_count_problems(meta))
     if version:
@@ -255,10 +299,10 @@ def verify(path: str, *, workers: int | None = None) -> list[str]:
             for f in layout.TRANSFORM_FILES
             if not exists(layout.join(out, version, f) if version else layout.join(out, f))
         )
-    files = [(layout.join(out, s["file"]), meta["compression"]) for s in shards]
+    files = [(layout.join(out, s["file"]), reading(meta)) for s in shards]
     results = scan_shards(
         files,
-        functools.partial(_Checks, spec),
+        functools.partial(_Checks, spec, sizes=any("index" in s for s in shards)),
         what="verify",
         total_bytes=sum(int(s.get("bytes", 0)) for s in shards),
         workers=workers,
@@ -267,6 +311,8 @@ def verify(path: str, *, workers: int | None = None) -> list[str]:
     for shard, result in zip(shards, results, strict=True):
         total += result.records
         problems.extend(_shard_problems(posixpath.basename(result.path), shard, result))
+        if "index" in shard and not result.missing and result.error is None:
+            problems.extend(_index_problems(out, shard, result))
     if total != meta.get("num_records"):
         problems.append(f"the shards hold {total} records, the manifest says {meta.get('num_records')}")
     return problems

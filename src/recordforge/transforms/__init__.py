@@ -14,6 +14,7 @@ __all__ = [
     "ShardSpec",
     "Sizing",
     "ToExamples",
+    "ToSequences",
     "WriteBundle",
     "WriteRejected",
     "WriteTFRecords",
@@ -30,6 +31,7 @@ _WHERE = {
     "ShardSpec": "recordforge.transforms.shard_spec",
     "Sizing": "recordforge.transforms.shard_spec",
     "ToExamples": "recordforge.transforms.examples",
+    "ToSequences": "recordforge.transforms.sequences",
     "WriteBundle": "recordforge.transforms.bundle",
     "WriteRejected": "recordforge.transforms.rejects",
     "WriteTFRecords": "recordforge.transforms.sinks",
@@ -43,6 +45,7 @@ if TYPE_CHECKING:
     from recordforge.transforms.image_folder import ReadImageFolder
     from recordforge.transforms.parquet_source import ReadParquet
     from recordforge.transforms.rejects import WriteRejected
+    from recordforge.transforms.sequences import ToSequences
     from recordforge.transforms.shard_spec import ShardSpec, Sizing
     from recordforge.transforms.sinks import WriteTFRecords
 

@@ -12,6 +12,7 @@ from typing import Any
 import apache_beam as beam
 
 from recordforge import __version__, layout
+from recordforge.array_records import ARRAY_RECORD, writer_options
 from recordforge.errors import RecordForgeError
 from recordforge.layout import (
     CROISSANT,
@@ -32,6 +33,7 @@ from recordforge.schemas.croissant import croissant_json
 from recordforge.schemas.export import tfmd_text
 from recordforge.schemas.loader import dump_schema
 from recordforge.schemas.plan import Plan
+from recordforge.schemas.sequence import POLICY_RULES, sequence_feature_spec, sequence_tfmd_text
 from recordforge.schemas.tfds_metadata import tfds_metadata
 from recordforge.storage import read_bytes
 from recordforge.tfrecord import Compression, ShardInfo
@@ -96,6 +98,7 @@ class BundleSpec:
     source_format: str
     sources: tuple[tuple[str, int | None, float], ...]  # (path, size in bytes or None, modified)
     compression: str
+    output_format: str = "tfrecord"
     command: tuple[str, ...] = ()
     max_rejected: int = 0
     max_rejected_fraction: float = 0.0
@@ -126,6 +129,7 @@ def package_versions() -> dict[str, str]:
         "numpy",
         "protobuf",
         "isal",
+        "array-record",
         "tensorflow-metadata",
         "tensorflow-transform",
         "tensorflow",
@@ -145,6 +149,7 @@ class RunCounts:
     rows_read: int
     rejected_by_rule: dict[str, int]
     unreadable: tuple[dict[str, Any], ...] = ()
+    sequences: tuple[int, int] | None = None  # (SequenceExamples, rows in them) of a sequence run
 
     @property
     def rows_rejected(self) -> int:
@@ -164,13 +169,30 @@ def _split_totals(spec: BundleSpec, shards: list[ShardInfo]) -> dict[str, Any]:
     return {"split_counts": totals, "empty_splits": [n for n, t in totals.items() if t["records"] == 0]}
 
 
+def _format_facts(spec: BundleSpec) -> dict[str, Any]:
+    """How the shards are written: the file format, its compression and how to read them."""
+    if spec.output_format == ARRAY_RECORD:
+        return {
+            "format": ARRAY_RECORD,
+            "compression": spec.compression,
+            "array_record_options": writer_options(spec.compression),
+        }
+    return {
+        "format": "tfrecord",
+        "compression": spec.compression,
+        "tf_compression_type": Compression.tf(spec.compression),
+    }
+
+
 def metadata_dict(
     spec: BundleSpec, shards: list[ShardInfo], counts: RunCounts, previous_version: str | None = None
 ) -> dict[str, Any]:
     """metadata.json of a version; `previous_version` is the one it replaces (kept until the next)."""
     shards = sorted(shards, key=lambda s: s.path)
     splits = bool(spec.facts.split_weights)
-    written = sum(s.records for s in shards)
+    records = sum(s.records for s in shards)
+    # A sequence's record holds many rows: rows_written counts the rows in written sequences.
+    written = counts.sequences[1] if counts.sequences is not None else records
     schema = spec.source_plan.schema
     return {
         "recordforge_version": __version__,
@@ -186,8 +208,7 @@ def metadata_dict(
         "schema_notes": list(schema.notes),
         "columns": {f.name: f.source_column for f in schema.features},
         "null_policies": {f.name: f.nulls.value for f in schema.features},
-        "compression": spec.compression,
-        "tf_compression_type": Compression.tf(spec.compression),
+        **_format_facts(spec),
         "rows_read": counts.rows_read,
         "rows_written": written,
         "rows_rejected": counts.rows_rejected,
@@ -198,7 +219,8 @@ def metadata_dict(
         },
         "invariant": "rows_read == rows_written + rows_rejected",
         "unreadable_files": list(counts.unreadable),
-        "num_records": written,
+        "num_records": records,
+        **({"sequence": schema.sequence.to_dict()} if schema.sequence is not None else {}),
         **spec.facts.metadata(),
         "shards": [
             {
@@ -207,6 +229,7 @@ def metadata_dict(
                 "records": s.records,
                 "bytes": s.bytes,
                 "sha256": s.sha256,
+                **({"index": layout.relative(s.index, spec.output)} if s.index else {}),
             }
             for s in shards
         ],
@@ -215,6 +238,11 @@ def metadata_dict(
 
 
 def _check_counts(spec: BundleSpec, meta: dict[str, Any], counts: RunCounts) -> None:
+    if counts.sequences is not None and counts.sequences[0] != meta["num_records"]:
+        raise RuntimeError(
+            f"{spec.output}: {counts.sequences[0]} sequences were encoded but the shards hold "
+            f"{meta['num_records']} records; refusing to publish"
+        )
     if meta["rows_written"] + counts.rows_rejected != counts.rows_read:
         raise RuntimeError(
             f"{spec.output}: read {counts.rows_read} rows but the shards hold "
@@ -222,7 +250,9 @@ def _check_counts(spec: BundleSpec, meta: dict[str, Any], counts: RunCounts) -> 
             "to publish a dataset that lost rows"
         )
     allowed = max(spec.max_rejected, int(spec.max_rejected_fraction * counts.rows_read))
-    if counts.rows_rejected > allowed:
+    # Rows a sequence's declared length policy leaves out are not bad rows: not bounded.
+    by_policy = sum(n for rule, n in counts.rejected_by_rule.items() if rule in POLICY_RULES)
+    if counts.rows_rejected - by_policy > allowed:
         top = sorted(counts.rejected_by_rule.items(), key=lambda kv: -kv[1])[:5]
         raise RecordForgeError(
             f"{counts.rows_rejected} of {counts.rows_read} rows were rejected, more than the "
@@ -239,7 +269,14 @@ class _Facts(beam.CombineFn):
     per-shard, per-file and per-rejected-file facts are kept as lists."""
 
     def create_accumulator(self) -> dict[str, Any]:
-        return {"rows": 0, "rules": {}, "shards": [], "unreadable": [], "rejected_files": []}
+        return {
+            "rows": 0,
+            "rules": {},
+            "shards": [],
+            "unreadable": [],
+            "rejected_files": [],
+            "sequences": None,
+        }
 
     def add_input(self, acc: dict[str, Any], fact: tuple[str, Any]) -> dict[str, Any]:
         kind, value = fact
@@ -249,6 +286,8 @@ class _Facts(beam.CombineFn):
             acc["rules"][value] = acc["rules"].get(value, 0) + 1
         elif kind in ("shards", "unreadable", "rejected_files"):
             acc[kind].append(value)
+        elif kind == "sequences":
+            acc["sequences"] = _add_pairs(acc["sequences"], value)
         return acc  # "waited": only makes the combine wait for it
 
     def merge_accumulators(self, accumulators: Iterable[dict[str, Any]]) -> dict[str, Any]:
@@ -259,10 +298,16 @@ class _Facts(beam.CombineFn):
                 out["rules"][rule] = out["rules"].get(rule, 0) + n
             for kind in ("shards", "unreadable", "rejected_files"):
                 out[kind].extend(acc[kind])
+            if acc["sequences"] is not None:
+                out["sequences"] = _add_pairs(out["sequences"], acc["sequences"])
         return out
 
     def extract_output(self, acc: dict[str, Any]) -> dict[str, Any]:
         return acc
+
+
+def _add_pairs(a: tuple[int, int] | None, b: tuple[int, int]) -> tuple[int, int]:
+    return (b[0], b[1]) if a is None else (a[0] + b[0], a[1] + b[1])
 
 
 def _write_bundle(facts: dict[str, Any], spec: BundleSpec) -> str:
@@ -273,6 +318,7 @@ def _write_bundle(facts: dict[str, Any], spec: BundleSpec) -> str:
         rows_read=facts["rows"] + source_rejected,
         rejected_by_rule=rejected,
         unreadable=tuple(json.loads(u) for u in sorted(facts["unreadable"])),
+        sequences=facts["sequences"] or ((0, 0) if spec.plan.schema.sequence is not None else None),
     )
     shards: list[ShardInfo] = facts["shards"]
     meta = metadata_dict(spec, shards, counts, replaced_version(spec.output, spec.version))
@@ -293,9 +339,15 @@ def _write_bundle(facts: dict[str, Any], spec: BundleSpec) -> str:
         # spec that serving parses raw Examples with before applying transform_fn.
         files[SCHEMA_PBTXT] = read_bytes(layout.join(root, TRANSFORMED_SCHEMA))
         files[RAW_FEATURE_SPEC] = json.dumps(spec.raw_plan.feature_spec, indent=2).encode()
-    # Catalog metadata for TFDS (where it can read the shards) and Croissant.
-    files[CROISSANT] = croissant_json(spec.plan, meta, output=spec.output)
-    files.update(tfds_metadata(spec.plan, meta, output=spec.output))
+    if source.schema.sequence is not None:
+        # SequenceExamples: context and sequence specs, and the TFMD schema TFXIO reads them
+        # with. TFDS and Croissant metadata describe flat records: not written (README).
+        files[SCHEMA_PBTXT] = sequence_tfmd_text(source.schema).encode()
+        files[FEATURE_SPEC] = json.dumps(sequence_feature_spec(source.schema), indent=2).encode()
+    else:
+        # Catalog metadata for TFDS (where it can read the shards) and Croissant.
+        files[CROISSANT] = croissant_json(spec.plan, meta, output=spec.output)
+        files.update(tfds_metadata(spec.plan, meta, output=spec.output))
     manifest = json.dumps(meta, indent=2).encode()
     commit_version(spec.output, spec.version, files, manifest, temp_dirs=spec.temp_dirs)
     _LOGGER.info(
@@ -327,7 +379,9 @@ class WriteBundle(beam.PTransform):
     In: the `ShardInfo`s of the written shards; besides, `rows_per_batch` (the rows of every
     source batch), the rule of every rejected row, the JSON line of every unreadable file, the
     rejected files written (publishing waits for them), and with tensorflow-transform the signal
-    that transform_fn/ is written, all gathered by one combine. Out: the output path, once.
+    that transform_fn/ is written, and for SequenceExamples the (sequences, rows in them) of
+    every bucket (`sequence_counts`: rows_written then counts rows, num_records sequences), all
+    gathered by one combine. Out: the output path, once.
     Fails, publishing nothing, when rows_read != rows_written + rows_rejected or when more rows
     were rejected than the bounds allow (with the top reasons).
     """
@@ -341,6 +395,7 @@ class WriteBundle(beam.PTransform):
         unreadable: beam.PCollection[str],
         rejected_files: beam.PCollection[str],
         transform_written: beam.PCollection[str] | None = None,
+        sequence_counts: beam.PCollection[tuple[int, int]] | None = None,
     ) -> None:
         super().__init__()
         self._spec = spec
@@ -350,6 +405,7 @@ class WriteBundle(beam.PTransform):
         # A side input, so that publishing waits for the rejected rows to be written.
         self._rejected_files = rejected_files
         self._transform_written = transform_written
+        self._sequence_counts = sequence_counts
 
     def expand(self, shards: beam.PCollection[ShardInfo]) -> beam.PCollection[str]:
         def tagged(kind: str, values: beam.PCollection) -> beam.PCollection:
@@ -364,6 +420,8 @@ class WriteBundle(beam.PTransform):
         ]
         if self._transform_written is not None:
             facts.append(tagged("waited", self._transform_written))
+        if self._sequence_counts is not None:
+            facts.append(tagged("sequences", self._sequence_counts))
         # One combine gathers every fact; its single output runs the bundle step once, after
         # everything it depends on is written.
         return (

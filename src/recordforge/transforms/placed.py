@@ -20,27 +20,20 @@ class _WriteShardFn(beam.DoFn):
     position, each piece (a run of a batch) written apart, in order, so that a shard of whole
     batches is written as those batches; shuffled, the records in the order of their places."""
 
-    def __init__(self, files: ShardFiles, compression: str, level: int, *, shuffled: bool) -> None:
+    def __init__(self, files: ShardFiles, *, shuffled: bool) -> None:
         self._files = files
-        self._compression = compression
-        self._level = level
         self._shuffled = shuffled
 
     def process(self, element: tuple[int, Iterable[pa.Array | str]]) -> Iterator[tuple[int, TempShard]]:
         shard, pieces = element
         arrays: list[pa.Array] = [sorted_records(pieces)] if self._shuffled else ordered_pieces(pieces)
-        yield shard, self._files.write(f"shard-{shard:05d}", arrays, self._compression, self._level)
+        yield shard, self._files.write(f"shard-{shard:05d}", arrays)
 
 
 def _publish_slots(
-    _: bytes,
-    written: list[tuple[int, TempShard]],
-    files: ShardFiles,
-    count: int,
-    compression: str,
-    level: int,
+    _: bytes, written: list[tuple[int, TempShard]], files: ShardFiles, count: int
 ) -> list[ShardInfo]:
-    return files.publish_slots(count, written, compression, level)
+    return files.publish_slots(count, written)
 
 
 def write_placed(
@@ -69,15 +62,12 @@ def write_placed(
         # (shard, piece of (place, record) pairs, or its file): one group per shard, written by
         # whichever worker gets it, every shard in parallel.
         | "GroupShards" >> beam.GroupByKey()
-        | "WriteShards" >> beam.ParDo(_WriteShardFn(files, spec.compression, spec.level, shuffled=shuffled))
+        | "WriteShards" >> beam.ParDo(_WriteShardFn(files, shuffled=shuffled))
     )
     # (shard, TempShard): published together once every shard is written; the temporary folder
     # (spills too) goes then.
     return (
         batches.pipeline
         | "Once" >> beam.Impulse()
-        | "Publish"
-        >> beam.FlatMap(
-            _publish_slots, beam.pvalue.AsList(written), files, spec.count, spec.compression, spec.level
-        )
+        | "Publish" >> beam.FlatMap(_publish_slots, beam.pvalue.AsList(written), files, spec.count)
     )

@@ -12,17 +12,10 @@ import pyarrow as pa
 from apache_beam.transforms.window import GlobalWindows
 from apache_beam.utils.windowed_value import WindowedValue
 
-from recordforge.streams import Segment, StreamWriter, splice
-from recordforge.tfrecord import BatchKey, ShardInfo, framed, read_records
-from recordforge.transforms.shard_files import (
-    ShardFiles,
-    TempShard,
-    abandon,
-    close_stream,
-    open_stream,
-    temp_path,
-    write_shard,
-)
+from recordforge.streams import Segment
+from recordforge.tfrecord import BatchKey, ShardInfo
+from recordforge.transforms.shard_files import ShardFiles, TempShard, temp_path, write_shard
+from recordforge.transforms.shard_format import ShardFormat, ShardWriter
 from recordforge.transforms.shard_spec import ShardSpec, Sizing
 
 __all__ = ["Limits", "WriteRollingShards"]
@@ -88,16 +81,15 @@ class _Part(TempShard):
 class _Roller:
     """Streams batches of records into parts of `tmp_dir`, a new part whenever one is full."""
 
-    def __init__(self, tmp_dir: str, compression: str, level: int, limits: Limits) -> None:
+    def __init__(self, tmp_dir: str, fmt: ShardFormat, limits: Limits) -> None:
         self._tmp_dir = tmp_dir
-        self._compression = compression
-        self._level = level
+        self._format = fmt
         self._limits = limits
-        self._writer: StreamWriter | None = None
+        self._writer: ShardWriter | None = None
 
-    def _open(self, key: BatchKey | None, first_record: int) -> StreamWriter:
+    def _open(self, key: BatchKey | None, first_record: int) -> ShardWriter:
         self._tmp = temp_path(self._tmp_dir, "part")
-        self._writer = open_stream(self._tmp, self._compression, self._level)
+        self._writer = self._format.open(self._tmp)
         self._records = 0
         self._first_key, self._first_record = key, first_record
         return self._writer
@@ -108,7 +100,7 @@ class _Roller:
         if self._writer is None:
             return None
         writer, self._writer = self._writer, None
-        temp, segments = close_stream(self._tmp, writer, self._records)
+        temp, segments = writer.close()
         kept = () if full else segments
         return _Part(
             temp.tmp, temp.records, temp.bytes, temp.sha256, self._first_key, kept, self._first_record
@@ -118,7 +110,7 @@ class _Roller:
         """Deletes the part being written (its step failed)."""
         if self._writer is not None:
             writer, self._writer = self._writer, None
-            abandon(self._tmp, writer)
+            writer.abandon()
 
     def add(self, key: BatchKey | None, records: pa.Array, first_record: int = 0) -> Iterator[_Part]:
         """Writes `records`, the batch `key`'s from its `first_record` on."""
@@ -130,7 +122,8 @@ class _Roller:
 
     def _add(self, key: BatchKey | None, records: pa.Array, first_record: int) -> Iterator[_Part]:
         limits = self._limits
-        offsets, data = framed(records)
+        framed = self._format.frame(records)
+        offsets = framed.offsets
         start, n = 0, len(records)
         while start < n:
             writer = self._writer or self._open(key, first_record + start)
@@ -138,9 +131,7 @@ class _Roller:
             # At most one slice's bytes, at least one record.
             fits = int(np.searchsorted(offsets, offsets[start] + limits.slice_bytes, side="right")) - 1
             end = max(start + 1, min(end, fits))
-            # numpy declares ndarray.__buffer__ only for Python 3.12+, though arrays export buffers on 3.11.
-            chunk = memoryview(data[offsets[start] : offsets[end]])  # type: ignore[arg-type]
-            writer.write(chunk, end - start)
+            writer.write(framed, start, end)
             self._records += end - start
             start = end
             writer.end_segment()
@@ -150,8 +141,8 @@ class _Roller:
 
 
 class _RollingWriteFn(beam.DoFn):
-    def __init__(self, tmp_dir: str, compression: str, level: int, limits: Limits) -> None:
-        self._args = (tmp_dir, compression, level, limits)
+    def __init__(self, tmp_dir: str, fmt: ShardFormat, limits: Limits) -> None:
+        self._args = (tmp_dir, fmt, limits)
 
     def start_bundle(self) -> None:
         self._roller = _Roller(*self._args)
@@ -250,14 +241,14 @@ def _plan(_: bytes, parts: list[_Part], limits: Limits) -> Iterator[_Join]:
     return _PLANNERS[limits.sizing](_short(parts, limits), limits)
 
 
-def _join(join: _Join, tmp_dir: str, compression: str, level: int, limits: Limits) -> list[_Part]:
+def _join(join: _Join, tmp_dir: str, fmt: ShardFormat, limits: Limits) -> list[_Part]:
     """The shard(s) of one join, as new parts. A join of one whole part is that part, untouched;
     an empty join (a fixed count of shards with fewer segments) is an empty shard. Idempotent: a
     retried join writes its files again under new names; the publish step uses the ones of the
     attempt that succeeded and deletes the temporary folder."""
     tmp = temp_path(tmp_dir, f"joined-{join.index:05d}")
     if not join.pieces:
-        empty, segments = write_shard(tmp, [], compression, level)
+        empty, segments = write_shard(tmp, [], fmt)
         return [_Part(empty.tmp, 0, empty.bytes, empty.sha256, None, segments)]
     first_part, first_segments = join.pieces[0]
     first_key = first_part.first_key
@@ -267,18 +258,15 @@ def _join(join: _Join, tmp_dir: str, compression: str, level: int, limits: Limit
         return [join.pieces[0][0]]
     if not limits.max_records:
         pieces = ((part.tmp, seg) for part, segs in join.pieces for seg in segs)
-        try:
-            records, size, sha, segments = splice(tmp, compression, pieces)
-        except BaseException:
-            abandon(tmp)
-            raise
-        return [_Part(tmp, records, size, sha, first_key, segments, first_record)]
-    roller = _Roller(tmp_dir, compression, level, limits)
+        spliced, segments = fmt.splice(tmp, pieces)
+        s = spliced
+        return [_Part(s.tmp, s.records, s.bytes, s.sha256, first_key, segments, first_record)]
+    roller = _Roller(tmp_dir, fmt, limits)
     out: list[_Part] = []
     for part, _ in join.pieces:
         batch: list[bytes] = []
         at = part.first_record
-        for _, record in read_records(part.tmp, compression, check_crc=False):
+        for record in fmt.records(part.tmp):
             batch.append(record)
             if len(batch) == _REWRITE_BATCH:
                 out.extend(roller.add(part.first_key, pa.array(batch, pa.large_binary()), at))
@@ -294,7 +282,7 @@ def _publish(
     parts: list[_Part],
     joined: list[list[_Part]],
     prefix: str,
-    suffix: str,
+    fmt: ShardFormat,
     tmp_dir: str,
     limits: Limits,
 ) -> list[ShardInfo]:
@@ -309,7 +297,7 @@ def _publish(
     else:
         shards.sort(key=_order)
     _LOGGER.debug("%s: %d parts, %d joins", prefix, len(parts), len(joined))
-    return ShardFiles(prefix, suffix, tmp_dir).publish(shards)
+    return ShardFiles(prefix, fmt, tmp_dir).publish(shards)
 
 
 class WriteRollingShards(beam.PTransform):
@@ -327,15 +315,11 @@ class WriteRollingShards(beam.PTransform):
         if not spec.sizing.rolling:
             raise ValueError(f"the rolling writer takes a rolling sizing, not {spec.sizing.value}")
         self._files = files
-        self._compression = spec.compression
-        self._level = spec.level
         self._limits = Limits.of(spec)
 
     def expand(self, batches: beam.PCollection[tuple[BatchKey, pa.Array]]) -> beam.PCollection[ShardInfo]:
-        tmp, limits = self._files.temp_dir, self._limits
-        parts = batches | "WriteParts" >> beam.ParDo(
-            _RollingWriteFn(tmp, self._compression, self._level, limits)
-        )
+        tmp, limits, fmt = self._files.temp_dir, self._limits, self._files.format
+        parts = batches | "WriteParts" >> beam.ParDo(_RollingWriteFn(tmp, fmt, limits))
         # _Part: a temporary file with its records, size, sha256 and segments. Planning and
         # publishing each run once (Impulse's one element) with the parts as a side input; the
         # joins are spread over the workers.
@@ -345,7 +329,7 @@ class WriteRollingShards(beam.PTransform):
             | "OnceToPlan" >> beam.Impulse()
             | "PlanJoins" >> beam.FlatMap(_plan, beam.pvalue.AsList(parts), limits)
             | "SpreadJoins" >> beam.Reshuffle()
-            | "Join" >> beam.Map(_join, tmp, self._compression, self._level, limits)
+            | "Join" >> beam.Map(_join, tmp, fmt, limits)
         )
         return (
             pipeline
@@ -356,7 +340,7 @@ class WriteRollingShards(beam.PTransform):
                 beam.pvalue.AsList(parts),
                 beam.pvalue.AsList(joined),
                 self._files.prefix,
-                self._files.suffix,
+                fmt,
                 tmp,
                 limits,
             )

@@ -1,4 +1,4 @@
-"""Shard files: the one scheme by which every TFRecord writer names, publishes and cleans up.
+"""Shard files: the one scheme by which every shard writer names, publishes and cleans up.
 
 A writer (rolling.py, placed.py) owns one temporary folder beside its shards,
 `{folder}/_tmp-<12 hex>/`, and writes nothing else until it publishes: every file it makes on the
@@ -10,13 +10,13 @@ discarded stay until the publish step, which moves the committed ones to their f
 (`publishing.publish_shards`). The folder lies in the run's version folder, so a run that dies
 before publishing leaves nothing the publishing protocol does not delete with that folder.
 
-Shards are described by the bytes as written (`HashingFile`): the `ShardInfo` a writer returns is
-what `tfrecord.describe_shard` reads back from the file.
+Shards are described by the bytes as written: the `ShardInfo` a writer returns is what
+`tfrecord.describe_shard` reads back from the file. What a shard file holds and how it is written
+is its format's (shard_format.py); an index beside a shard is named, moved and published with it.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -25,16 +25,15 @@ import pyarrow as pa
 
 from recordforge import layout
 from recordforge.publishing import publish_shards
-from recordforge.storage import delete_files, delete_tree, exists, open_write
-from recordforge.streams import HashingFile, Segment, StreamWriter
-from recordforge.tfrecord import ShardInfo, framed
+from recordforge.storage import delete_tree
+from recordforge.streams import Segment
+from recordforge.tfrecord import ShardInfo
+from recordforge.transforms.shard_format import ShardFormat, TempShard, abandon
 
 __all__ = [
     "ShardFiles",
     "TempShard",
     "abandon",
-    "close_stream",
-    "open_stream",
     "shard_prefix",
     "temp_path",
     "write_shard",
@@ -53,89 +52,44 @@ def temp_path(temp_dir: str, kind: str, ext: str = layout.TEMP_PART) -> str:
     return layout.temp_file(temp_dir, kind, ext)
 
 
-def abandon(path: str, writer: StreamWriter | None = None) -> None:
-    """Deletes a temporary file whose writing failed (closing its handle first, when given);
-    one already gone is not an error."""
-    with contextlib.suppress(Exception):
-        if writer is not None:
-            writer.discard()
-            writer.file.close()
-    with contextlib.suppress(Exception):
-        if exists(path):
-            delete_files([path])
-
-
-@dataclass(frozen=True)
-class TempShard:
-    """A finished temporary shard file, described by the bytes that were written to it."""
-
-    tmp: str
-    records: int
-    bytes: int
-    sha256: str
-
-
-def open_stream(path: str, compression: str, level: int) -> StreamWriter:
-    """A new temporary file at `path`, as a stream of `compression` that hashes what it writes."""
-    handle = open_write(path)
-    try:
-        return StreamWriter(HashingFile(handle), compression, level)  # writes the header
-    except BaseException:
-        with contextlib.suppress(Exception):
-            handle.close()
-        abandon(path)
-        raise
-
-
-def close_stream(path: str, writer: StreamWriter, records: int) -> tuple[TempShard, tuple[Segment, ...]]:
-    """Ends the stream at `path` and describes it; a failure to end it deletes the file."""
-    try:
-        segments = writer.close()
-    except BaseException:
-        abandon(path, writer)
-        raise
-    return TempShard(path, records, writer.file.bytes, writer.file.hexdigest()), segments
-
-
 def write_shard(
-    path: str, arrays: Iterable[pa.Array], compression: str, level: int
+    path: str, arrays: Iterable[pa.Array], fmt: ShardFormat
 ) -> tuple[TempShard, tuple[Segment, ...]]:
-    """Writes the arrays of serialized records, in the order given, as one stream at `path`:
+    """Writes the arrays of serialized records, in the order given, as one shard at `path`:
     one write per array, so the same arrays give the same bytes. Returns its description and
     segments; a failure deletes the file before it propagates."""
-    writer = open_stream(path, compression, level)
-    records = 0
+    writer = fmt.open(path)
     try:
         for array in arrays:
-            if not len(array):
-                continue
-            offsets, data = framed(array)
-            # numpy declares ndarray.__buffer__ only for Python 3.12+, though arrays export buffers on 3.11.
-            chunk = memoryview(data[offsets[0] : offsets[-1]])  # type: ignore[arg-type]
-            writer.write(chunk, len(array))
-            records += len(array)
+            if len(array):
+                writer.write(fmt.frame(array), 0, len(array))
     except BaseException:
-        abandon(path, writer)
+        writer.abandon()
         raise
-    return close_stream(path, writer, records)
+    return writer.close()
 
 
 @dataclass(frozen=True)
 class ShardFiles:
-    """Where one writer's shards go (`{prefix}-SSSSS-of-NNNNN{suffix}`) and its temporary folder.
+    """Where one writer's shards go (`{prefix}-SSSSS-of-NNNNN{suffix}`), in which format, and its
+    temporary folder.
 
     Frozen and small: built once at pipeline construction and pickled into every step, so all
     attempts of all steps of one writer share the folder."""
 
     prefix: str
-    suffix: str
+    format: ShardFormat
     temp_dir: str
 
     @classmethod
-    def beside(cls, prefix: str, suffix: str) -> ShardFiles:
+    def beside(cls, prefix: str, fmt: ShardFormat) -> ShardFiles:
         """Shards named `prefix...suffix`, with a fresh temporary folder in their folder."""
         folder = prefix.rsplit("/", 1)[0]
-        return cls(prefix, suffix, layout.temp_dir(folder))
+        return cls(prefix, fmt, layout.temp_dir(folder))
+
+    @property
+    def suffix(self) -> str:
+        return self.format.suffix
 
     def final(self, shard: int, count: int) -> str:
         return layout.shard_name(self.prefix, shard, count, self.suffix)
@@ -143,29 +97,33 @@ class ShardFiles:
     def temp(self, kind: str, ext: str = layout.TEMP_PART) -> str:
         return temp_path(self.temp_dir, kind, ext)
 
-    def write(self, kind: str, arrays: Iterable[pa.Array], compression: str, level: int) -> TempShard:
+    def write(self, kind: str, arrays: Iterable[pa.Array]) -> TempShard:
         """A whole shard, its arrays in the order given, to a fresh temporary file."""
-        return write_shard(self.temp(kind), arrays, compression, level)[0]
+        return write_shard(self.temp(kind), arrays, self.format)[0]
 
     def publish(self, shards: Sequence[TempShard]) -> list[ShardInfo]:
-        """Moves `shards` into place as shards 0..n-1, in the order given, and deletes the
-        temporary folder with whatever else is in it (files of discarded attempts, spills).
+        """Moves `shards` into place as shards 0..n-1, in the order given (with their indexes),
+        and deletes the temporary folder with whatever else is in it (files of discarded
+        attempts, spills).
 
         Idempotent: a shard already moved (a retried publish) is not moved again, and its
         description is the one recorded when it was written. A final name missing afterwards
         is an error: a shard list never disagrees with the files."""
         n = len(shards)
         finals = [self.final(i, n) for i in range(n)]
-        publish_shards([(s.tmp, f) for s, f in zip(shards, finals, strict=True)], self.temp_dir)
+        moves = list(zip([s.tmp for s in shards], finals, strict=True))
+        indexes: list[str | None] = [None] * n
+        if self.format.index:
+            indexes = [layout.shard_name(self.prefix, i, n, layout.INDEX_SUFFIX) for i in range(n)]
+            moves += [(layout.temp_index(s.tmp), i) for s, i in zip(shards, indexes, strict=True) if i]
+        publish_shards(moves, self.temp_dir)
         _LOGGER.info("published %d shards as %s-*-of-%05d%s", n, self.prefix, n, self.suffix)
         return [
-            ShardInfo(path=f, records=s.records, bytes=s.bytes, sha256=s.sha256)
-            for f, s in zip(finals, shards, strict=True)
+            ShardInfo(path=f, records=s.records, bytes=s.bytes, sha256=s.sha256, index=i)
+            for f, s, i in zip(finals, shards, indexes, strict=True)
         ]
 
-    def publish_slots(
-        self, count: int, written: Iterable[tuple[int, TempShard]], compression: str, level: int
-    ) -> list[ShardInfo]:
+    def publish_slots(self, count: int, written: Iterable[tuple[int, TempShard]]) -> list[ShardInfo]:
         """Publishes exactly `count` shards from `(shard, temp)` pairs; a shard no record went
         to is written empty first (shard counts are part of the output's contract)."""
         slots: dict[int, TempShard] = {}
@@ -173,9 +131,7 @@ class ShardFiles:
             if shard in slots or not 0 <= shard < count:
                 raise RuntimeError(f"shard {shard} of {count} written twice or out of range")
             slots[shard] = temp
-        return self.publish(
-            [slots.get(i) or self.write(f"empty-{i:05d}", [], compression, level) for i in range(count)]
-        )
+        return self.publish([slots.get(i) or self.write(f"empty-{i:05d}", []) for i in range(count)])
 
     def cleanup(self) -> int:
         """Deletes the temporary folder and everything in it; returns the files deleted."""

@@ -6,9 +6,13 @@ import enum
 import re
 from dataclasses import dataclass
 
+from recordforge.array_records import ARRAY_RECORD, COMPRESSIONS
 from recordforge.tfrecord import Compression
 
-__all__ = ["DEFAULT_LEVEL", "DEFAULT_SHARD_SIZE", "ShardSpec", "Sizing", "parse_size"]
+__all__ = ["DEFAULT_LEVEL", "DEFAULT_SHARD_SIZE", "OUTPUT_FORMATS", "ShardSpec", "Sizing", "parse_size"]
+
+TFRECORD = "tfrecord"
+OUTPUT_FORMATS = (TFRECORD, ARRAY_RECORD)
 
 DEFAULT_SHARD_SIZE = 128 << 20  # TensorFlow's guidance: 100-200 MB per shard
 # ISA-L levels run 0-3; level 1 trades a few percent of size for most of the throughput
@@ -54,8 +58,10 @@ class ShardSpec:
 
     PLACED: shard s of `count` holds the places [s*N/count, (s+1)*N/count) of the N records;
     with `seed`, a record's place is drawn by a permutation seeded by it (and the name), without,
-    it is the record's position in the input. Invalid combinations raise `ValueError` here, so
-    that a writer given a spec checks nothing."""
+    it is the record's position in the input. `format`: TFRecord or ArrayRecord files (whose
+    `compression` is riegeli's: none or zstd); `index`: a record index beside each uncompressed
+    TFRecord shard. Invalid combinations raise `ValueError` here, so that a writer given a spec
+    checks nothing."""
 
     sizing: Sizing
     compression: str
@@ -65,10 +71,17 @@ class ShardSpec:
     max_records: int = 0
     count: int = 0
     seed: int | None = None
+    format: str = TFRECORD
+    index: bool = False
 
     def __post_init__(self) -> None:
-        if self.compression not in Compression.CHOICES:
-            raise ValueError(f"compression must be one of {Compression.CHOICES}, not {self.compression!r}")
+        if self.format not in OUTPUT_FORMATS:
+            raise ValueError(f"format must be one of {OUTPUT_FORMATS}, not {self.format!r}")
+        choices = tuple(COMPRESSIONS) if self.format == ARRAY_RECORD else Compression.CHOICES
+        if self.compression not in choices:
+            raise ValueError(f"{self.format} compression must be one of {choices}, not {self.compression!r}")
+        if self.index and (self.format != TFRECORD or self.compression != "none"):
+            raise ValueError("a record index is written beside uncompressed TFRecord shards only")
         if not 0 <= self.level <= 3:
             raise ValueError(f"level must be 0-3 (ISA-L levels), not {self.level}")
         wanted = {

@@ -5,10 +5,11 @@ from __future__ import annotations
 import apache_beam as beam
 import pyarrow as pa
 
-from recordforge.tfrecord import BatchKey, Compression, ShardInfo
+from recordforge.tfrecord import BatchKey, ShardInfo
 from recordforge.transforms.placed import write_placed
 from recordforge.transforms.rolling import WriteRollingShards
 from recordforge.transforms.shard_files import ShardFiles, shard_prefix
+from recordforge.transforms.shard_format import shard_format
 from recordforge.transforms.shard_spec import ShardSpec, Sizing
 
 __all__ = ["WriteTFRecords"]
@@ -19,10 +20,12 @@ class WriteTFRecords(beam.PTransform):
 
     In: `(key, records)`: large_binary arrays of serialized records keyed by (split, file,
     first_row). Out: a `ShardInfo` per shard (records, bytes, sha256 of the bytes as written).
-    Shards are framed vectorised, deflated with ISA-L at `spec.level`, and named, published and
-    cleaned up by one protocol (shard_files.py). Rolling sizings (bytes, records, count) go to
-    the rolling writer, placed sizing to the placed writer, which with `spill` keeps what waits
-    for its grouping in temporary files (for runners that hold a grouping in memory).
+    Shards are written in the spec's format (shard_format.py: TFRecord framed vectorised and
+    deflated with ISA-L at `spec.level`, with a record index if asked; or ArrayRecord), and
+    named, published and cleaned up by one protocol (shard_files.py). Rolling sizings (bytes,
+    records, count) go to the rolling writer, placed sizing to the placed writer, which with
+    `spill` keeps what waits for its grouping in temporary files (for runners that hold a
+    grouping in memory).
     """
 
     def __init__(self, output: str, spec: ShardSpec, *, spill: bool) -> None:
@@ -33,7 +36,7 @@ class WriteTFRecords(beam.PTransform):
 
     def expand(self, batches: beam.PCollection[tuple[BatchKey, pa.Array]]) -> beam.PCollection[ShardInfo]:
         spec = self._spec
-        files = ShardFiles.beside(shard_prefix(self._output, spec.name), Compression.suffix(spec.compression))
+        files = ShardFiles.beside(shard_prefix(self._output, spec.name), shard_format(spec))
         if spec.sizing is Sizing.COUNT:
             return batches | "WriteByCount" >> WriteRollingShards(files, spec)
         if spec.sizing.rolling:  # by bytes or by records
