@@ -1,5 +1,17 @@
-"""Stub so that Dataflow's `--setup_file` can build the package; metadata lives in pyproject.toml."""
+"""Stub so that Dataflow's `--setup_file` can build the package; metadata lives in pyproject.toml.
+
+The one extension, recordforge._native (encoding and framing records: _native.c, _examples.c),
+is plain C against Python's own headers: building it needs only a C compiler."""
 
 import setuptools
 
-setuptools.setup()
+setuptools.setup(
+    ext_modules=[
+        setuptools.Extension(
+            "recordforge._native",
+            ["src/recordforge/_native.c", "src/recordforge/_examples.c"],
+            depends=["src/recordforge/_native.h"],
+            extra_compile_args=["-O3", "-std=c99", "-Wall", "-Wextra", "-Wno-unused-parameter"],
+        )
+    ]
+)

@@ -435,7 +435,8 @@ def main() -> None:
             print(
                 f"  {key:14} {statistics.median(rounds):.2f}x ({_summary(theirs)['rows_per_s']:.0f} -> "
                 f"{results[key][1]['rows_per_s']:.0f} rows/s; per round: "
-                f"{', '.join(f'{r:.2f}' for r in rounds)}; {same} output bytes)"
+                f"{', '.join(f'{r:.2f}' for r in rounds)}; peak RSS {_summary(theirs)['peak_rss_mb']:.0f} -> "
+                f"{results[key][1]['peak_rss_mb']:.0f} MB; {same} output bytes)"
             )
         print()
     ratio("rf_2w", "rf", "2 workers vs 1")

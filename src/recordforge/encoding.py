@@ -1,6 +1,7 @@
-"""A vectorised, exact and deterministic encoder from conformed Arrow batches to tf.train.Example.
+"""An exact and deterministic encoder from conformed Arrow batches to tf.train.Example.
 
-Every record is built from the protobuf wire format directly, column by column, with numpy:
+Every record is built from the protobuf wire format directly, by one C loop over the batch's
+Arrow buffers (`_native.encode_examples`, in _examples.c):
 
     Example   = 0x0A len Features
     Features  = (0x0A len MapEntry)*            one per present feature, keys sorted
@@ -11,24 +12,36 @@ Every record is built from the protobuf wire format directly, column by column, 
 
 The output equals `example.SerializeToString(deterministic=True)` of the same Example built in
 Python, byte for byte (the tests check it), so the same input always gives the same bytes.
+
+The numpy helpers below (`_column`, `_Pieces`, `_varint_len`) lay out one column's List bodies
+for all rows at once; the encoder no longer uses them, encoders of other messages built from
+Features do.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from recordforge import _native
 from recordforge.arrays import binary_array, binary_parts, drop_hidden_values, list_offsets
 from recordforge.schemas.kinds import ExampleKind
-from recordforge.schemas.plan import Column, Plan
+from recordforge.schemas.plan import Plan
 
 __all__ = ["ExampleEncoder"]
 
 _EMPTY = pa.scalar(b"", pa.large_binary())
 _FEATURE_TAG = {ExampleKind.BYTES: 0x0A, ExampleKind.FLOAT: 0x12, ExampleKind.INT64: 0x1A}
+_KIND_CODE = {ExampleKind.BYTES: 0, ExampleKind.FLOAT: 1, ExampleKind.INT64: 2}  # as _examples.c's
+_VALUE_TYPE = {
+    ExampleKind.BYTES: pa.large_binary(),
+    ExampleKind.FLOAT: pa.float32(),
+    ExampleKind.INT64: pa.int64(),
+}
 
 
 def _primitive(arr: pa.Array, dtype: type) -> np.ndarray:
@@ -159,6 +172,7 @@ class ExampleEncoder:
     """Encodes conformed record batches (see `conform_batch`) into serialized tf.train.Examples.
 
     Picklable and stateless apart from the plan-derived key bytes, so one instance serves a DoFn.
+    The records are written by `_native.encode_examples`, one C loop over the batch's buffers.
     """
 
     def __init__(self, plan: Plan) -> None:
@@ -169,74 +183,33 @@ class ExampleEncoder:
     def encode(self, batch: pa.RecordBatch) -> pa.LargeBinaryArray:
         """One serialized Example per row, as a large_binary array of the same length."""
         n = batch.num_rows
-        parts: list[pa.Array] = []
-        total = np.zeros(n, dtype=np.int64)
-        # Columns of one bytes width on every row where present (float scalars, fixed-length
-        # lists, strings of one length) are laid out as a (rows, width) matrix each, with the
-        # header computed once; a run of them becomes one part of the join.
-        fixed: list[tuple[np.ndarray, np.ndarray]] = []  # (rows x width, present)
+        specs = [
+            spec
+            for column, key in zip(self._columns, self._keys, strict=True)
+            if (spec := _native_column(batch.column(column.name), column.kind, key)) is not None
+        ]
+        offsets, data = _native.encode_examples(n, specs)
+        return pa.Array.from_buffers(pa.large_binary(), n, [None, pa.py_buffer(offsets), pa.py_buffer(data)])
 
-        def flush_fixed() -> None:
-            if not fixed:
-                return
-            rows = np.concatenate([m for m, _ in fixed], axis=1)
-            lens = sum(present * m.shape[1] for m, present in fixed)
-            if all(present.all() for _, present in fixed):
-                data = rows.reshape(-1)
-            else:
-                mask = np.concatenate([np.broadcast_to(p[:, None], m.shape) for m, p in fixed], axis=1)
-                data = rows[mask]
-            parts.append(binary_array(data, lens))
-            fixed.clear()
 
-        for column, key in zip(self._columns, self._keys, strict=True):
-            col = _column(batch.column(column.name), column.kind)
-            header = _uniform_header(col, column, key)
-            if header is not None:
-                rows = np.empty((n, len(header) + int(col.payload_lens.max())), dtype=np.uint8)
-                rows[:, : len(header)] = np.frombuffer(header, np.uint8)
-                rows[col.present, len(header) :] = col.payload.reshape(int(col.present.sum()), -1)
-                fixed.append((rows, col.present))
-                total += col.present * rows.shape[1]
-                continue
-            flush_fixed()
-            header_data, header_lens = self._entry_header(col, column, key, n)
-            parts.append(binary_array(header_data, header_lens))
-            parts.append(binary_array(col.payload, col.payload_lens))
-            total += header_lens + col.payload_lens
-        flush_fixed()
-        head = _Pieces(n)
-        everyone = np.ones(n, dtype=bool)
-        head.const(b"\x0a", everyone)  # Example.features
-        head.varint(total, everyone)
-        head_data, head_lens = head.compact()
-        if not parts:
-            return binary_array(head_data, head_lens)
-        return pc.binary_join_element_wise(binary_array(head_data, head_lens), *parts, _EMPTY)
-
-    @staticmethod
-    def _entry_header(col: _Column, feature: Column, key: bytes, n: int) -> tuple[np.ndarray, np.ndarray]:
-        """Everything of one map entry that precedes the payload, for every present row."""
-        present = col.present
-        payload = col.payload_lens
-        if feature.kind is ExampleKind.BYTES:
-            list_len = payload
-            has_packed = np.zeros(n, dtype=bool)
-        else:
-            has_packed = present & (col.counts > 0)
-            list_len = np.where(has_packed, 1 + _varint_len(payload) + payload, 0)
-        feat_len = 1 + _varint_len(list_len) + list_len
-        entry_len = len(key) + 1 + _varint_len(feat_len) + feat_len
-        pieces = _Pieces(n)
-        pieces.const(b"\x0a", present)  # Features.feature (a map entry)
-        pieces.varint(entry_len, present)
-        pieces.const(key + b"\x12", present)  # MapEntry.key, then MapEntry.value
-        pieces.varint(feat_len, present)
-        pieces.const(bytes([_FEATURE_TAG[feature.kind]]), present)
-        pieces.varint(list_len, present)
-        pieces.const(b"\x0a", has_packed)  # the packed repeated field
-        pieces.varint(payload, has_packed)
-        return pieces.compact()
+def _native_column(arr: pa.Array, kind: ExampleKind, key: bytes) -> tuple[Any, ...] | None:
+    """One column as `_native.encode_examples` reads it: (key, kind, validity bitmap, its first
+    bit, large_list offsets, the first row's index in them, values (the int64 offsets of bytes
+    values), the values' own offset, bytes data). None: absent from every row."""
+    if arr.null_count == len(arr):
+        return None
+    typ = arr.type
+    if pa.types.is_list(typ) or pa.types.is_fixed_size_list(typ):
+        arr = arr.cast(pa.large_list(typ.value_type))
+    valid = arr.buffers()[0] if arr.null_count else None
+    rows, first_row, values = None, 0, arr
+    if pa.types.is_large_list(arr.type):
+        rows, first_row, values = arr.buffers()[1], arr.offset, arr.values
+    if values.type != _VALUE_TYPE[kind]:
+        values = values.cast(_VALUE_TYPE[kind])
+    buffers = values.buffers()
+    data = buffers[2] if kind is ExampleKind.BYTES else None
+    return (key, _KIND_CODE[kind], valid, arr.offset, rows, first_row, buffers[1], values.offset, data)
 
 
 def _varint_bytes(value: int) -> bytes:
@@ -246,35 +219,6 @@ def _varint_bytes(value: int) -> bytes:
         value >>= 7
     out.append(value)
     return bytes(out)
-
-
-def _uniform_header(col: _Column, feature: Column, key: bytes) -> bytes | None:
-    """The entry header (as `_entry_header` lays it out) when it is the same bytes on every row
-    where the feature is present and the payloads there are all one length (the same number of
-    fixed-width values); None otherwise, and when the feature is absent from every row."""
-    present_lens = col.payload_lens[col.present]
-    if not len(present_lens):
-        return None
-    payload = int(present_lens[0])
-    if not (present_lens == payload).all():
-        return None
-    if feature.kind is ExampleKind.BYTES:
-        list_len, packed = payload, b""
-    else:
-        packed = b"\x0a" + _varint_bytes(payload) if payload else b""  # empty lists: no packed field
-        list_len = len(packed) + payload
-    feat_len = 1 + len(_varint_bytes(list_len)) + list_len
-    entry_len = len(key) + 1 + len(_varint_bytes(feat_len)) + feat_len
-    return (
-        b"\x0a"
-        + _varint_bytes(entry_len)
-        + key
-        + b"\x12"
-        + _varint_bytes(feat_len)
-        + bytes([_FEATURE_TAG[feature.kind]])
-        + _varint_bytes(list_len)
-        + packed
-    )
 
 
 def _key_prefix(name: str) -> bytes:

@@ -1,4 +1,4 @@
-"""TFRecord files read a chunk of records at a time, framing and CRCs checked with numpy (the tools)."""
+"""TFRecord files read a chunk of records at a time, framing and CRCs checked in C loops (the tools)."""
 
 from __future__ import annotations
 
@@ -6,12 +6,11 @@ import struct
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-import google_crc32c
 import numpy as np
 
-from recordforge import array_records
-from recordforge.crc32c import crc32c_rows, masked_crc32c, masked_crc32c_array
-from recordforge.tfrecord import CorruptRecord, decompressed_chunks, detect_compression, frame_records
+from recordforge import _native, array_records
+from recordforge.crc32c import masked_crc32c
+from recordforge.tfrecord import CorruptRecord, decompressed_chunks, detect_compression, framed
 
 __all__ = ["RecordChunk", "data_crc_mismatches", "read_record_chunks"]
 
@@ -41,46 +40,18 @@ class RecordChunk:
         return self.heads + 12 + self.lengths
 
 
-_U64 = struct.Struct("<Q")
-
-
-def _hop(data: bytes) -> tuple[list[int], int]:
-    """Where each whole record starts, by its length field; and where the rest begins. Record
-    boundaries depend on every length before them, so this one loop is sequential; every check
-    of what it finds is done over the whole chunk at once."""
-    unpack = _U64.unpack_from
-    heads: list[int] = []
-    append = heads.append
-    pos, n = 0, len(data)
-    while pos + 12 <= n:
-        end = pos + unpack(data, pos)[0] + 16
-        if end > n:
-            break
-        append(pos)
-        pos = end
-    return heads, pos
-
-
-def _gather(arr: np.ndarray, at: np.ndarray, width: int) -> np.ndarray:
-    return arr[at[:, None] + np.arange(width)] if len(at) else np.zeros((0, width), np.uint8)
-
-
 def _frame(
     path: str, data: bytes, base: int, raw_bytes: int, final: bool
 ) -> tuple[RecordChunk, bytes, str | None]:
     """The whole records at the front of `data` whose length CRC holds, the bytes after them,
     and what is wrong at the first byte not taken (None: only an incomplete record, more to come)."""
-    heads_list, used = _hop(data)
-    arr = np.frombuffer(data, np.uint8)
-    heads = np.asarray(heads_list, np.int64)
-    head_rows = _gather(arr, heads, 12)
-    lengths = np.ascontiguousarray(head_rows[:, :8]).view("<u8").ravel().astype(np.int64)
-    stored = np.ascontiguousarray(head_rows[:, 8:]).view("<u4").ravel()
-    bad = np.flatnonzero(masked_crc32c_array(crc32c_rows(head_rows[:, :8])) != stored)
+    # One C loop hops from length field to length field, checking each one's CRC: record
+    # boundaries depend on every length before them.
+    found, used, bad = _native.find_records(data)
+    heads = np.frombuffer(found, np.int64)
+    lengths = np.diff(heads, append=used) - 16
     problem = None
-    if len(bad):
-        cut = int(bad[0])
-        heads, lengths, used = heads[:cut], lengths[:cut], int(heads[cut])
+    if bad:
         problem = "corrupt length (CRC mismatch)"
     elif used < len(data):
         tail = data[used : used + 12]
@@ -171,9 +142,7 @@ def _framed_chunk(records: list[bytes], first: int, raw: list[int]) -> RecordChu
     """Records framed as TFRecords in one buffer; the file bytes read since the last chunk."""
     import pyarrow as pa
 
-    from recordforge.arrays import binary_parts
-
-    offsets, data = binary_parts(frame_records(pa.array(records, pa.large_binary())))
+    offsets, data = framed(pa.array(records, pa.large_binary()))
     heads = offsets[:-1] - offsets[0]
     lengths = np.diff(offsets) - 16
     chunk = RecordChunk(data[offsets[0] : offsets[-1]].tobytes(), 0, heads.astype(np.int64), lengths, raw[0])
@@ -208,16 +177,7 @@ def _split(chunk: RecordChunk, chunk_bytes: int) -> Iterator[RecordChunk]:
 
 
 def data_crc_mismatches(chunk: RecordChunk) -> np.ndarray:
-    """Indices of the chunk's records whose data CRC does not hold (one C call per record:
-    google-crc32c uses the CPU's CRC32C instruction)."""
-    n = len(chunk)
-    if not n:
-        return np.zeros(0, np.int64)
-    value = google_crc32c.value
-    data = chunk.data
-    starts, ends = chunk.starts, chunk.ends
-    crcs = np.fromiter(
-        (value(data[s:e]) for s, e in zip(starts.tolist(), ends.tolist(), strict=True)), np.uint64, n
-    )
-    stored = np.ascontiguousarray(_gather(np.frombuffer(data, np.uint8), ends, 4)).view("<u4").ravel()
-    return np.flatnonzero(masked_crc32c_array(crcs) != stored)
+    """Indices of the chunk's records whose data CRC does not hold (one C loop over the chunk)."""
+    heads = np.ascontiguousarray(chunk.heads, np.int64)
+    lengths = np.ascontiguousarray(chunk.lengths, np.int64)
+    return np.asarray(_native.data_crc_mismatches(chunk.data, heads, lengths), np.int64)

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import hashlib
+import queue
 import struct
-from collections.abc import Iterable
+import threading
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import IO, TYPE_CHECKING
+from typing import IO, TYPE_CHECKING, Any
 
 from recordforge.storage import open_read, open_write
 
@@ -21,6 +23,11 @@ _END_BLOCK = b"\x01\x00\x00\xff\xff"  # an empty final stored block: the deflate
 _EMPTY_CHECK = {"gzip": 0, "zlib": 1, "none": 0}  # CRC-32 and Adler-32 of no bytes
 _ADLER_BASE = 65521
 _COPY_CHUNK = 8 << 20
+# Calls waiting for a stream's thread: a batch's write and its segment's end, and the next pair.
+_BEHIND_DEPTH = 4
+# What a deflate stream may add to the bytes given to it, at most (a generous bound: stored
+# blocks add 5 bytes per 64 KiB, a flush a few bytes).
+_GROWTH, _SLACK = 2, 4096
 
 
 @dataclass(frozen=True)
@@ -89,11 +96,63 @@ class HashingFile:
         return self._sha.hexdigest()
 
 
+class _Behind:
+    """Calls run in order on a thread of their own, at most `depth` of them waiting: what a stream
+    does with a batch (deflate, hash, the file's write; each releases the GIL) overlaps what its
+    caller does next (encoding the next batch). The first error is raised to the caller at its
+    next call, and no call after it runs."""
+
+    def __init__(self, depth: int) -> None:
+        self._jobs: queue.Queue[tuple[Callable[..., None], tuple[Any, ...]] | None] = queue.Queue(depth)
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+
+    def call(self, fn: Callable[..., None], *args: Any) -> None:
+        self._raise()
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._work, name="recordforge-stream", daemon=True)
+            self._thread.start()
+        self._jobs.put((fn, args))
+
+    def _work(self) -> None:
+        while True:
+            job = self._jobs.get()
+            try:
+                if job is None:
+                    return
+                if self._error is None:
+                    fn, args = job
+                    fn(*args)
+            except BaseException as exn:  # handed to the caller's thread
+                self._error = exn
+            finally:
+                self._jobs.task_done()
+
+    def wait(self) -> None:
+        """Returns once every call made has run; raises the first error."""
+        if self._thread is not None:
+            self._jobs.join()
+        self._raise()
+
+    def stop(self) -> None:
+        """Ends the thread once the calls made have run (errors are kept, not raised)."""
+        if self._thread is not None:
+            self._jobs.put(None)
+            self._thread.join()
+            self._thread = None
+
+    def _raise(self) -> None:
+        if self._error is not None:
+            raise self._error
+
+
 class StreamWriter:
     """Writes framed TFRecords to `file` (a HashingFile) as one stream of `compression`.
 
     `write` takes whole records; `end_segment` closes a segment (a full flush); `close` ends the
-    stream and returns its segments."""
+    stream and returns its segments. Writes and segment ends run on the writer's own thread, in
+    order, behind the caller (`holds` and `close` wait for them where they must); `discard`
+    stops it before a failed stream is deleted."""
 
     def __init__(self, file: HashingFile, compression: str, level: int) -> None:
         self.file = file
@@ -108,8 +167,34 @@ class StreamWriter:
         self._check = self._seg_check = _EMPTY_CHECK[compression]
         self._raw = self._seg_raw = self._seg_records = 0
         self._seg_start = file.bytes
+        self._behind = _Behind(_BEHIND_DEPTH)
+        self._given = 0  # raw bytes given to `write` (the caller's count)
+        self._flushed = 0  # raw bytes whose compressed bytes have all reached the file
 
     def write(self, framed: bytes | memoryview, records: int) -> None:
+        """Queues `framed` (which must not change until the stream has written it)."""
+        self._given += len(framed)
+        self._behind.call(self._write, framed, records)
+
+    @property
+    def given(self) -> int:
+        """Bytes given to `write` so far: an uncompressed stream's offset of the next record."""
+        return self._given
+
+    def end_segment(self) -> None:
+        self._behind.call(self._end_segment)
+
+    def holds(self, size: int) -> bool:
+        """Whether the file holds at least `size` bytes once all that was given has reached it:
+        exactly as if it were written at once. Waits for the stream's thread only where the
+        bytes still to come could decide it."""
+        flushed = self._flushed  # read first: the file's bytes grow before it does
+        if self.file.bytes + _GROWTH * (self._given - flushed) + _SLACK < size:
+            return False
+        self._behind.wait()
+        return self.file.bytes >= size
+
+    def _write(self, framed: bytes | memoryview, records: int) -> None:
         if self._deflate is None:
             self.file.write(framed)
         else:
@@ -121,7 +206,7 @@ class StreamWriter:
         self._seg_raw += len(framed)
         self._seg_records += records
 
-    def end_segment(self) -> None:
+    def _end_segment(self) -> None:
         if not self._seg_records:
             return
         if self._deflate is not None:
@@ -133,15 +218,22 @@ class StreamWriter:
         )
         self._check = combine_checks(self._compression, self._check, self._seg_check, self._seg_raw)
         self._raw += self._seg_raw
+        self._flushed = self._raw
         self._seg_check = _EMPTY_CHECK[self._compression]
         self._seg_raw = self._seg_records = 0
         self._seg_start = self.file.bytes
 
     def close(self) -> tuple[Segment, ...]:
-        self.end_segment()
+        self._behind.call(self._end_segment)
+        self._behind.wait()
+        self._behind.stop()
         self.file.write(_end(self._compression, self._check, self._raw))
         self.file.close()
         return tuple(self._segments)
+
+    def discard(self) -> None:
+        """Stops the stream's thread (what it was given is written or dropped, errors kept)."""
+        self._behind.stop()
 
 
 def splice(

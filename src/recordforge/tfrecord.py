@@ -8,14 +8,11 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-import google_crc32c
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
-from recordforge import array_records, layout
-from recordforge.arrays import binary_array, binary_parts
-from recordforge.crc32c import crc32c_rows, masked_crc32c, masked_crc32c_array
+from recordforge import _native, array_records, layout
+from recordforge.crc32c import masked_crc32c
 from recordforge.errors import RecordForgeError
 from recordforge.file_kinds import looks_like
 from recordforge.storage import open_read
@@ -30,6 +27,7 @@ __all__ = [
     "BatchKey",
     "ShardInfo",
     "frame_records",
+    "framed",
     "iter_records",
     "describe_shard",
 ]
@@ -65,29 +63,30 @@ class Compression:
         return cls._SUFFIX[name]
 
 
-def frame_records(records: pa.Array) -> pa.Array:
-    """Frames a batch of records as TFRecords: one large_binary element per framed record.
+def framed(records: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """A batch of records framed as TFRecords, back to back: (offsets of each framed record and
+    of the end, from 0; the bytes).
 
     Each record becomes: uint64 length, masked CRC32C of those 8 bytes, the data, masked CRC32C of
-    the data. The length CRCs are computed for the whole batch at once; the data CRCs are one C
-    call per record; the layout is one Arrow element-wise join.
+    the data; one C loop over the batch (`_native.frame_records`).
     """
-    offsets, data = binary_parts(records)
-    n = len(offsets) - 1
-    lengths = np.diff(offsets).astype("<u8")
-    head = np.empty((n, 12), dtype=np.uint8)
-    head[:, :8] = lengths.view(np.uint8).reshape(n, 8)
-    head[:, 8:] = masked_crc32c_array(crc32c_rows(head[:, :8])).view(np.uint8).reshape(n, 4)
-    raw = data[offsets[0] : offsets[-1]].tobytes()
-    rel = (offsets - offsets[0]).tolist()
-    value = google_crc32c.value
-    data_crc = np.fromiter((value(raw[rel[i] : rel[i + 1]]) for i in range(n)), np.uint64, n)
-    tail = masked_crc32c_array(data_crc).view(np.uint8)
-    return pc.binary_join_element_wise(
-        binary_array(head.reshape(-1), np.full(n, 12)),
-        records.cast(pa.large_binary()),
-        binary_array(tail, np.full(n, 4)),
-        pa.scalar(b"", pa.large_binary()),
+    if not pa.types.is_large_binary(records.type):
+        records = records.cast(pa.large_binary())
+    n = len(records)
+    if not n:
+        return np.zeros(1, np.int64), np.zeros(0, np.uint8)
+    buffers = records.buffers()
+    offsets = np.frombuffer(buffers[1], np.int64)[records.offset : records.offset + n + 1]
+    data = _native.frame_records(offsets, buffers[2] if buffers[2] is not None else b"")
+    return (offsets - offsets[0]) + 16 * np.arange(n + 1, dtype=np.int64), np.frombuffer(data, np.uint8)
+
+
+def frame_records(records: pa.Array) -> pa.Array:
+    """Frames a batch of records as TFRecords: one large_binary element per framed record (see
+    `framed`)."""
+    offsets, data = framed(records)
+    return pa.Array.from_buffers(
+        pa.large_binary(), len(records), [None, pa.py_buffer(offsets), pa.py_buffer(data)]
     )
 
 

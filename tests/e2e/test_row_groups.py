@@ -57,17 +57,25 @@ def test_pieces_are_whole_batches_and_at_most_max_pieces(
 
 
 def test_a_files_pieces_cover_its_rows_once_in_order(tmp_path: Path) -> None:
-    # Groups of 1000, 1000, 1000 and 500 rows; batches of 64: a group of 1000 is 16 batches,
-    # pieces of 2 batches (128 rows), 8 per group; the last group is 8 batches, one each.
+    # Groups of 1000, 1000, 1000 and 500 rows; batches of 64: 4 groups make MAX_PIECES items as
+    # 2 pieces per group. A group of 1000 is 16 batches, pieces of 8 batches (512 rows); the last
+    # group is 8 batches (the last one short), pieces of 4.
     path = str(_write(tmp_path / "t.parquet", 3500, 1000))
     items = pieces(path, 64)
-    assert len(items) == 8 + 8 + 8 + 8
-    assert [i[1] for i in items] == [0] * 8 + [1] * 8 + [2] * 8 + [3] * 8
+    assert len(items) == 2 + 2 + 2 + 2
+    assert [i[1] for i in items] == [0] * 2 + [1] * 2 + [2] * 2 + [3] * 2
     starts = [first for _, _, first, _ in items]
     assert starts == sorted(starts) and starts[0] == 0
     assert all(a[2] + a[3] == b[2] for a, b in zip(items, items[1:], strict=False))
     assert items[-1][2] + items[-1][3] == 3500
-    assert {rows for _, group, _, rows in items if group < 3} == {128, 1000 - 7 * 128}
+    assert {rows for _, group, _, rows in items if group < 3} == {512, 1000 - 512}
+    assert {rows for _, group, _, rows in items if group == 3} == {256, 500 - 256}
+
+
+def test_a_file_of_many_groups_is_read_as_whole_groups(tmp_path: Path) -> None:
+    """MAX_PIECES groups or more: each group one item, decoded once."""
+    path = str(_write(tmp_path / "t.parquet", MAX_PIECES * 300, 300))
+    assert pieces(path, 64) == [(path, g, 300 * g, 300) for g in range(MAX_PIECES)]
 
 
 @pytest.mark.parametrize(("skip", "rows"), [(0, None), (0, 64), (64, 128), (960, None), (100, 7), (999, 1)])

@@ -91,3 +91,45 @@ def test_spliced_segments_of_several_files_are_one_valid_stream(tmp_path: Path, 
     again = tmp_path / "again"
     splice(str(again), compression, [(str(out), segments[-1]), (str(out), segments[0])])
     assert _decode(again, compression) == _framed(files[2][1][0]) + _framed(files[0][1][2])
+
+
+@pytest.mark.parametrize("compression", ["gzip", "none"])
+def test_holds_answers_as_the_written_file_would(tmp_path: Path, compression: str) -> None:
+    """The writes run behind the caller; `holds` answers for the file as it will be once all
+    that was given is written, at every size near it and far from it."""
+    writer = StreamWriter(HashingFile(open(tmp_path / "a", "wb")), compression, 1)  # noqa: SIM115 - closed by close()
+    chunks = [sample_records(200, seed) for seed in range(5)]
+    for chunk in chunks:
+        writer.write(_framed(chunk), len(chunk))
+        writer.end_segment()
+        answers = {size: writer.holds(size) for size in (1, 1 << 30)}
+        writer._behind.wait()
+        size = writer.file.bytes
+        for probe in (size - 1, size, size + 1):
+            assert writer.holds(probe) == (probe <= size)
+        assert answers == {1: True, 1 << 30: False}
+    writer.close()
+    assert _decode(tmp_path / "a", compression) == b"".join(_framed(c) for c in chunks)
+
+
+def test_an_error_behind_the_caller_is_raised_to_it(tmp_path: Path) -> None:
+    """A write that fails on the stream's thread fails the caller's next call, and nothing after it
+    is written."""
+
+    first = _framed(sample_records(10, 0))
+
+    class Failing(HashingFile):
+        def write(self, data: bytes | memoryview) -> None:
+            if self.bytes >= len(first):
+                raise OSError("disk full")
+            super().write(data)
+
+    writer = StreamWriter(Failing(open(tmp_path / "a", "wb")), "none", 1)  # noqa: SIM115 - closed below
+    writer.write(first, 10)
+    with pytest.raises(OSError, match="disk full"):  # at the third write or at close
+        writer.write(_framed(sample_records(10, 1)), 10)  # fails on the stream's thread
+        writer.write(_framed(sample_records(10, 2)), 10)  # never written
+        writer.close()
+    writer.discard()
+    writer.file.close()
+    assert (tmp_path / "a").read_bytes() == first

@@ -136,7 +136,7 @@ class _Roller:
             start = end
             writer.end_segment()
             full_records = limits.max_records and self._records >= limits.max_records
-            if full_records or (limits.max_bytes and writer.bytes >= limits.max_bytes):
+            if full_records or (limits.max_bytes and writer.holds(limits.max_bytes)):
                 yield from filter(None, [self.close(full=True)])
 
 

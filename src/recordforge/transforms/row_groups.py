@@ -30,6 +30,9 @@ __all__ = [
 # k pieces of a group cost (k + 1) / 2 decodes and k reads of it. Batch-sized pieces of a
 # default pyarrow group (1Mi rows, 64 batches) would decode it ~32 times, more work than the
 # conversion itself; at most 8 pieces keep that to 4.5 decodes while 8 workers share the group.
+# A file is cut into about MAX_PIECES items in all, not per group: a file of 8 groups or more is
+# read as whole groups, decoded once (pieces of every group decoded the bench table ~4.5 times on
+# Dask, where decoding then took longer than all the rest of the conversion).
 MAX_PIECES = 8
 
 
@@ -55,22 +58,24 @@ def group_start(meta: pq.FileMetaData, group: int) -> int:
 
 def pieces(path: str, batch_size: int) -> list[tuple[str, int, int, int]]:
     """The work items of a Parquet file: each row group as one (path, group, first row, rows),
-    or, when larger than a batch, as up to MAX_PIECES pieces of whole batches."""
+    or, when larger than a batch in a file of fewer than MAX_PIECES groups, as pieces of whole
+    batches: up to MAX_PIECES / groups of them (rounded up) per group."""
     with open_input(path) as f:
         meta = pq.ParquetFile(f).metadata
+    most = math.ceil(MAX_PIECES / max(1, meta.num_row_groups))
     items = []
     for _, group, first in _groups(path, meta):
         rows = meta.row_group(group).num_rows
-        size = piece_rows(rows, batch_size)
+        size = piece_rows(rows, batch_size, most)
         for start in range(0, max(rows, 1), size):
             items.append((path, group, first + start, min(size, rows - start)))
     return items
 
 
-def piece_rows(group_rows: int, batch_size: int) -> int:
-    """Rows per piece of a row group: whole batches, as few as give at most MAX_PIECES pieces."""
+def piece_rows(group_rows: int, batch_size: int, most: int = MAX_PIECES) -> int:
+    """Rows per piece of a row group: whole batches, as few as give at most `most` pieces."""
     batches = math.ceil(group_rows / batch_size)
-    return max(1, math.ceil(batches / MAX_PIECES)) * batch_size
+    return max(1, math.ceil(batches / most)) * batch_size
 
 
 def read_rows(

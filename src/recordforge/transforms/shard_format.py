@@ -18,7 +18,7 @@ from recordforge import array_records, layout
 from recordforge.arrays import binary_parts
 from recordforge.storage import delete_files, exists, is_local, open_read, open_write
 from recordforge.streams import HashingFile, Segment, StreamWriter, splice
-from recordforge.tfrecord import Compression, FileDigest, frame_records, iter_records
+from recordforge.tfrecord import Compression, FileDigest, framed, iter_records
 from recordforge.transforms.shard_spec import ShardSpec
 
 __all__ = [
@@ -60,6 +60,10 @@ class ShardWriter(Protocol):
 
     @property
     def bytes(self) -> int: ...
+
+    def holds(self, size: int) -> bool:
+        """Whether the shard holds `size` bytes or more once what it was given is written."""
+        ...
 
     def write(self, framed: Framed, start: int, end: int) -> None: ...
 
@@ -128,12 +132,17 @@ class _TFRecordWriter:
 
     @property
     def bytes(self) -> int:
+        """The bytes in the file now (the stream writes behind its caller: see `holds`)."""
         return self._stream.file.bytes
+
+    def holds(self, size: int) -> bool:
+        return self._stream.holds(size)
 
     def write(self, framed: Framed, start: int, end: int) -> None:
         if self._index is not None:
+            # Uncompressed and without a header: a record's file offset is the bytes given before it.
             rel = framed.offsets[start : end + 1] - framed.offsets[start]
-            self._index.write(_index_lines(self._stream.file.bytes + rel[:-1], np.diff(rel)))
+            self._index.write(_index_lines(self._stream.given + rel[:-1], np.diff(rel)))
         self._stream.write(framed.chunk(start, end), end - start)
         self._records += end - start
 
@@ -152,6 +161,8 @@ class _TFRecordWriter:
         return TempShard(self._path, self._records, file.bytes, file.hexdigest()), segments
 
     def abandon(self) -> None:
+        with contextlib.suppress(Exception):
+            self._stream.discard()
         for handle in (self._stream.file, self._index):
             with contextlib.suppress(Exception):
                 if handle is not None:
@@ -177,7 +188,7 @@ class TFRecordFormat:
         return Compression.suffix(self.compression)
 
     def frame(self, records: pa.Array) -> Framed:
-        return Framed(*binary_parts(frame_records(records)))
+        return Framed(*framed(records))
 
     def open(self, path: str) -> ShardWriter:
         return _TFRecordWriter(path, self.compression, self.level, self.index)
@@ -247,6 +258,9 @@ class _ArrayRecordWriter:
     def bytes(self) -> int:
         records = self._records + self._seg_records
         return self._raw + self._seg_raw + records * _CHUNK_OVERHEAD
+
+    def holds(self, size: int) -> bool:
+        return self.bytes >= size
 
     def write(self, framed: Framed, start: int, end: int) -> None:
         raw = bytes(framed.chunk(start, end))
