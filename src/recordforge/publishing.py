@@ -77,14 +77,19 @@ class Publication:
         self._lease = Lease.acquire(layout.lock_path(self.output), owner)
         try:
             state = read_state(self.output, own=self.version)
-            check_state(state, overwrite=self._config.overwrite, if_changed=self._config.if_changed)
+            check_state(
+                state,
+                overwrite=self._config.overwrite,
+                if_changed=self._config.if_changed,
+                append=self._config.append,
+            )
             dead = "left by a run that did not finish"
             for name in state.temporaries:  # no other run writes while this one holds the lock
                 delete_files([layout.join(self.output, name)])
             if state.version is not None:
                 self._finish(state.version, "the run that published it")
             if not state.damaged:  # its versions stay until this run has published
-                self._collect(state, keep={state.version, state.previous}, why=dead)
+                self._collect(state, keep={state.version, state.previous, *state.referenced}, why=dead)
             write_atomically(layout.journal_entry(self.output, self.version), json.dumps(owner).encode())
             self.state = state
             crashpoints.reached("locked")
@@ -103,7 +108,7 @@ class Publication:
             # Committed: whatever failed after the commit point, this run has published.
             self._finish(self.version, "this run")
             self.published = state.published
-            self._collect(state, keep={self.version, state.previous}, why="superseded")
+            self._collect(state, keep={self.version, state.previous, *state.referenced}, why="superseded")
             crashpoints.reached("cleaned")
         finally:
             self._lease.release()

@@ -216,7 +216,9 @@ def _bundle_spec(run: Run, transformed: Transformed | None) -> BundleSpec:
             transform=transform,
             shuffle_seed=config.seed if config.shuffle else None,
             sharding={name: spec.describe() for name, spec in run.shards.items()},
+            settings=config.settings(),
         ),
+        base=run.appending.base if run.appending is not None else None,
         max_rejected=config.max_rejected,
         max_rejected_fraction=config.max_rejected_fraction,
     )
@@ -227,6 +229,9 @@ def _nothing(_: object) -> list[str]:
 
 
 def _up_to_date(run: Run, published: dict[str, Any]) -> dict[str, Any]:
+    if run.config.append:
+        _LOGGER.warning("%s: no input file the published version did not read: nothing to do", run.output)
+        return {**published, "skipped": True}
     _LOGGER.warning("%s is up to date (same inputs, schema and settings): nothing to do", run.output)
     return {**published, "skipped": True}
 
@@ -285,6 +290,12 @@ def _run_once(pipeline: beam.Pipeline, run: Run) -> dict[str, Any]:
                 published = publication.state.published
                 if published is not None and published.get("input_fingerprint") == run.inputs.fingerprint:
                     return _up_to_date(run, published)
+            if run.appending is not None and publication.state.version != run.appending.base["version"]:
+                # Appending to another version than the one resolved would drop its shards.
+                raise RecordForgeError(
+                    f"{run.output}: version {publication.state.version} was published while this "
+                    f"--append was prepared over {run.appending.base['version']}; run it again"
+                )
             try:
                 pipeline.run().wait_until_finish()
             except Exception as exn:

@@ -22,6 +22,7 @@ from apache_beam.options.pipeline_options import (
 from recordforge.errors import RecordForgeError, UsageError
 from recordforge.layout import new_version, version_root
 from recordforge.output_state import OutputState, check_not_inside, check_output_path, check_state, read_state
+from recordforge.pipelines.appending import Appending, plan_append
 from recordforge.pipelines.config import ConvertConfig, shard_spec
 from recordforge.pipelines.flags import FLAGS, Flag
 from recordforge.pipelines.inputs import Inputs, resolve_inputs
@@ -74,7 +75,9 @@ class Run:
 
     options: PipelineOptions
     config: ConvertConfig  # the flags' values
-    inputs: Inputs  # files, format, plan, image folder, fingerprint
+    # files to read, format, plan, image folder, fingerprint (of every file matched: with
+    # --append the files are the new ones alone)
+    inputs: Inputs
     state: OutputState | None  # the output as read before the lock (None: not looked at)
     version: str
     root: str  # the version folder: everything the run writes goes below it (layout.py)
@@ -86,6 +89,7 @@ class Run:
     shards: dict[str, ShardSpec]  # how each split's writer ("data" without splits) sizes shards
     traits: RunnerTraits  # the runner as the transforms are told it (runners/session.py)
     up_to_date: dict[str, Any] | None = None  # --if_changed: the published metadata, if it is current
+    appending: Appending | None = None  # --append over a published version
 
     @property
     def plan(self) -> Plan:
@@ -247,12 +251,19 @@ def resolve(
         state = read_state(config.output)
         finish_interrupted_commit(state, new_version(), config)
         if not config.if_changed:
-            check_state(state, overwrite=config.overwrite, if_changed=False)
+            check_state(state, overwrite=config.overwrite, if_changed=False, append=config.append)
     # CSV types from the first rows, checked as the run converts: a file whose types hold (most)
     # is read once; one whose do not is converted again, with types from every row (`retyped`).
-    # --if_changed compares fingerprints, so it takes its types from every row at once.
+    # --if_changed and --append compare fingerprints, so they take types from every row at once.
     if inputs is None:
-        inputs = resolve_inputs(config, first_rows=look_at_output and not config.if_changed)
+        compares = config.if_changed or config.append
+        inputs = resolve_inputs(config, first_rows=look_at_output and not compares)
+    if state is not None and config.append:
+        appending = plan_append(config, inputs, state.published)
+        if appending is not None and not appending.new_files:
+            return _run(options, config, inputs, state, up_to_date=state.published)
+        if appending is not None:
+            return _run(options, config, inputs, state, appending=appending)
     if state is not None and config.if_changed:
         if state.published is not None and state.published.get("input_fingerprint") == inputs.fingerprint:
             return _run(options, config, inputs, state, up_to_date=state.published)
@@ -262,7 +273,7 @@ def resolve(
 
 def retyped(run: Run) -> Run:
     """`run` again under a new version, its CSV types inferred from every row of the file."""
-    return _run(run.options, run.config, resolve_inputs(run.config), run.state)
+    return _run(run.options, run.config, resolve_inputs(run.config), run.state, appending=run.appending)
 
 
 def _run(
@@ -272,7 +283,10 @@ def _run(
     state: OutputState | None,
     *,
     up_to_date: dict[str, Any] | None = None,
+    appending: Appending | None = None,
 ) -> Run:
+    if appending is not None:  # only the new files are read; the fingerprint stays that of all
+        inputs = dataclasses.replace(inputs, files=list(appending.new_files))
     files, plan, folder = inputs.files, inputs.plan, inputs.folder
     check_not_inside(config.output, [f.path for f in files], "the input")
     if config.schema_path:
@@ -309,4 +323,5 @@ def _run(
         shards=shards,
         traits=runner_traits(options),
         up_to_date=up_to_date,
+        appending=appending,
     )

@@ -66,6 +66,7 @@ class RunFacts:
     transform: dict[str, Any] | None = None  # the declared transforms and the split fitted on
     shuffle_seed: int | None = None
     sharding: dict[str, dict[str, Any]] | None = None  # how each split's shards were cut
+    settings: dict[str, Any] | None = None  # the flags that change the output (--append compares)
 
     def metadata(self) -> dict[str, Any]:
         out: dict[str, Any] = {"input_fingerprint": self.input_fingerprint}
@@ -78,6 +79,7 @@ class RunFacts:
             ("transform", self.transform),
             ("shuffle_seed", self.shuffle_seed),
             ("sharding", self.sharding),
+            ("settings", self.settings),
         ):
             if value is not None:
                 out[name] = list(value) if isinstance(value, tuple) else value
@@ -104,6 +106,9 @@ class BundleSpec:
     # they were transformed from; `temp_dirs` are TFT's working files, deleted before publishing.
     raw_plan: Plan | None = None
     temp_dirs: tuple[str, ...] = ()
+    # --append: the published manifest this version extends; its shards, sources and counts are
+    # listed again beside this run's (its shards stay where they are).
+    base: dict[str, Any] | None = None
 
     @property
     def root(self) -> str:
@@ -151,26 +156,63 @@ class RunCounts:
         return sum(self.rejected_by_rule.values())
 
 
-def _split_totals(spec: BundleSpec, shards: list[ShardInfo]) -> dict[str, Any]:
+def _split_totals(spec: BundleSpec, shards: list[dict[str, Any]]) -> dict[str, Any]:
     """Records and shards per split; an empty split is reported with 0, not written."""
     weights = spec.facts.split_weights
     if not weights:
         return {}
     totals = {name: {"records": 0, "shards": 0} for name in weights}
     for s in shards:
-        name = layout.relative(s.path, spec.root).split("/", 1)[0]
-        totals[name]["records"] += s.records
-        totals[name]["shards"] += 1
+        totals[s["split"]]["records"] += s["records"]
+        totals[s["split"]]["shards"] += 1
     return {"split_counts": totals, "empty_splits": [n for n, t in totals.items() if t["records"] == 0]}
+
+
+def _appended(base: dict[str, Any], shards: list[dict[str, Any]], counts: RunCounts) -> dict[str, Any]:
+    """What an append converted, beside what it kept: the scheduler's answer to "what did this
+    run do?"."""
+    return {
+        "base_version": base["version"],
+        "reused": {"shards": len(base["shards"]), "rows": base["rows_read"]},
+        "converted": {
+            "files": 0,  # filled in by metadata_dict, which knows the sources
+            "shards": len(shards),
+            "rows_read": counts.rows_read,
+            "rows_written": sum(s["records"] for s in shards),
+            "rows_rejected": counts.rows_rejected,
+        },
+    }
 
 
 def metadata_dict(
     spec: BundleSpec, shards: list[ShardInfo], counts: RunCounts, previous_version: str | None = None
 ) -> dict[str, Any]:
     """metadata.json of a version; `previous_version` is the one it replaces (kept until the next)."""
-    shards = sorted(shards, key=lambda s: s.path)
     splits = bool(spec.facts.split_weights)
-    written = sum(s.records for s in shards)
+    own = [
+        {
+            "file": layout.relative(s.path, spec.output),
+            **({"split": layout.relative(s.path, spec.root).split("/", 1)[0]} if splits else {}),
+            "records": s.records,
+            "bytes": s.bytes,
+            "sha256": s.sha256,
+        }
+        for s in shards
+    ]
+    base = spec.base
+    listed = sorted([*(base["shards"] if base else []), *own], key=lambda s: s["file"])
+    written = sum(s["records"] for s in listed)
+    sources = [{"path": p, "bytes": b, "modified": m} for p, b, m in spec.sources]
+    grown: dict[str, Any] = {}
+    if base is not None:
+        grown = {"appended": _appended(base, own, counts)}
+        grown["appended"]["converted"]["files"] = len(sources)
+        sources = [*base["sources"], *sources]
+        counts = RunCounts(
+            rows_read=counts.rows_read + base["rows_read"],
+            rejected_by_rule=_summed(base["rejected_by_rule"], counts.rejected_by_rule),
+            unreadable=(*base.get("unreadable_files", []), *counts.unreadable),
+        )
     schema = spec.source_plan.schema
     return {
         "recordforge_version": __version__,
@@ -179,7 +221,7 @@ def metadata_dict(
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "command": list(spec.command),
         "source_format": spec.source_format,
-        "sources": [{"path": p, "bytes": b, "modified": m} for p, b, m in spec.sources],
+        "sources": sources,
         "versions": package_versions(),
         "schema_origin": schema.origin,
         "schema_fingerprint": spec.source_plan.fingerprint,
@@ -200,25 +242,21 @@ def metadata_dict(
         "unreadable_files": list(counts.unreadable),
         "num_records": written,
         **spec.facts.metadata(),
-        "shards": [
-            {
-                "file": layout.relative(s.path, spec.output),
-                **({"split": layout.relative(s.path, spec.root).split("/", 1)[0]} if splits else {}),
-                "records": s.records,
-                "bytes": s.bytes,
-                "sha256": s.sha256,
-            }
-            for s in shards
-        ],
-        **_split_totals(spec, shards),
+        **grown,
+        "shards": listed,
+        **_split_totals(spec, listed),
     }
 
 
-def _check_counts(spec: BundleSpec, meta: dict[str, Any], counts: RunCounts) -> None:
-    if meta["rows_written"] + counts.rows_rejected != counts.rows_read:
+def _summed(a: dict[str, int], b: dict[str, int]) -> dict[str, int]:
+    return {k: a.get(k, 0) + b.get(k, 0) for k in sorted({*a, *b})}
+
+
+def _check_counts(spec: BundleSpec, written: int, counts: RunCounts) -> None:
+    if written + counts.rows_rejected != counts.rows_read:
         raise RuntimeError(
             f"{spec.output}: read {counts.rows_read} rows but the shards hold "
-            f"{meta['rows_written']} records and {counts.rows_rejected} were rejected; refusing "
+            f"{written} records and {counts.rows_rejected} were rejected; refusing "
             "to publish a dataset that lost rows"
         )
     allowed = max(spec.max_rejected, int(spec.max_rejected_fraction * counts.rows_read))
@@ -276,7 +314,12 @@ def _write_bundle(facts: dict[str, Any], spec: BundleSpec) -> str:
     )
     shards: list[ShardInfo] = facts["shards"]
     meta = metadata_dict(spec, shards, counts, replaced_version(spec.output, spec.version))
-    _check_counts(spec, meta, counts)
+    # This run's shards hold what it read, less what it rejected; with --append, so do all.
+    _check_counts(spec, sum(s.records for s in shards), counts)
+    if meta["rows_written"] + meta["rows_rejected"] != meta["rows_read"]:  # the base's, summed
+        raise RuntimeError(
+            f"{spec.output}: the appended counts break {meta['invariant']}; nothing was published"
+        )
     _check_inputs_unchanged(spec)
     root = spec.root
     drop_empty_rejected(root, facts["rejected_files"])
