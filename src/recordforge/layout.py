@@ -13,6 +13,8 @@
   _recordforge/
     lock                 held by the one run writing this output
     lock.guard           local disks: flock(2)ed while a lock is removed (lease.py); stays
+  (while a run converts) v-<time>-<id>/_pieces/   the run's record of finished pieces (pieces.py):
+                         batches-<32 hex>.json and part-<32 hex>.json, deleted before the commit
     runs/<version>       a run's journal entry, written before its version folder: the
                          record that RecordForge made that folder, so it may delete it
 """
@@ -28,6 +30,7 @@ __all__ = [
     "CROISSANT",
     "FEATURE_SPEC",
     "METADATA",
+    "PIECES_DIR",
     "RAW_FEATURE_SPEC",
     "RAW_METADATA",
     "REJECTED_DIR",
@@ -56,6 +59,7 @@ __all__ = [
     "journal_entry",
     "lock_path",
     "new_version",
+    "pieces_dir",
     "rejected_prefix",
     "relative",
     "shard_name",
@@ -92,6 +96,9 @@ TEMP_PART = ".part"
 SHARD_TEMPLATE = "-SSSSS-of-NNNNN"
 # A shard's suffix by its compression (zlib shards are `.deflate`, which Beam and TFDV detect).
 SHARD_SUFFIXES = {"gzip": ".tfrecord.gz", "zlib": ".tfrecord.deflate", "none": ".tfrecord"}
+# A run's record of the pieces it finished, in its version folder, so that a rerun after a crash
+# keeps them (pieces.py); deleted before the version is published.
+PIECES_DIR = "_pieces"
 SPILL_SUFFIX = ".arrow"  # batches a local writer spilled to disk while it groups (Arrow IPC)
 # Catalog metadata (schemas/tfds_metadata.py, schemas/croissant.py). Their paths are relative to
 # the output, so readers are handed the output folder and read the top-level copies.
@@ -138,6 +145,11 @@ def is_version(name: str) -> bool:
 
 def version_root(output: str, version: str) -> str:
     return join(output, version)
+
+
+def pieces_dir(root: str) -> str:
+    """Where the run writing the version folder `root` records its finished pieces."""
+    return join(root, PIECES_DIR)
 
 
 def lock_path(output: str) -> str:

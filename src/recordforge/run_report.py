@@ -23,4 +23,11 @@ def done_lines(meta: dict[str, Any]) -> list[str]:
             f"{_n(new['shards'], 'shard')}; kept {_n(kept['shards'], 'shard')} ({_n(kept['rows'], 'row')}) "
             f"of {appended['base_version']} as they are"
         )
+    resumed = meta.get("resumed")
+    if resumed:
+        lines.append(
+            f"resumed: kept {_n(resumed['pieces'], 'finished piece')} ({_n(resumed['rows'], 'row')}, "
+            f"{_n(resumed['parts'], 'part')}) of the interrupted run; "
+            f"converted {_n(resumed['rows_converted'], 'row')}"
+        )
     return lines

@@ -27,6 +27,7 @@ from recordforge.pipelines.config import ConvertConfig, shard_spec
 from recordforge.pipelines.flags import FLAGS, Flag
 from recordforge.pipelines.inputs import Inputs, resolve_inputs
 from recordforge.pipelines.options import ConvertOptions, beam_flag_names, check_flags
+from recordforge.pipelines.resuming import Resuming, plan_resume
 from recordforge.publishing import finish_interrupted_commit
 from recordforge.runners.dryrun import dataflow_preflight
 from recordforge.runners.session import LOCAL_RUNNER, runner_name, runner_traits
@@ -90,6 +91,7 @@ class Run:
     traits: RunnerTraits  # the runner as the transforms are told it (runners/session.py)
     up_to_date: dict[str, Any] | None = None  # --if_changed: the published metadata, if it is current
     appending: Appending | None = None  # --append over a published version
+    resuming: Resuming | None = None  # the run's record for a rerun, and what it keeps of a killed one
 
     @property
     def plan(self) -> Plan:
@@ -307,7 +309,10 @@ def _run(
         share = 1.0 if splits is None else splits.weights[splits.names.index(name)] / sum(splits.weights)
         share = shares.get(name, share)
         shards[name] = shard_spec(config, inputs, name=name, compression=compression, share=share)
-    version = new_version()
+    eligible = not preprocessing and all(spec.sizing.rolling for spec in shards.values())
+    base = appending.base["version"] if appending is not None else None
+    resuming = plan_resume(config, inputs, state, base=base, eligible=eligible and up_to_date is None)
+    version = resuming.reuse.version if resuming.reuse is not None else new_version()
     return Run(
         options=options,
         config=config,
@@ -324,4 +329,5 @@ def _run(
         traits=runner_traits(options),
         up_to_date=up_to_date,
         appending=appending,
+        resuming=resuming,
     )

@@ -109,6 +109,9 @@ class BundleSpec:
     # --append: the published manifest this version extends; its shards, sources and counts are
     # listed again beside this run's (its shards stay where they are).
     base: dict[str, Any] | None = None
+    # A rerun that kept a killed run's pieces (pieces.Reuse.describe): their rows were read by
+    # that run, and are counted with this one's.
+    resumed: dict[str, Any] | None = None
 
     @property
     def root(self) -> str:
@@ -204,8 +207,10 @@ def metadata_dict(
     written = sum(s["records"] for s in listed)
     sources = [{"path": p, "bytes": b, "modified": m} for p, b, m in spec.sources]
     grown: dict[str, Any] = {}
+    if spec.resumed is not None:
+        grown["resumed"] = {**spec.resumed, "rows_converted": counts.rows_read - spec.resumed["rows"]}
     if base is not None:
-        grown = {"appended": _appended(base, own, counts)}
+        grown["appended"] = _appended(base, own, counts)
         grown["appended"]["converted"]["files"] = len(sources)
         sources = [*base["sources"], *sources]
         counts = RunCounts(
@@ -307,8 +312,9 @@ def _write_bundle(facts: dict[str, Any], spec: BundleSpec) -> str:
     rejected: dict[str, int] = facts["rules"]
     # Rows the source itself rejected never became a batch; they were read all the same.
     source_rejected = rejected.get("csv_columns", 0)
+    kept = spec.resumed["rows"] if spec.resumed is not None else 0
     counts = RunCounts(
-        rows_read=facts["rows"] + source_rejected,
+        rows_read=facts["rows"] + source_rejected + kept,
         rejected_by_rule=rejected,
         unreadable=tuple(json.loads(u) for u in sorted(facts["unreadable"])),
     )
