@@ -14,6 +14,7 @@ from typing import Any, NoReturn
 
 from recordforge import __version__, startup
 from recordforge.errors import Interrupted, RecordForgeError, SourceError, UsageError
+from recordforge.run_report import done_lines
 from recordforge.unwrap import chain, from_worker, strip_step
 
 __all__ = ["console", "main"]
@@ -105,7 +106,10 @@ def _convert(argv: list[str]) -> int:
             + ("  (empty: not written)" if not counts["records"] else "")
         )
     if meta.get("skipped"):
-        print("  unchanged since the last build: nothing was run (--if_changed)")
+        why = "no new input file" if run.config.append else "unchanged since the last build"
+        print(f"  {why}: nothing was run ({'--append' if run.config.append else '--if_changed'})")
+    for line in done_lines(meta):
+        print(f"  {line}")
     print(f"  read it back: recordforge.read({out!r})")
     return 0
 

@@ -1,0 +1,106 @@
+"""A run of 2.4M rows in six files killed at a finished piece (SIGKILL, and separately Ctrl-C) at
+about 70% of its parts, then rerun: the rerun keeps what was finished, converts at most a third
+of the rows, and publishes the records an uninterrupted run does."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+from forked_runs import ForkedRuns
+
+from demo.sampledata import taxi_table
+from recordforge import crashpoints, layout
+from recordforge.tfrecord import iter_records
+from recordforge.tools.verify import verify
+
+ROWS, FILES = 400_000, 6
+# The default 128 MiB shards: recording pieces, a part closes every 1/16 of that (about 16 parts
+# for this input), so the 12th finished piece is about 70% of the run.
+KILL_AFTER = "12"
+
+
+@pytest.fixture(scope="module")
+def forked() -> Iterator[ForkedRuns]:
+    runs = ForkedRuns()
+    yield runs
+    runs.close()
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    src = tmp_path_factory.mktemp("resume-src")
+    for i in range(FILES):
+        pq.write_table(
+            taxi_table(ROWS, seed=i, first_id=i * ROWS), src / f"t{i}.parquet", row_group_size=50_000
+        )
+    return src
+
+
+def _argv(src: Path, out: Path, *extra: str) -> list[str]:
+    schema = "examples/taxi.yaml"
+    return ["convert", "--source", str(src / "*.parquet"), "--output", str(out), "--schema", schema,
+            *extra]  # fmt: skip
+
+
+def _digests(out: Path) -> np.ndarray:
+    """Every record's 8-byte hash, sorted: the records as a multiset, compared exactly enough."""
+    meta = json.loads((out / layout.METADATA).read_text())
+    hashes = [
+        int.from_bytes(hashlib.blake2b(r, digest_size=8).digest(), "little")
+        for s in meta["shards"]
+        for r in iter_records(str(out / s["file"]), meta["compression"])
+    ]
+    return np.sort(np.array(hashes, dtype=np.uint64))
+
+
+# Known gap: on Ctrl-C the run exits 130 but its version folder is deleted, so the rerun starts
+# clean (the exception reaching Publication.__exit__ is not yet told apart as an interrupt).
+_CTRL_C = pytest.mark.xfail(strict=True, reason="Ctrl-C: the pieces are not kept yet")
+
+
+@pytest.mark.parametrize("how", ["SIGKILL", pytest.param("SIGINT", marks=_CTRL_C)])
+def test_a_killed_run_is_resumed_by_its_rerun(
+    forked: ForkedRuns, source: Path, tmp_path: Path, how: str
+) -> None:
+    whole, out = tmp_path / "whole", tmp_path / "out"
+    env = {crashpoints.ENV: "piece_written", crashpoints.AFTER_ENV: KILL_AFTER}
+    if how == "SIGINT":
+        env[crashpoints.SIGNAL_ENV] = "SIGINT"
+    first, killed = forked.together([(_argv(source, whole), 0.0), (_argv(source, out), 0.0)], envs=[{}, env])
+    assert first.code == 0, first.stderr
+    assert killed.code == (-9 if how == "SIGKILL" else 130), killed.stderr
+    assert not (out / layout.METADATA).exists()
+    (pieces,) = [p for p in out.glob("v-*/_pieces")]
+    assert len(list(pieces.glob("part-*.json"))) >= int(KILL_AFTER)
+
+    (rerun,) = forked.together([(_argv(source, out), 0.0)], timeout=300)
+    assert rerun.code == 0, rerun.stderr
+    meta = json.loads((out / layout.METADATA).read_text())
+    resumed = meta["resumed"]
+    assert resumed["version"] == meta["version"] == pieces.parent.name
+    assert resumed["rows"] + resumed["rows_converted"] == meta["rows_read"] == ROWS * FILES
+    assert resumed["rows_converted"] <= ROWS * FILES / 3, resumed
+    assert f"converted {resumed['rows_converted']:,} rows" in rerun.stdout
+    assert verify(str(out)) == []
+    assert np.array_equal(_digests(out), _digests(whole))
+    # Nothing of the killed run is left beside the published version: no pieces, no parts.
+    assert sorted(p.name for p in (out / meta["version"]).iterdir() if p.name.startswith("_")) == []
+
+
+def test_resume_false_starts_clean(forked: ForkedRuns, source: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    env = {crashpoints.ENV: "piece_written", crashpoints.AFTER_ENV: "3"}
+    (killed,) = forked.together([(_argv(source, out), 0.0)], envs=[env])
+    assert killed.code == -9
+    (killed_version,) = [p.name for p in out.glob("v-*")]
+    (rerun,) = forked.together([(_argv(source, out, "--resume=false"), 0.0)], timeout=300)
+    assert rerun.code == 0, rerun.stderr
+    meta = json.loads((out / layout.METADATA).read_text())
+    assert "resumed" not in meta and meta["num_records"] == ROWS * FILES
+    assert not (out / killed_version).exists() and verify(str(out)) == []
