@@ -333,11 +333,13 @@ def _raise_interrupted(signum: int, frame: Any) -> NoReturn:
     raise Interrupted(signum)
 
 
-def _interrupted(command: str, signum: int, debug: bool) -> int:
+def _interrupted(command: str, signum: int, debug: bool, exn: BaseException) -> int:
     if debug:
         traceback.print_exc()
     what = _INTERRUPTED if command == "convert" else "interrupted"
-    print(f"recordforge {command}: {what}", file=sys.stderr)
+    # A note the publication added: the run's finished pieces kept for a rerun (publishing.py).
+    notes = [str(n) for n in getattr(exn, "__notes__", ())]
+    print("; ".join([f"recordforge {command}: {what}", *notes]), file=sys.stderr)
     return 128 + signum
 
 
@@ -351,12 +353,13 @@ def _run(command: str, handler: Callable[[list[str]], int], argv: list[str], deb
     try:
         return handler(argv)
     except (KeyboardInterrupt, Interrupted) as exn:
-        return _interrupted(command, exn.signum if isinstance(exn, Interrupted) else signal.SIGINT, debug)
+        signum = exn.signum if isinstance(exn, Interrupted) else signal.SIGINT
+        return _interrupted(command, signum, debug, exn)
     except SystemExit as exn:  # argparse after --help
         return exn.code if isinstance(exn.code, int) else 0 if exn.code is None else 1
     except Exception as exn:
         if _received:  # raised where the runner caught the interrupt and wrapped it
-            return _interrupted(command, _received[0], debug)
+            return _interrupted(command, _received[0], debug, exn)
         if debug:
             traceback.print_exc()
         message, code = _describe(exn)

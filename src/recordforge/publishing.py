@@ -120,7 +120,13 @@ class Publication:
         try:
             state = read_state(self.output)
             if state.version != self.version:
-                self._discard(interrupted=isinstance(exc, KeyboardInterrupt | Interrupted))
+                kept = self._discard(interrupted=_interrupted(exc))
+                if kept and isinstance(exc, BaseException):
+                    # The CLI's one line about the interrupt says it (cli._interrupted).
+                    exc.add_note(
+                        f"the pieces it finished are kept in {self.version}: the same command "
+                        "resumes them (--resume=false starts clean)"
+                    )
                 return False
             # Committed: whatever failed after the commit point, this run has published.
             self._finish(self.version, "this run")
@@ -152,31 +158,27 @@ class Publication:
         if stale:
             delete_files(stale)
 
-    def _discard(self, *, interrupted: bool = False) -> None:
+    def _discard(self, *, interrupted: bool = False) -> bool:
         """Deletes what this unpublished run wrote. Rejected rows stay (until the next run) so
         that a run failed by too many of them can be looked into; the journal keeps the record.
         An interrupted run (Ctrl-C, SIGTERM) keeps its folder when it recorded finished pieces:
-        rerunning the command resumes it (a failed one would fail again)."""
+        rerunning the command resumes it (a failed one would fail again). True: it was kept."""
         root = layout.version_root(self.output, self.version)
         if interrupted and list_files(layout.pieces_dir(root)):
-            _LOGGER.warning(
-                "%s: interrupted; the pieces it finished are kept in %s: run the same command again "
-                "to resume (with --resume=false the next run deletes them)",
-                self.output,
-                self.version,
-            )
-            return
+            _LOGGER.info("%s: interrupted; its finished pieces are kept in %s", self.output, self.version)
+            return True
         rejected = layout.join(root, layout.REJECTED_DIR) + "/"
         files = [f for f in list_files(root) if not f.startswith(rejected)]
         if len(files) < len(list_files(root)):
             if files:
                 delete_files(files)
             _LOGGER.warning("%s: the rejected rows of the failed run are kept in %s", self.output, rejected)
-            return
+            return False
         n = delete_tree(root)
         _delete_entry(self.output, self.version)
         if n:
             _LOGGER.info("%s: removed the %d files of the unpublished run %s", self.output, n, self.version)
+        return False
 
     def _collect(self, state: OutputState, *, keep: set[str | None], why: str) -> None:
         """Deletes the version folders the journal records, except those in `keep`."""
@@ -396,3 +398,15 @@ def undo_dry_run(output: str, version: str, made: str | None) -> None:
         if path == made:
             return
         path = os.path.dirname(path)
+
+
+def _interrupted(exc: BaseException | None) -> bool:
+    """A signal stopped the run: the exception is the interrupt, or a runner's wrapping of it
+    (a step that caught it, or failed because the signal stopped a worker)."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, KeyboardInterrupt | Interrupted):
+            return True
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return False
