@@ -11,9 +11,12 @@ worker that made it, so that no file is shared or modified (format: docs/archite
   bytes, sha256, segments, its record index if any) and, per batch key, the range of that
   batch's records it holds.
 
-A rerun keeps a batch when it is recorded, its file is as the killed run listed it, and the parts
-kept hold each of its splits' records exactly once; it keeps a part when every batch it holds is
-kept and its bytes still hash to its sha256. The two rules are applied until neither drops more.
+A rerun keeps a part when the file of every batch it holds is as the killed run listed it, its
+bytes still hash to its sha256, and no other part holds any of the same records (a retried step
+wrote them twice: neither is kept). It skips a batch when it is recorded and the kept parts hold
+each of its splits' records; a batch the kept parts hold only some records of (its part was cut
+while the rest was still being written) is converted again, and the writers drop the records
+already held (`Reuse.held`): encoding is deterministic, so a record's place in its batch is too.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ import json
 import logging
 import time
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from recordforge import layout
@@ -37,6 +40,7 @@ _LOGGER = logging.getLogger("recordforge.pipelines.convert")  # the name users s
 _FLUSH_S = 2.0
 
 Batch = tuple[str, int]  # (file, first_row)
+BatchKey = tuple[str, str, int]  # (split, file, first_row)
 
 
 class BatchLedger:
@@ -84,6 +88,9 @@ class Reuse:
     parts: dict[str, tuple[dict[str, Any], ...]]  # by writer: the part records kept
     batches: frozenset[Batch]  # source batches not to convert again
     rows: int  # the rows of those batches
+    # By writer, the batches converted again of which kept parts hold some records: per batch key
+    # (split, file, first_row), the ranges [start, end) of its records not to write again.
+    held: dict[str, dict[BatchKey, tuple[tuple[int, int], ...]]] = field(default_factory=dict)
 
     @property
     def files(self) -> frozenset[str]:
@@ -139,21 +146,45 @@ def reusable(
                 ledger[(file, first_row)] = (rows, records)
         if "tmp" in record:
             parts.append(record)
-    checked: set[str] = set()
-    while True:
-        batches = _covered(ledger, parts)
-        kept = [p for p in parts if all((k[1], k[2]) in batches for k in p["keys"])]
-        unchecked = [p for p in kept if p["tmp"] not in checked]
-        bad = [p for p in unchecked if not _intact(p)]
-        checked |= {p["tmp"] for p in unchecked}
-        if len(kept) == len(parts) and not bad:
-            break
-        parts = [p for p in kept if p not in bad]
+    unchanged = {f for f, listed in listed_then.items() if listed is not None and listed == listed_now.get(f)}
+    parts = [p for p in parts if all(k[1] in unchanged for k in p["keys"])]
+    parts = [p for p in _without_overlaps(parts) if _intact(p)]
+    batches = _covered(ledger, parts)
+    held: dict[str, dict[BatchKey, list[tuple[int, int]]]] = {}
+    for p in parts:
+        for split, file, first_row, start, end in p["keys"]:
+            if (file, first_row) not in batches:
+                held.setdefault(p["writer"], {}).setdefault((split, file, first_row), []).append((start, end))
     by_writer: dict[str, list[dict[str, Any]]] = {}
     for p in parts:
         by_writer.setdefault(p["writer"], []).append(p)
     rows = sum(ledger[b][0] for b in batches)
-    return Reuse(version, {w: tuple(ps) for w, ps in by_writer.items()}, frozenset(batches), rows)
+    return Reuse(
+        version,
+        {w: tuple(ps) for w, ps in by_writer.items()},
+        frozenset(batches),
+        rows,
+        {w: {k: tuple(sorted(r)) for k, r in keys.items()} for w, keys in held.items()},
+    )
+
+
+def _without_overlaps(parts: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The parts less those holding a record another part holds too (a step retried after it
+    wrote: which copy the killed run would have published is not known)."""
+    ranges: dict[tuple[str, str, int], list[tuple[int, int, int]]] = {}
+    for i, p in enumerate(parts):
+        for split, file, first_row, start, end in p["keys"]:
+            ranges.setdefault((split, file, first_row), []).append((start, end, i))
+    bad: set[int] = set()
+    for spans in ranges.values():
+        spans.sort()
+        reach, owner = -1, -1
+        for start, end, i in spans:
+            if start < reach:
+                bad |= {i, owner}
+            if end > reach:
+                reach, owner = end, i
+    return [p for i, p in enumerate(parts) if i not in bad]
 
 
 def _covered(ledger: dict[Batch, tuple[int, dict[str, int]]], parts: list[dict[str, Any]]) -> set[Batch]:

@@ -20,11 +20,10 @@ from recordforge.tfrecord import iter_records
 from recordforge.tools.verify import verify
 
 ROWS, FILES = 400_000, 6
-# The default 128 MiB shards: recording pieces, a part closes every 1/16 of that (about 17 parts
-# for this input, a few more where a bundle ends). The crash point counts per process: with two
-# workers each writes about half of them, so the 7th part of the first worker there is about 75%
-# of the run.
-WORKERS, KILL_AFTER = "2", "7"
+# Shards of 8 MiB (about 16 for this input, each a part recorded when it fills, besides the short
+# parts where a bundle ends). The crash point counts per process: with two workers each writes
+# about half of the parts, so the 7th part of the first worker there is about 70-80% of the run.
+WORKERS, KILL_AFTER, SHARD = "2", "7", "8MiB"
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +46,7 @@ def source(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def _argv(src: Path, out: Path, *extra: str) -> list[str]:
     schema = "examples/taxi.yaml"
     return ["convert", "--source", str(src / "*.parquet"), "--output", str(out), "--schema", schema,
-            "--direct_num_workers", WORKERS, *extra]  # fmt: skip
+            "--direct_num_workers", WORKERS, "--shard_size", SHARD, *extra]  # fmt: skip
 
 
 def _digests(out: Path) -> np.ndarray:

@@ -32,7 +32,9 @@ def _setup(out: Path, parts: list[tuple[bytes, list[list]]], batches: list[list]
 LISTED = {"a": [10, 1.0], "b": [20, 2.0]}
 
 
-def test_whole_batches_are_kept_and_a_part_holding_an_unfinished_one_is_not(tmp_path: Path) -> None:
+def test_whole_batches_are_skipped_and_an_unfinished_one_is_converted_less_what_parts_hold(
+    tmp_path: Path,
+) -> None:
     paths = _setup(
         tmp_path,
         [
@@ -43,8 +45,10 @@ def test_whole_batches_are_kept_and_a_part_holding_an_unfinished_one_is_not(tmp_
         [["a", 0, 5, {"": 5}], ["a", 5, 4, {"": 4}], ["b", 0, 3, {"": 3}]],
     )
     reuse = reusable(str(tmp_path), V, LISTED, LISTED)
-    assert reuse.batches == {("a", 0), ("a", 5)} and reuse.rows == 9
-    assert reuse.files == {paths["p0"], paths["p1"]}
+    assert reuse.batches == {("a", 0), ("a", 5), ("b", 0)} and reuse.rows == 12
+    assert reuse.files == {paths["p0"], paths["p1"], paths["p2"]}
+    # (b, 3) is converted again; its first record, in part 3, is not written again.
+    assert reuse.held == {"data": {("", "b", 3): ((0, 1),)}}
 
 
 def test_a_changed_input_a_corrupt_part_or_a_twice_written_batch_is_converted_again(tmp_path: Path) -> None:
@@ -57,3 +61,19 @@ def test_a_changed_input_a_corrupt_part_or_a_twice_written_batch_is_converted_ag
     assert reusable(str(tmp_path), V, LISTED, {**LISTED, "a": [11, 1.0]}).batches == frozenset()
     Path(paths["p0"]).write_bytes(b"ONE")
     assert reusable(str(tmp_path), V, LISTED, LISTED).batches == frozenset()
+
+
+def test_a_lost_part_costs_only_its_own_batches_not_the_chain_before_it(tmp_path: Path) -> None:
+    # A worker's full parts cut batches in two; its last part was being written when it died.
+    _setup(
+        tmp_path,
+        [
+            (b"one", [["", "a", 0, 0, 5], ["", "a", 5, 0, 2]]),
+            (b"two", [["", "a", 5, 2, 4], ["", "b", 0, 0, 1]]),  # (b, 0) goes on in the lost part
+        ],
+        [["a", 0, 5, {"": 5}], ["a", 5, 4, {"": 4}], ["b", 0, 3, {"": 3}]],
+    )
+    reuse = reusable(str(tmp_path), V, LISTED, LISTED)
+    assert reuse.batches == {("a", 0), ("a", 5)} and reuse.rows == 9
+    assert reuse.describe()["parts"] == 2
+    assert reuse.held == {"data": {("", "b", 0): ((0, 1),)}}

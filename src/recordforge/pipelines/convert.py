@@ -203,9 +203,15 @@ def _write_shards(run: Run, examples: beam.PCollection) -> beam.PCollection:
     spill, pieces = run.traits.spill, _pieces(run)
     reuse = run.resuming.reuse if run.resuming is not None else None
     kept = reuse.parts if reuse is not None else {}
+    held = reuse.held if reuse is not None else {}
     if run.splits is None:
         writer = WriteTFRecords(
-            run.root, run.shards["data"], spill=spill, pieces=pieces, reused=kept.get("data", ())
+            run.root,
+            run.shards["data"],
+            spill=spill,
+            pieces=pieces,
+            reused=kept.get("data", ()),
+            held=held.get("data"),
         )
         return examples | "WriteTFRecords" >> writer
     written = []
@@ -216,7 +222,14 @@ def _write_shards(run: Run, examples: beam.PCollection) -> beam.PCollection:
         written.append(
             chosen
             | f"WriteTFRecords[{name}]"
-            >> WriteTFRecords(into, run.shards[name], spill=spill, pieces=pieces, reused=kept.get(name, ()))
+            >> WriteTFRecords(
+                into,
+                run.shards[name],
+                spill=spill,
+                pieces=pieces,
+                reused=kept.get(name, ()),
+                held=held.get(name),
+            )
         )
     return written | "AllSplits" >> beam.Flatten()
 

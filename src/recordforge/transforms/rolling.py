@@ -34,10 +34,11 @@ FULL_FRACTION = 0.75
 _SLICES_PER_SHARD = 16
 _MIN_SLICE = 4 << 10
 _REWRITE_BATCH = 8192
-# Recording pieces for a rerun, a part is closed (and recorded) once it holds 1/_PIECES_PER_SHARD
-# of the target, or has been open _PIECE_S, even though short: a killed run loses at most that
-# much of each worker's work. Short parts are joined as usual (their bytes copied, not deflated).
-_PIECES_PER_SHARD = 16
+# Recording pieces for a rerun, a part that has been open _PIECE_S without filling a shard is
+# closed (and recorded) all the same, so that a killed run loses at most that much of each
+# worker's work. Such short parts are joined as any (their bytes copied once more), so the time is
+# long enough that a worker which fills shards at the usual pace never cuts one: a run that is not
+# killed writes the parts, and pays the copies, that it would without recording.
 _PIECE_S = 30.0
 
 
@@ -187,10 +188,7 @@ class _Roller:
             full_records = limits.max_records and self._records >= limits.max_records
             if full_records or (limits.max_bytes and writer.bytes >= limits.max_bytes):
                 yield from filter(None, [self.close(full=True)])
-            elif self._pieces is not None and (
-                (limits.max_bytes and writer.bytes * _PIECES_PER_SHARD >= limits.max_bytes)
-                or time.monotonic() - self._opened >= _PIECE_S
-            ):
+            elif self._pieces is not None and time.monotonic() - self._opened >= _PIECE_S:
                 yield from filter(None, [self.close()])
 
 
@@ -203,7 +201,7 @@ class _RollingWriteFn(beam.DoFn):
     def start_bundle(self) -> None:
         self._roller = _Roller(*self._args)
 
-    def process(self, element: tuple[BatchKey, pa.Array]) -> Iterator[_Part]:
+    def process(self, element: tuple[BatchKey, pa.Array] | tuple[BatchKey, pa.Array, int]) -> Iterator[_Part]:
         yield from self._roller.add(*element)
 
     def finish_bundle(self) -> Iterator[WindowedValue]:
@@ -356,6 +354,18 @@ def _publish(
     return ShardFiles(prefix, fmt, tmp_dir).publish(shards)
 
 
+def _unheld(
+    element: tuple[BatchKey, pa.Array], held: dict[BatchKey, tuple[tuple[int, int], ...]]
+) -> Iterator[tuple[BatchKey, pa.Array, int]]:
+    """The runs of a batch's records that no kept part holds, each with its first record."""
+    key, records = element
+    at = 0
+    for start, end in (*held.get(tuple(key), ()), (len(records), len(records))):  # type: ignore[arg-type]
+        if start > at:
+            yield key, records.slice(at, start - at), at
+        at = max(at, end)
+
+
 class WriteRollingShards(beam.PTransform):
     """In: `(key, records)` batches. Out: a `ShardInfo` per shard, from the bytes as written.
 
@@ -365,7 +375,8 @@ class WriteRollingShards(beam.PTransform):
     few percent above it; by count, exactly `count` shards whose compressed sizes differ by less
     than a segment (a batch, or 4 MiB of records). With `pieces` (a folder), each closed part
     is recorded there with the batch ranges it holds (pieces.py); `reused`: such records of a
-    killed run's parts, kept by this one and published with its own.
+    killed run's parts, kept by this one and published with its own; `held`: the ranges of
+    records of batches converted again that those parts already hold, not written twice.
     """
 
     def __init__(
@@ -375,6 +386,7 @@ class WriteRollingShards(beam.PTransform):
         *,
         pieces: str | None = None,
         reused: tuple[dict[str, Any], ...] = (),
+        held: dict[BatchKey, tuple[tuple[int, int], ...]] | None = None,
     ) -> None:
         super().__init__()
         if not spec.sizing.rolling:
@@ -383,9 +395,13 @@ class WriteRollingShards(beam.PTransform):
         self._limits = Limits.of(spec)
         self._pieces = (pieces, spec.name) if pieces is not None else None
         self._reused = tuple(_Part.from_record(r) for r in reused)
+        self._held = dict(held or {})
 
     def expand(self, batches: beam.PCollection[tuple[BatchKey, pa.Array]]) -> beam.PCollection[ShardInfo]:
         tmp, limits, fmt = self._files.temp_dir, self._limits, self._files.format
+        if self._held:
+            # (key, records, first_record): the records of a batch kept parts do not hold yet
+            batches = batches | "SkipHeld" >> beam.FlatMap(_unheld, self._held)
         parts = batches | "WriteParts" >> beam.ParDo(_RollingWriteFn(tmp, fmt, limits, self._pieces))
         if self._reused:
             # Parts a killed run finished (pieces.py), planned and published with this run's.
