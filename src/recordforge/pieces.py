@@ -24,7 +24,9 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import threading
 import time
+import weakref
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -53,20 +55,30 @@ class BatchLedger:
     def __init__(self, folder: str) -> None:
         self._folder = folder
         self._pending: list[list[Any]] = []
+        self._lock = threading.Lock()  # a part closed in another thread flushes it (below)
         self._since = time.monotonic()
         self._every = 0.0 if is_local(folder) else _FLUSH_S
+        _LEDGERS.add(self)
 
     def add(self, file: str, first_row: int, rows: int, records: dict[str, int]) -> None:
-        self._pending.append([file, first_row, rows, records])
+        with self._lock:
+            self._pending.append([file, first_row, rows, records])
         if time.monotonic() - self._since >= self._every:
             self.flush()
 
     def flush(self) -> None:
-        if self._pending:
+        with self._lock:
+            pending, self._pending = self._pending, []
+            self._since = time.monotonic()
+        if pending:
             path = layout.temp_file(self._folder, "batches", ".json")
-            write_atomically(path, json.dumps({"batches": self._pending}).encode(), sync=False)
-            self._pending = []
-        self._since = time.monotonic()
+            write_atomically(path, json.dumps({"batches": pending}).encode(), sync=False)
+
+
+# The ledgers of this process: a part's record is written after theirs, so that the batches a
+# closed part holds are recorded with it (the encoder and the writer share a worker's process
+# where the runner fuses them), not up to _FLUSH_S later.
+_LEDGERS: weakref.WeakSet[BatchLedger] = weakref.WeakSet()
 
 
 def part_record(writer: str, part: dict[str, Any], keys: Iterable[list[Any]]) -> dict[str, Any]:
@@ -78,6 +90,8 @@ def part_record(writer: str, part: dict[str, Any], keys: Iterable[list[Any]]) ->
 def write_part_record(folder: str, record: dict[str, Any]) -> None:
     from recordforge import crashpoints
 
+    for ledger in list(_LEDGERS):
+        ledger.flush()
     write_atomically(layout.temp_file(folder, "part", ".json"), json.dumps(record).encode())
     crashpoints.reached("piece_written")
 
@@ -142,7 +156,7 @@ def reusable(
     folder = layout.pieces_dir(layout.version_root(output, version))
     ledger: dict[Batch, tuple[int, dict[str, int]]] = {}
     parts: list[dict[str, Any]] = []
-    for record in _records(folder) if exists(folder) else ():
+    for record in _records(folder):  # none when there is no folder (an object store has none)
         for file, first_row, rows, records in record.get("batches", []):
             if listed_then.get(file) is not None and listed_then.get(file) == listed_now.get(file):
                 ledger[(file, first_row)] = (rows, records)
