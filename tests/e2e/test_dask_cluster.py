@@ -403,8 +403,8 @@ def test_a_run_killed_on_dask_is_resumed_by_its_rerun(cluster: Cluster, tmp_path
             proc.send_signal(signal.SIGKILL)
             break
         time.sleep(0.01)
-    proc.communicate(timeout=60)
-    assert proc.returncode == -9, "the run ended before 70% of its parts were recorded"
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == -9, f"the run ended before 70% of its parts were recorded: {err}"
     with _client(cluster) as client:  # the dead driver's tasks stopped or finished
         deadline = time.monotonic() + 120
         while any(client.processing().values()) and time.monotonic() < deadline:
