@@ -109,7 +109,7 @@ def test_subcommand_usage_error_names_the_subcommand(capsys: Any) -> None:
         (["--num_shards", "two"], "argument --num_shards: invalid int value: 'two'"),
         (
             ["--compression", "zip"],
-            "argument --compression: invalid choice: 'zip' (choose from 'gzip', 'zlib', 'none')",
+            "argument --compression: invalid choice: 'zip' (choose from 'gzip', 'zlib', 'none', 'zstd')",
         ),
     ],
 )

@@ -115,6 +115,10 @@ CASES: dict[str, Case] = {
     ),
     "compression": lambda i: _pair(i, i.parquet, [], ["--compression", "zlib"]),
     "compression_level": lambda i: _pair(i, i.parquet, [], ["--compression_level", "3"]),
+    "output_format": lambda i: _pair(
+        i, i.parquet, ["--compression", "none"], ["--compression", "none", "--output_format", "array_record"]
+    ),
+    "record_index": lambda i: _pair(i, i.parquet, ["--compression", "none"], ["--record_index"]),
     "shard_size": lambda i: _pair(i, i.parquet, [], ["--shard_size", "2KB"]),
     "records_per_shard": lambda i: _pair(i, i.parquet, [], ["--records_per_shard", "150"]),
     "num_shards": lambda i: _pair(i, i.parquet, [], ["--num_shards", "3"]),
@@ -163,6 +167,8 @@ def _published(argv: list[str], out: Path) -> str:
     for shard in meta["shards"]:
         digest.update(shard["file"].split("/", 1)[1].encode())
         digest.update((out / shard["file"]).read_bytes())
+        if shard.get("index"):
+            digest.update((out / shard["index"]).read_bytes())
     for name in (layout.FEATURE_SPEC, "schema.pbtxt"):
         digest.update((out / name).read_bytes())
     return digest.hexdigest()

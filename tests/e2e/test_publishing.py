@@ -483,7 +483,8 @@ def test_publishing_the_shards_twice_is_harmless(tmp_path: Path) -> None:
         parts.append(_Part(str(tmp / f"{i}.part"), i, i, "sha", (i,)))
     prefix = str(tmp_path / "data")
     limits = Limits(max_bytes=1, max_records=0)  # every part is a shard as it is
-    first = _publish(b"", parts, [], prefix, TFRecordFormat("none"), str(tmp), limits)
-    again = _publish(b"", parts, [], prefix, TFRecordFormat("none"), str(tmp), limits)  # a retried step
+    fmt = TFRecordFormat("none")
+    first = _publish(b"", parts, [], prefix, fmt, str(tmp), limits)
+    again = _publish(b"", parts, [], prefix, fmt, str(tmp), limits)  # a retried step
     assert first == again and not tmp.exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == [f"data-0000{i}-of-00003.tfrecord" for i in range(3)]

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import sys
 
+__all__ = ["main"]
+
 
 def main(argv: list[str]) -> None:
     debug = "--debug" in argv
