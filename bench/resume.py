@@ -1,12 +1,14 @@
 """Resume: the rerun of a conversion killed at about 70% of its pieces, against the whole run.
 
-    python -m bench.resume [--rows 400000] [--files 6] [--after 12] [--rounds 3] [--workdir DIR]
+    python -m bench.resume [--rows 400000] [--files 6] [--after 7] [--workers 2]
+                           [--shard_size 8MiB] [--rounds 3] [--workdir DIR]
 
 Each round converts the generated Parquet files once without interruption (timed), then again
-into a fresh output killed with SIGKILL at its `--after`th finished piece (the crash point
-`piece_written`), then reruns that command (timed). Both times are whole processes (start to
-exit, as a scheduler waits for them). Prints the medians, the ratio rerun/whole per round and its
-median, and the rows the reruns converted (metadata.json's `resumed`).
+into a fresh output killed with SIGKILL at a worker's `--after`th finished part (the crash point
+`piece_written` counts per process: with two workers and 8 MiB shards, about 16 parts, the 7th
+of one worker is about 75% of the run), then reruns that command (timed). Both times are whole
+processes (start to exit, as a scheduler waits for them). Prints the medians, the ratio
+rerun/whole per round and its median, and the rows the reruns converted (`resumed`).
 """
 
 from __future__ import annotations
@@ -41,7 +43,9 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=400_000, help="rows per file")
     parser.add_argument("--files", type=int, default=6)
-    parser.add_argument("--after", default="12", help="finished pieces before the kill")
+    parser.add_argument("--after", default="7", help="a worker's finished parts before the kill")
+    parser.add_argument("--workers", default="2")
+    parser.add_argument("--shard_size", default="8MiB")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--workdir", default="out/bench-resume")
     args = parser.parse_args(argv)
@@ -61,7 +65,8 @@ def main(argv: list[str] | None = None) -> None:
     schema = str(_ROOT / "examples" / "taxi.yaml")
 
     def command(out: Path) -> list[str]:
-        return ["convert", "--source", str(src / "*.parquet"), "--output", str(out), "--schema", schema]
+        return ["convert", "--source", str(src / "*.parquet"), "--output", str(out), "--schema", schema,
+                "--direct_num_workers", args.workers, "--shard_size", args.shard_size]  # fmt: skip
 
     whole, rerun, ratios, converted = [], [], [], []
     kill = {crashpoints.ENV: "piece_written", crashpoints.AFTER_ENV: args.after}
@@ -85,7 +90,8 @@ def main(argv: list[str] | None = None) -> None:
     print(
         f"median: whole {statistics.median(whole):.2f} s, rerun {statistics.median(rerun):.2f} s, "
         f"rerun/whole {statistics.median(ratios):.2f} (per round), rows converted "
-        f"{statistics.median(converted):.1%}; {args.rows * args.files:,} rows, killed at piece {args.after}"
+        f"{statistics.median(converted):.1%}; {args.rows * args.files:,} rows, killed at a worker's "
+        f"part {args.after}"
     )
 
 
