@@ -14,6 +14,7 @@ from typing import Any, NoReturn
 
 from recordforge import __version__, startup
 from recordforge.errors import Interrupted, RecordForgeError, SourceError, UsageError
+from recordforge.run_report import done_lines
 from recordforge.unwrap import chain, from_worker, strip_step
 
 __all__ = ["console", "main"]
@@ -105,7 +106,10 @@ def _convert(argv: list[str]) -> int:
             + ("  (empty: not written)" if not counts["records"] else "")
         )
     if meta.get("skipped"):
-        print("  unchanged since the last build: nothing was run (--if_changed)")
+        why = "no new input file" if run.config.append else "unchanged since the last build"
+        print(f"  {why}: nothing was run ({'--append' if run.config.append else '--if_changed'})")
+    for line in done_lines(meta):
+        print(f"  {line}")
     print(f"  read it back: recordforge.read({out!r})")
     return 0
 
@@ -329,11 +333,13 @@ def _raise_interrupted(signum: int, frame: Any) -> NoReturn:
     raise Interrupted(signum)
 
 
-def _interrupted(command: str, signum: int, debug: bool) -> int:
+def _interrupted(command: str, signum: int, debug: bool, exn: BaseException) -> int:
     if debug:
         traceback.print_exc()
     what = _INTERRUPTED if command == "convert" else "interrupted"
-    print(f"recordforge {command}: {what}", file=sys.stderr)
+    # A note the publication added: the run's finished pieces kept for a rerun (publishing.py).
+    notes = [str(n) for n in getattr(exn, "__notes__", ())]
+    print("; ".join([f"recordforge {command}: {what}", *notes]), file=sys.stderr)
     return 128 + signum
 
 
@@ -347,12 +353,13 @@ def _run(command: str, handler: Callable[[list[str]], int], argv: list[str], deb
     try:
         return handler(argv)
     except (KeyboardInterrupt, Interrupted) as exn:
-        return _interrupted(command, exn.signum if isinstance(exn, Interrupted) else signal.SIGINT, debug)
+        signum = exn.signum if isinstance(exn, Interrupted) else signal.SIGINT
+        return _interrupted(command, signum, debug, exn)
     except SystemExit as exn:  # argparse after --help
         return exn.code if isinstance(exn.code, int) else 0 if exn.code is None else 1
     except Exception as exn:
         if _received:  # raised where the runner caught the interrupt and wrapped it
-            return _interrupted(command, _received[0], debug)
+            return _interrupted(command, _received[0], debug, exn)
         if debug:
             traceback.print_exc()
         message, code = _describe(exn)

@@ -6,7 +6,7 @@ import os
 import signal
 import sys
 
-__all__ = ["ENV", "POINTS", "arm", "reached"]
+__all__ = ["AFTER_ENV", "ENV", "POINTS", "SIGNAL_ENV", "arm", "reached"]
 
 # Set to one of POINTS, the run that reaches that step is killed with SIGKILL there, as a power cut
 # or the OOM killer would: no handler, no cleanup. Nothing else reads this variable.
@@ -14,9 +14,15 @@ ENV = "RECORDFORGE_CRASH_AT"
 # The pid of the run's driver, recorded by `arm` before its workers are forked: a step that runs
 # in a forked local worker kills the driver too, so that the run dies, not only that worker.
 _DRIVER_ENV = "RECORDFORGE_CRASH_DRIVER"
+# The point fires the Nth time a process reaches it (default 1): a run killed part way through.
+AFTER_ENV = "RECORDFORGE_CRASH_AFTER"
+# "SIGINT": the driver is sent a Ctrl-C instead, and the process reaching the point goes on.
+SIGNAL_ENV = "RECORDFORGE_CRASH_SIGNAL"
+_reached: dict[str, int] = {}
 
 POINTS = (
     "locked",  # the lock taken and this run's journal entry written
+    "piece_written",  # a finished part and its record written (pieces.py), the run going on
     "shards_published",  # the shards moved to their final names in the run's version folder
     "manifest_written",  # the version folder complete, its own metadata.json included
     "staged",  # the top-level files written beside their names, the old version still published
@@ -39,6 +45,12 @@ def reached(point: str) -> None:
     if point not in POINTS:
         raise ValueError(f"unknown crash point {point!r}")
     if os.environ.get(ENV) == point:
+        _reached[point] = _reached.get(point, 0) + 1
+        if _reached[point] != int(os.environ.get(AFTER_ENV) or 1):
+            return
+        if os.environ.get(SIGNAL_ENV) == "SIGINT":
+            os.kill(int(os.environ.get(_DRIVER_ENV) or os.getpid()), signal.SIGINT)
+            return
         sys.stdout.flush()
         sys.stderr.flush()
         driver = int(os.environ.get(_DRIVER_ENV) or os.getpid())

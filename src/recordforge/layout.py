@@ -15,6 +15,8 @@
   _recordforge/
     lock                 held by the one run writing this output
     lock.guard           local disks: flock(2)ed while a lock is removed (lease.py); stays
+  (while a run converts) v-<time>-<id>/_pieces/   the run's record of finished pieces (pieces.py):
+                         batches-<32 hex>.json and part-<32 hex>.json, deleted before the commit
     runs/<version>       a run's journal entry, written before its version folder: the
                          record that RecordForge made that folder, so it may delete it
 """
@@ -32,6 +34,7 @@ __all__ = [
     "FEATURE_SPEC",
     "INDEX_SUFFIX",
     "METADATA",
+    "PIECES_DIR",
     "RAW_FEATURE_SPEC",
     "RAW_METADATA",
     "REJECTED_DIR",
@@ -60,6 +63,7 @@ __all__ = [
     "journal_entry",
     "lock_path",
     "new_version",
+    "pieces_dir",
     "rejected_prefix",
     "temp_index",
     "relative",
@@ -104,6 +108,9 @@ ARRAY_RECORD_SUFFIX = ".array_record"
 # format DALI's and the `tfrecord` package's readers take (their tfrecord2idx writes `.tfindex`
 # beside `.tfrecord`): data-00003-of-00008.tfindex.
 INDEX_SUFFIX = ".tfindex"
+# A run's record of the pieces it finished, in its version folder, so that a rerun after a crash
+# keeps them (pieces.py); deleted before the version is published.
+PIECES_DIR = "_pieces"
 SPILL_SUFFIX = ".arrow"  # batches a local writer spilled to disk while it groups (Arrow IPC)
 # Catalog metadata (schemas/tfds_metadata.py, schemas/croissant.py). Their paths are relative to
 # the output, so readers are handed the output folder and read the top-level copies.
@@ -150,6 +157,11 @@ def is_version(name: str) -> bool:
 
 def version_root(output: str, version: str) -> str:
     return join(output, version)
+
+
+def pieces_dir(root: str) -> str:
+    """Where the run writing the version folder `root` records its finished pieces."""
+    return join(root, PIECES_DIR)
 
 
 def lock_path(output: str) -> str:

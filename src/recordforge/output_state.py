@@ -20,6 +20,7 @@ __all__ = [
     "check_state",
     "committed_versions",
     "read_state",
+    "shard_versions",
 ]
 
 _LOGGER = logging.getLogger("recordforge.pipelines.convert")  # the name users see
@@ -79,6 +80,27 @@ class OutputState:
     def previous(self) -> str | None:
         return (self.published or {}).get("previous_version")
 
+    @property
+    def referenced(self) -> frozenset[str]:
+        """The version folders the published version and the one it replaced read shards from
+        (an appended version lists the shards of those it grew from): never deleted."""
+        out = shard_versions(self.published)
+        if self.previous is not None:
+            path = layout.join(self.output, self.previous, layout.METADATA)
+            try:
+                out |= shard_versions(json.loads(read_bytes(path)) if exists(path) else None)
+            except ValueError:
+                pass
+        return out
+
+
+def shard_versions(meta: dict[str, Any] | None) -> frozenset[str]:
+    """The version folders whose shards the manifest `meta` lists (its own among them)."""
+    if not meta:
+        return frozenset()
+    found = {str(s.get("file", "")).split("/", 1)[0] for s in meta.get("shards", [])}
+    return frozenset(v for v in {*found, meta.get("version", "")} if layout.is_version(v))
+
 
 def read_state(output: str, *, own: str | None = None) -> OutputState:
     """The state of `output`; `own`, the version of the run asking, counts as RecordForge's (a
@@ -102,10 +124,14 @@ def read_state(output: str, *, own: str | None = None) -> OutputState:
     # The journal decides whose the top-level files are when metadata.json cannot.
     damaged = published is None and bool(committed_versions(out, sorted(journal)))
     if published is not None or damaged:
-        ours |= set(layout.TOP_FILES) | {
-            (published or {}).get("version"),
-            (published or {}).get("previous_version"),
-        }
+        ours |= (
+            set(layout.TOP_FILES)
+            | shard_versions(published)
+            | {
+                (published or {}).get("version"),
+                (published or {}).get("previous_version"),
+            }
+        )
     temporaries = tuple(t for t in tops if layout.is_temporary(t))
     foreign = tuple(t for t in tops if t not in ours and t not in temporaries)
     return OutputState(out, published, journal, foreign, damaged, temporaries)
@@ -115,16 +141,17 @@ def _describe(meta: dict[str, Any]) -> str:
     return f"version {meta['version']}, {meta.get('num_records')} records, created {meta.get('created')}"
 
 
-def check_state(state: OutputState, *, overwrite: bool, if_changed: bool) -> None:
+def check_state(state: OutputState, *, overwrite: bool, if_changed: bool, append: bool = False) -> None:
     """Refuses to replace a published bundle, or to write among files that are not RecordForge's,
-    unless asked to; nothing is ever deleted that RecordForge did not write, even then."""
+    unless asked to (`append` extends it); nothing is ever deleted that RecordForge did not write,
+    even then."""
     if state.damaged and not (overwrite or if_changed):
         raise RecordForgeError(
             f"{state.output} holds a damaged RecordForge dataset: its metadata.json is missing or "
             "unreadable, though the run journal records a published version; pass --overwrite to "
             "rebuild it"
         )
-    if state.published is not None and not (overwrite or if_changed):
+    if state.published is not None and not (overwrite or if_changed or append):
         raise RecordForgeError(
             f"{state.output} already holds a published dataset ({_describe(state.published)}); "
             "pass --overwrite to replace it (or --if_changed to rebuild only when inputs changed)"

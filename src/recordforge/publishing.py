@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from recordforge import crashpoints, layout
-from recordforge.errors import SourceError
+from recordforge.errors import Interrupted, SourceError
 from recordforge.lease import Lease, OutputLocked
 from recordforge.output_state import OutputState, check_state, read_state
 from recordforge.storage import (
@@ -59,12 +59,25 @@ class Publication:
     before the lock is released (after it, another run may already have replaced it).
     """
 
-    def __init__(self, config: ConvertConfig, version: str, *, published_is_success: bool = False) -> None:
+    def __init__(
+        self,
+        config: ConvertConfig,
+        version: str,
+        *,
+        published_is_success: bool = False,
+        resume: dict[str, Any] | None = None,
+        kept: frozenset[str] | None = None,
+    ) -> None:
         """`version`: the folder the run writes. `published_is_success`: a failure after this
         run's commit is logged, not raised (the run is the whole pipeline, and it has published);
-        a pipeline of the caller's own keeps its failures, whatever our bundle's fate."""
+        a pipeline of the caller's own keeps its failures, whatever our bundle's fate.
+        `resume`: recorded in the journal entry, for a rerun to find this run (pieces.py).
+        `kept`: the run continues a killed one in its `version` folder, keeping these files
+        there (and its record of pieces); everything else that run wrote there is deleted."""
         self.output = config.output.rstrip("/")
         self.version = version
+        self._resume = resume
+        self._kept = kept
         self._config = config
         self._lease: Lease | None = None
         self._published_is_success = published_is_success
@@ -77,15 +90,24 @@ class Publication:
         self._lease = Lease.acquire(layout.lock_path(self.output), owner)
         try:
             state = read_state(self.output, own=self.version)
-            check_state(state, overwrite=self._config.overwrite, if_changed=self._config.if_changed)
+            check_state(
+                state,
+                overwrite=self._config.overwrite,
+                if_changed=self._config.if_changed,
+                append=self._config.append,
+            )
             dead = "left by a run that did not finish"
             for name in state.temporaries:  # no other run writes while this one holds the lock
                 delete_files([layout.join(self.output, name)])
             if state.version is not None:
                 self._finish(state.version, "the run that published it")
             if not state.damaged:  # its versions stay until this run has published
-                self._collect(state, keep={state.version, state.previous}, why=dead)
-            write_atomically(layout.journal_entry(self.output, self.version), json.dumps(owner).encode())
+                keep = {state.version, state.previous, *state.referenced, self.version}
+                self._collect(state, keep=keep, why=dead)
+            if self._kept is not None:
+                self._adopt(self._kept)
+            entry = {**owner, **({"resume": self._resume} if self._resume is not None else {})}
+            write_atomically(layout.journal_entry(self.output, self.version), json.dumps(entry).encode())
             self.state = state
             crashpoints.reached("locked")
         except BaseException:
@@ -98,12 +120,18 @@ class Publication:
         try:
             state = read_state(self.output)
             if state.version != self.version:
-                self._discard()
+                kept = self._discard(interrupted=_interrupted(exc))
+                if kept and isinstance(exc, BaseException):
+                    # The CLI's one line about the interrupt says it (cli._interrupted).
+                    exc.add_note(
+                        f"the pieces it finished are kept in {self.version}: the same command "
+                        "resumes them (--resume=false starts clean)"
+                    )
                 return False
             # Committed: whatever failed after the commit point, this run has published.
             self._finish(self.version, "this run")
             self.published = state.published
-            self._collect(state, keep={self.version, state.previous}, why="superseded")
+            self._collect(state, keep={self.version, state.previous, *state.referenced}, why="superseded")
             crashpoints.reached("cleaned")
         finally:
             self._lease.release()
@@ -121,21 +149,36 @@ class Publication:
         """Finishes the top-level copies of the published `version` where its commit did not."""
         _finish_copies(self.output, version, whose)
 
-    def _discard(self) -> None:
-        """Deletes what this unpublished run wrote. Rejected rows stay (until the next run) so
-        that a run failed by too many of them can be looked into; the journal keeps the record."""
+    def _adopt(self, kept: frozenset[str]) -> None:
+        """Continuing a killed run in its version folder: what it wrote there and this run does
+        not keep (unfinished parts, shards it published, rejected rows) is deleted first."""
         root = layout.version_root(self.output, self.version)
+        pieces = layout.pieces_dir(root) + "/"
+        stale = [f for f in list_files(root) if f not in kept and not f.startswith(pieces)]
+        if stale:
+            delete_files(stale)
+
+    def _discard(self, *, interrupted: bool = False) -> bool:
+        """Deletes what this unpublished run wrote. Rejected rows stay (until the next run) so
+        that a run failed by too many of them can be looked into; the journal keeps the record.
+        An interrupted run (Ctrl-C, SIGTERM) keeps its folder when it recorded finished pieces:
+        rerunning the command resumes it (a failed one would fail again). True: it was kept."""
+        root = layout.version_root(self.output, self.version)
+        if interrupted and list_files(layout.pieces_dir(root)):
+            _LOGGER.info("%s: interrupted; its finished pieces are kept in %s", self.output, self.version)
+            return True
         rejected = layout.join(root, layout.REJECTED_DIR) + "/"
         files = [f for f in list_files(root) if not f.startswith(rejected)]
         if len(files) < len(list_files(root)):
             if files:
                 delete_files(files)
             _LOGGER.warning("%s: the rejected rows of the failed run are kept in %s", self.output, rejected)
-            return
+            return False
         n = delete_tree(root)
         _delete_entry(self.output, self.version)
         if n:
             _LOGGER.info("%s: removed the %d files of the unpublished run %s", self.output, n, self.version)
+        return False
 
     def _collect(self, state: OutputState, *, keep: set[str | None], why: str) -> None:
         """Deletes the version folders the journal records, except those in `keep`."""
@@ -355,3 +398,15 @@ def undo_dry_run(output: str, version: str, made: str | None) -> None:
         if path == made:
             return
         path = os.path.dirname(path)
+
+
+def _interrupted(exc: BaseException | None) -> bool:
+    """A signal stopped the run: the exception is the interrupt, or a runner's wrapping of it
+    (a step that caught it, or failed because the signal stopped a worker)."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, KeyboardInterrupt | Interrupted):
+            return True
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return False

@@ -183,15 +183,16 @@ def rename(sources: list[str], destinations: list[str]) -> None:
         _fs().rename([s for s, _ in remote], [d for _, d in remote])
 
 
-def stage_local(path: str, data: bytes) -> str:
-    """`data` written in full and synced to a temporary name beside the local `path` (the name
-    `layout.temp_beside`), which it returns; nothing is left if writing fails."""
+def stage_local(path: str, data: bytes, *, sync: bool = True) -> str:
+    """`data` written in full and synced (unless not `sync`) to a temporary name beside the local
+    `path` (the name `layout.temp_beside`), which it returns; nothing is left if writing fails."""
     tmp = layout.temp_beside(path)
     try:
         with open(tmp, "wb") as f:
             f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
+            if sync:
+                f.flush()
+                os.fsync(f.fileno())
     except BaseException:
         if os.path.exists(tmp):
             os.unlink(tmp)
@@ -199,16 +200,17 @@ def stage_local(path: str, data: bytes) -> str:
     return tmp
 
 
-def write_atomically(path: str, data: bytes) -> None:
+def write_atomically(path: str, data: bytes, *, sync: bool = True) -> None:
     """A reader sees the old file or the new one, whole, never part of one. Locally: a temporary
-    name beside `path`, then rename(2), which replaces atomically. On an object store an upload
-    becomes visible only when it completes, and replaces the object as a whole."""
+    name beside `path`, synced unless not `sync` (what a killed process wrote survives it
+    unsynced; a power cut may lose it), then rename(2), which replaces atomically. On an object
+    store an upload becomes visible only when it completes, and replaces the object as a whole."""
     if not is_local(path):
         with open_write(path) as f:  # as given: never compressed on the way, whatever the suffix
             f.write(data)
         return
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    tmp = stage_local(path, data)
+    tmp = stage_local(path, data, sync=sync)
     try:
         os.replace(tmp, path)
     finally:

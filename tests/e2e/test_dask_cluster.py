@@ -379,3 +379,40 @@ def test_array_record_and_indexed_shards_on_gcs_read_at_random(cluster: Cluster,
         assert [ds[k] for k in keys] == [sequential[k] for k in keys], name
         records[name] = Counter(sequential)
     assert records["dask"] == records["local"] == records["indexed"]
+
+
+def test_a_run_killed_on_dask_is_resumed_by_its_rerun(cluster: Cluster, tmp_path: Path) -> None:
+    """The driver of a Dask run killed (SIGKILL) once about 70% of its parts are recorded; once
+    the cluster is idle, the same command resumes: it converts at most a third of the rows and
+    publishes the records the local runner does."""
+    src = tmp_path / "src"
+    src.mkdir()
+    rows, files = 50_000, 6
+    for i in range(files):
+        table = taxi_table(rows, seed=i, first_id=i * rows)
+        pq.write_table(table, src / f"t{i}.parquet", row_group_size=5000)
+    out, local = tmp_path / "out", tmp_path / "local"
+    args = ["--source", str(src / "*.parquet"), "--schema", "examples/taxi.yaml", "--shard_size", "256KiB"]
+    expected = run([*args, "--output", str(local)])
+    parts = expected["num_records"] * 53 // (256 << 10)  # about as many full parts as shards
+    cli = [sys.executable, "-m", "recordforge", "convert", *args, "--output", str(out), *_dask(cluster)]
+    proc = subprocess.Popen(cli, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 180
+    while proc.poll() is None and time.monotonic() < deadline:
+        if len(list(out.glob("v-*/_pieces/part-*.json"))) >= 0.7 * parts:
+            proc.send_signal(signal.SIGKILL)
+            break
+        time.sleep(0.01)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == -9, f"the run ended before 70% of its parts were recorded: {err}"
+    with _client(cluster) as client:  # the dead driver's tasks stopped or finished
+        deadline = time.monotonic() + 120
+        while any(client.processing().values()) and time.monotonic() < deadline:
+            time.sleep(0.1)
+    rerun = subprocess.run(cli, capture_output=True, text=True, timeout=300)
+    assert rerun.returncode == 0, rerun.stderr
+    meta = json.loads((out / layout.METADATA).read_text())
+    resumed = meta["resumed"]
+    assert resumed["rows"] + resumed["rows_converted"] == meta["rows_read"] == rows * files
+    assert resumed["rows_converted"] <= rows * files / 3, resumed
+    assert _records(str(out)) == _records(str(local)) and verify(str(out)) == []

@@ -51,6 +51,8 @@ _OTHER: dict[str, dict[str, Any]] = {
     "span": {"span": "latest"},
     "if_changed": {"if_changed": True},
     "overwrite": {"overwrite": True},
+    "append": {"append": True},
+    "resume": {"resume": False},
 }
 # A flag's value is compared against the same configuration without that flag: for `seed` that
 # is `--shuffle` alone, for `split_key` the splits alone.

@@ -268,3 +268,55 @@ def test_parts_cut_from_one_batch_are_shards_in_input_order(tmp_path: Path, spec
         )
         shards = batches | WriteTFRecords(str(tmp_path / "out"), spec, spill=False)
         assert_that(shards | beam.combiners.ToList(), lambda got: check(sorted(got[0], key=lambda s: s.path)))
+
+
+# Recording pieces for a rerun (pieces.py): each closed part leaves a record of what it holds.
+
+
+def _records_in(folder: Path) -> list[dict]:
+    import json
+
+    return [json.loads(p.read_text()) for p in sorted(folder.glob("part-*.json"))]
+
+
+@pytest.mark.parametrize("fmt", [TFRecordFormat("gzip"), TFRecordFormat("none", index=True)])
+def test_a_recording_roller_cuts_parts_only_when_full_or_open_too_long(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fmt: TFRecordFormat
+) -> None:
+    import recordforge.transforms.rolling as rolling
+
+    tmp, pieces = tmp_path / "_tmp", tmp_path / "_pieces"
+    tmp.mkdir()
+    pieces.mkdir()
+    limits = Limits(max_bytes=0, max_records=250)
+    batches = [((("", "f", k * 100)), pa.array(sample_records(100, k), pa.large_binary())) for k in range(5)]
+    roller = _Roller(str(tmp), fmt, limits, pieces=(str(pieces), "data"))
+    parts = [p for key, records in batches for p in roller.add(key, records)]
+    # Full parts only (250 records each), as without recording: a run not killed pays nothing.
+    assert [p.records for p in parts] == [250, 250]
+    records = _records_in(pieces)
+    assert sorted(r["records"] for r in records) == [250, 250]
+    assert sorted(k for r in records for k in map(tuple, r["keys"])) == [
+        ("", "f", 0, 0, 100), ("", "f", 100, 0, 100), ("", "f", 200, 0, 50),
+        ("", "f", 200, 50, 100), ("", "f", 300, 0, 100), ("", "f", 400, 0, 100),
+    ]  # fmt: skip
+    assert all((r["index"] is not None) == fmt.index for r in records)
+    assert all(os.path.exists(r["index"]) for r in records if r["index"])
+    # A part open longer than _PIECE_S is cut at the next segment, though short.
+    monkeypatch.setattr(rolling, "_PIECE_S", 0.0)
+    short = list(roller.add(("", "g", 0), pa.array(sample_records(10, 9), pa.large_binary())))
+    assert [p.records for p in short] == [10] and short[0].segments
+    (kept,) = [r for r in _records_in(pieces) if r["records"] == 10]
+    assert rolling._Part.from_record(kept) == short[0]  # a rerun hands it back as it was
+
+
+def test_records_kept_parts_hold_are_not_written_again() -> None:
+    from recordforge.transforms.rolling import _unheld
+
+    key = ("", "f", 0)
+    records = pa.array([b"r%d" % i for i in range(10)], pa.large_binary())
+    held = {key: ((0, 3), (5, 7))}
+    out = [(k, r.to_pylist(), at) for k, r, at in _unheld((key, records), held)]
+    assert out == [(key, [b"r3", b"r4"], 3), (key, [b"r7", b"r8", b"r9"], 7)]
+    assert [at for _, _, at in _unheld((("", "g", 0), records), held)] == [0]  # not held: whole
+    assert list(_unheld((key, records), {key: ((0, 10),)})) == []

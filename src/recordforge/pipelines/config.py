@@ -72,6 +72,8 @@ class ConvertConfig:
     overwrite: bool = default("overwrite")
     span: str | None = default("span")
     if_changed: bool = default("if_changed")
+    append: bool = default("append")
+    resume: bool = default("resume")
     splits: str | None = default("splits")
     split_key: str | None = default("split_key")
     split_column: str | None = default("split_column")
@@ -144,6 +146,18 @@ class ConvertConfig:
             problems.append("--analyze_split needs --splits")
         if self.preprocessing_fn and ":" not in self.preprocessing_fn:
             problems.append("--preprocessing_fn is path/to/module.py:function or package.module:function")
+        if self.append and self.overwrite:
+            problems.append("--append keeps the published shards, --overwrite replaces them: choose one")
+        if self.append and self.shuffle:
+            problems.append(
+                "--append does not combine with --shuffle: a permutation across every shard would "
+                "rewrite the published ones (rebuild with --overwrite)"
+            )
+        if self.append and self.num_shards:
+            problems.append(
+                "--append does not combine with --num_shards: a fixed count of shards cannot grow "
+                "(use --shard_size or --records_per_shard)"
+            )
         if self.batch_size < 1:
             problems.append("--batch_size must be at least 1")
         if problems:

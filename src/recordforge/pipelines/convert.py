@@ -57,7 +57,7 @@ from recordforge.transforms.parquet_source import ReadParquet
 from recordforge.transforms.rejects import WriteRejected
 from recordforge.transforms.sequences import COUNTS, ToSequences
 from recordforge.transforms.sinks import WriteTFRecords
-from recordforge.transforms.source_types import UNREADABLE
+from recordforge.transforms.source_types import UNREADABLE, SourceBatch
 from recordforge.transforms.splits import in_split
 from recordforge.unwrap import from_worker
 
@@ -77,6 +77,9 @@ def build(pipeline: beam.Pipeline, run: Run) -> beam.PCollection[str]:
     source = pipeline | "Read" >> _read(run)
     batches = source["batches"]
     # SourceBatch: a pa.RecordBatch with its file and first row   [+ UNREADABLE files, REJECTED rows]
+    reuse = run.resuming.reuse if run.resuming is not None else None
+    if reuse is not None:  # batches a killed run finished are in the parts it kept (pieces.py)
+        batches = batches | "SkipFinished" >> beam.Filter(_unfinished, reuse.batches)
     # Rows per batch, summed where the bundle is written: a global combine here would add two
     # stages to the end of every run (on the local runner, a round trip to each worker apiece).
     rows_per_batch = batches | "RowsPerBatch" >> beam.Map(lambda b: b.batch.num_rows)
@@ -100,6 +103,7 @@ def build(pipeline: beam.Pipeline, run: Run) -> beam.PCollection[str]:
             splits=run.splits,
             encode=not run.preprocessing,
             progress=run.traits.progress,
+            pieces=_pieces(run),
         )
     # examples: ((split, file, first_row), pa.LargeBinaryArray of serialized tf.train.Examples),
     #   or with preprocessing the conformed rows as a pa.RecordBatch; split is "" without splits;
@@ -128,6 +132,16 @@ def build(pipeline: beam.Pipeline, run: Run) -> beam.PCollection[str]:
         transform_written=transformed.written if transformed is not None else None,
         sequence_counts=encoded[COUNTS] if sequences else None,
     )
+
+
+def _unfinished(batch: SourceBatch, finished: frozenset[tuple[str, int]]) -> bool:
+    return (batch.file, batch.first_row) not in finished
+
+
+def _pieces(run: Run) -> str | None:
+    """Where the run records its finished pieces for a rerun: rolling writers only (a placed
+    shard depends on every record; tensorflow-transform's analyzers on all of them)."""
+    return layout.pieces_dir(run.root) if run.resuming is not None and run.resuming.records else None
 
 
 def _read(run: Run) -> beam.PTransform:
@@ -186,16 +200,36 @@ def _write_shards(run: Run, examples: beam.PCollection) -> beam.PCollection:
     """One writer per split ({version}/{split}/{split}-SSSSS-of-NNNNN), or one for all records
     ({version}/data-SSSSS-of-NNNNN), each by its shard spec as resolved; returns their ShardInfos."""
     # Beam's local runners hold a grouping's input in memory: the placed writer spills there.
-    spill = run.traits.spill
+    spill, pieces = run.traits.spill, _pieces(run)
+    reuse = run.resuming.reuse if run.resuming is not None else None
+    kept = reuse.parts if reuse is not None else {}
+    held = reuse.held if reuse is not None else {}
     if run.splits is None:
-        return examples | "WriteTFRecords" >> WriteTFRecords(run.root, run.shards["data"], spill=spill)
+        writer = WriteTFRecords(
+            run.root,
+            run.shards["data"],
+            spill=spill,
+            pieces=pieces,
+            reused=kept.get("data", ()),
+            held=held.get("data"),
+        )
+        return examples | "WriteTFRecords" >> writer
     written = []
     for name in run.splits.names:
         chosen = examples | f"Select[{name}]" >> beam.Filter(in_split, name)
         chosen = declare_element_type(chosen, examples.element_type)  # keeps the batches' coder
         into = layout.join(run.root, name)
         written.append(
-            chosen | f"WriteTFRecords[{name}]" >> WriteTFRecords(into, run.shards[name], spill=spill)
+            chosen
+            | f"WriteTFRecords[{name}]"
+            >> WriteTFRecords(
+                into,
+                run.shards[name],
+                spill=spill,
+                pieces=pieces,
+                reused=kept.get(name, ()),
+                held=held.get(name),
+            )
         )
     return written | "AllSplits" >> beam.Flatten()
 
@@ -211,15 +245,21 @@ def _bundle_spec(run: Run, transformed: Transformed | None) -> BundleSpec:
             "preprocessing_fn": config.preprocessing_fn,
             "fit_on": run.fit_split or "all rows",
         }
+    temp_dirs = [transformed.temp_dir] if transformed is not None else []
+    if run.sequence_spill_dir is not None:
+        temp_dirs.append(run.sequence_spill_dir)
+    reuse = run.resuming.reuse if run.resuming is not None else None
+    if _pieces(run) is not None:  # the record of pieces, and the killed run's part folders
+        temp_dirs.append(layout.pieces_dir(run.root))
+    if reuse is not None:
+        temp_dirs.extend(sorted({f.rsplit("/", 1)[0] for f in reuse.files}))
     return BundleSpec(
         output=config.output,
         version=run.version,
         plan=transformed.plan if transformed is not None else run.plan,
         raw_plan=run.plan if transformed is not None else None,
-        temp_dirs=(
-            *((transformed.temp_dir,) if transformed is not None else ()),
-            *((run.sequence_spill_dir,) if run.sequence_spill_dir is not None else ()),
-        ),
+        temp_dirs=tuple(temp_dirs),
+        resumed=reuse.describe() if reuse is not None else None,
         source_format=run.inputs.fmt,
         sources=tuple((f.path, f.size, f.modified) for f in files),
         compression=run.compression,
@@ -238,7 +278,9 @@ def _bundle_spec(run: Run, transformed: Transformed | None) -> BundleSpec:
             transform=transform,
             shuffle_seed=config.seed if config.shuffle else None,
             sharding={name: spec.describe() for name, spec in run.shards.items()},
+            settings=config.settings(),
         ),
+        base=run.appending.base if run.appending is not None else None,
         max_rejected=config.max_rejected,
         max_rejected_fraction=config.max_rejected_fraction,
     )
@@ -249,6 +291,9 @@ def _nothing(_: object) -> list[str]:
 
 
 def _up_to_date(run: Run, published: dict[str, Any]) -> dict[str, Any]:
+    if run.config.append:
+        _LOGGER.warning("%s: no input file the published version did not read: nothing to do", run.output)
+        return {**published, "skipped": True}
     _LOGGER.warning("%s is up to date (same inputs, schema and settings): nothing to do", run.output)
     return {**published, "skipped": True}
 
@@ -290,7 +335,13 @@ def _run_once(pipeline: beam.Pipeline, run: Run) -> dict[str, Any]:
     try:
         build(pipeline, run)
         with (
-            Publication(run.config, run.version, published_is_success=True) as publication,
+            Publication(
+                run.config,
+                run.version,
+                published_is_success=True,
+                resume=run.resuming.journal() if run.resuming is not None else None,
+                kept=run.resuming.reuse.files if run.resuming and run.resuming.reuse else None,
+            ) as publication,
             _progress(run.traits, run.inputs),
         ):
             assert publication.state is not None
@@ -299,6 +350,12 @@ def _run_once(pipeline: beam.Pipeline, run: Run) -> dict[str, Any]:
                 published = publication.state.published
                 if published is not None and published.get("input_fingerprint") == run.inputs.fingerprint:
                     return _up_to_date(run, published)
+            if run.appending is not None and publication.state.version != run.appending.base["version"]:
+                # Appending to another version than the one resolved would drop its shards.
+                raise RecordForgeError(
+                    f"{run.output}: version {publication.state.version} was published while this "
+                    f"--append was prepared over {run.appending.base['version']}; run it again"
+                )
             try:
                 pipeline.run().wait_until_finish()
             except Exception as exn:

@@ -88,8 +88,9 @@ def add_conversion(
     from recordforge.pipelines.convert import build
 
     request = request_from_kwargs(source, output, schema, flags, beam_options=False)
-    if request.config.if_changed:
-        raise UsageError("--if_changed decides whether to run at all: use recordforge.convert for it")
+    if request.config.if_changed or request.config.append:
+        flag = "--if_changed" if request.config.if_changed else "--append"
+        raise UsageError(f"{flag} decides what to run, if anything: use recordforge.convert for it")
     run = resolve(pipeline.options, request.config)
     done = build(pipeline, run)
     return Conversion(run, done)

@@ -366,6 +366,31 @@ FLAGS: tuple[Flag, ...] = (
         summary="skip the run when the published output was built from the same inputs, schema and settings",
     ),
     _bool_flag(
+        "append",
+        "Publish a new version that keeps the published shards where they are and adds shards "
+        "converted from the files the patterns now match and the published build did not read; "
+        "the files it read must be unchanged, the schema and settings the same.",
+        changes_output=False,  # it chooses what is converted, not what a record holds
+        label="Append new input files",
+        summary="add the files the patterns now match to the published dataset, its shards kept "
+        "as they are; a rerun resumes what a killed run finished (`--resume=false`: start clean); "
+        "see Long builds and daily data",
+        row="grow",
+    ),
+    Flag(
+        "resume",
+        "Rerunning the same command after a killed or failed run keeps the pieces that run "
+        "finished (each checked against its sha256 and its input) and converts only the rest; "
+        "--resume=false discards them and starts clean.",
+        False,  # the pieces kept are the bytes a clean run would write
+        "Resume an interrupted run",
+        _BOOL,
+        "",
+        type=parse_bool,
+        default=True,
+        row="grow",
+    ),
+    _bool_flag(
         "overwrite",
         "Replace a dataset already published at --output.",
         changes_output=False,

@@ -24,10 +24,12 @@ from recordforge import layout
 from recordforge.errors import RecordForgeError, UsageError
 from recordforge.layout import new_version, version_root
 from recordforge.output_state import OutputState, check_not_inside, check_output_path, check_state, read_state
+from recordforge.pipelines.appending import Appending, plan_append
 from recordforge.pipelines.config import ConvertConfig, shard_spec
 from recordforge.pipelines.flags import FLAGS, Flag
 from recordforge.pipelines.inputs import Inputs, resolve_inputs
 from recordforge.pipelines.options import ConvertOptions, beam_flag_names, check_flags
+from recordforge.pipelines.resuming import Resuming, plan_resume
 from recordforge.publishing import finish_interrupted_commit
 from recordforge.runners.dryrun import dataflow_preflight
 from recordforge.runners.session import LOCAL_RUNNER, runner_name, runner_traits
@@ -78,7 +80,9 @@ class Run:
 
     options: PipelineOptions
     config: ConvertConfig  # the flags' values
-    inputs: Inputs  # files, format, plan, image folder, fingerprint
+    # files to read, format, plan, image folder, fingerprint (of every file matched: with
+    # --append the files are the new ones alone)
+    inputs: Inputs
     state: OutputState | None  # the output as read before the lock (None: not looked at)
     version: str
     root: str  # the version folder: everything the run writes goes below it (layout.py)
@@ -94,6 +98,8 @@ class Run:
     sequence_partitions: int = 0
     sequence_spill_dir: str | None = None
     up_to_date: dict[str, Any] | None = None  # --if_changed: the published metadata, if it is current
+    appending: Appending | None = None  # --append over a published version
+    resuming: Resuming | None = None  # the run's record for a rerun, and what it keeps of a killed one
 
     @property
     def plan(self) -> Plan:
@@ -313,14 +319,21 @@ def resolve(
         state = read_state(config.output)
         finish_interrupted_commit(state, new_version(), config)
         if not config.if_changed:
-            check_state(state, overwrite=config.overwrite, if_changed=False)
+            check_state(state, overwrite=config.overwrite, if_changed=False, append=config.append)
     # CSV types from the first rows, checked as the run converts: a file whose types hold (most)
     # is read once; one whose do not is converted again, with types from every row (`retyped`).
-    # --if_changed compares fingerprints, so it takes its types from every row at once.
+    # --if_changed and --append compare fingerprints, so they take types from every row at once.
     if inputs is None:
-        inputs = resolve_inputs(config, first_rows=look_at_output and not config.if_changed)
+        compares = config.if_changed or config.append
+        inputs = resolve_inputs(config, first_rows=look_at_output and not compares)
     if every_core and _small(inputs):
         _one_worker(options)
+    if state is not None and config.append:
+        appending = plan_append(config, inputs, state.published)
+        if appending is not None and not appending.new_files:
+            return _run(options, config, inputs, state, up_to_date=state.published)
+        if appending is not None:
+            return _run(options, config, inputs, state, appending=appending)
     if state is not None and config.if_changed:
         if state.published is not None and state.published.get("input_fingerprint") == inputs.fingerprint:
             return _run(options, config, inputs, state, up_to_date=state.published)
@@ -330,7 +343,7 @@ def resolve(
 
 def retyped(run: Run) -> Run:
     """`run` again under a new version, its CSV types inferred from every row of the file."""
-    return _run(run.options, run.config, resolve_inputs(run.config), run.state)
+    return _run(run.options, run.config, resolve_inputs(run.config), run.state, appending=run.appending)
 
 
 def _run(
@@ -340,7 +353,10 @@ def _run(
     state: OutputState | None,
     *,
     up_to_date: dict[str, Any] | None = None,
+    appending: Appending | None = None,
 ) -> Run:
+    if appending is not None:  # only the new files are read; the fingerprint stays that of all
+        inputs = dataclasses.replace(inputs, files=list(appending.new_files))
     files, plan, folder = inputs.files, inputs.plan, inputs.folder
     check_not_inside(config.output, [f.path for f in files], "the input")
     if config.schema_path:
@@ -374,7 +390,14 @@ def _run(
         share = 1.0 if splits is None else splits.weights[splits.names.index(name)] / sum(splits.weights)
         share = shares.get(name, share)
         shards[name] = shard_spec(config, inputs, name=name, compression=compression, share=share)
-    version = new_version()
+    # A rerun of a killed run's command continues in its version folder (resuming.py); rolling
+    # writers only (a placed shard depends on every record, tensorflow-transform's analyzers and
+    # a sequence's grouping on all of them).
+    eligible = not preprocessing and plan.schema.sequence is None
+    eligible = eligible and all(spec.sizing.rolling for spec in shards.values())
+    base = appending.base["version"] if appending is not None else None
+    resuming = plan_resume(config, inputs, state, base=base, eligible=eligible and up_to_date is None)
+    version = resuming.reuse.version if resuming.reuse is not None else new_version()
     root = version_root(config.output, version)
     traits = runner_traits(options)
     partitions, spill_dir = 0, None
@@ -398,4 +421,6 @@ def _run(
         up_to_date=up_to_date,
         sequence_partitions=partitions,
         sequence_spill_dir=spill_dir,
+        appending=appending,
+        resuming=resuming,
     )

@@ -181,10 +181,13 @@ def _shard_problems(name: str, shard: dict[str, Any], result: ShardResult) -> li
     return problems
 
 
-def _escapes(file: str, root: str) -> bool:
-    """A shard path that is absolute, climbs out, or lies outside the version's folder."""
+def _escapes(file: str, roots: set[str]) -> bool:
+    """A shard path that is absolute, climbs out, or lies outside the version folders it may
+    lie in (`roots`; {""}: the output's own)."""
     parts = file.split("/")
-    return file.startswith("/") or not is_local(file) or ".." in parts or not (root == "" or parts[0] == root)
+    return (
+        file.startswith("/") or not is_local(file) or ".." in parts or not ("" in roots or parts[0] in roots)
+    )
 
 
 def _unlisted(out: str, meta: dict[str, Any], listed: set[str]) -> list[str]:
@@ -285,7 +288,10 @@ def verify(path: str, *, workers: int | None = None) -> list[str]:
         # checked against the context spec; its feature lists by the CRCs alone.
         spec = spec["context"]
     shards = meta.get("shards", [])
-    escaping = [s["file"] for s in shards if _escapes(s["file"], version)]
+    roots = {version}
+    if "appended" in meta:  # also the versions it grew from, which RecordForge's journal records
+        roots |= {layout.relative(p, layout.journal_dir(out)) for p in list_files(layout.journal_dir(out))}
+    escaping = [s["file"] for s in shards if _escapes(s["file"], roots)]
     problems.extend(f"{f}: shard path escapes the bundle's folder" for f in escaping)
     shards = [s for s in shards if s["file"] not in escaping]
     listed = {s["file"] for s in shards} | {s["index"] for s in shards if "index" in s}

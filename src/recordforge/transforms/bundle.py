@@ -68,6 +68,7 @@ class RunFacts:
     transform: dict[str, Any] | None = None  # the declared transforms and the split fitted on
     shuffle_seed: int | None = None
     sharding: dict[str, dict[str, Any]] | None = None  # how each split's shards were cut
+    settings: dict[str, Any] | None = None  # the flags that change the output (--append compares)
 
     def metadata(self) -> dict[str, Any]:
         out: dict[str, Any] = {"input_fingerprint": self.input_fingerprint}
@@ -80,6 +81,7 @@ class RunFacts:
             ("transform", self.transform),
             ("shuffle_seed", self.shuffle_seed),
             ("sharding", self.sharding),
+            ("settings", self.settings),
         ):
             if value is not None:
                 out[name] = list(value) if isinstance(value, tuple) else value
@@ -107,6 +109,12 @@ class BundleSpec:
     # they were transformed from; `temp_dirs` are TFT's working files, deleted before publishing.
     raw_plan: Plan | None = None
     temp_dirs: tuple[str, ...] = ()
+    # --append: the published manifest this version extends; its shards, sources and counts are
+    # listed again beside this run's (its shards stay where they are).
+    base: dict[str, Any] | None = None
+    # A rerun that kept a killed run's pieces (pieces.Reuse.describe): their rows were read by
+    # that run, and are counted with this one's.
+    resumed: dict[str, Any] | None = None
 
     @property
     def root(self) -> str:
@@ -156,16 +164,15 @@ class RunCounts:
         return sum(self.rejected_by_rule.values())
 
 
-def _split_totals(spec: BundleSpec, shards: list[ShardInfo]) -> dict[str, Any]:
+def _split_totals(spec: BundleSpec, shards: list[dict[str, Any]]) -> dict[str, Any]:
     """Records and shards per split; an empty split is reported with 0, not written."""
     weights = spec.facts.split_weights
     if not weights:
         return {}
     totals = {name: {"records": 0, "shards": 0} for name in weights}
     for s in shards:
-        name = layout.relative(s.path, spec.root).split("/", 1)[0]
-        totals[name]["records"] += s.records
-        totals[name]["shards"] += 1
+        totals[s["split"]]["records"] += s["records"]
+        totals[s["split"]]["shards"] += 1
     return {"split_counts": totals, "empty_splits": [n for n, t in totals.items() if t["records"] == 0]}
 
 
@@ -184,15 +191,58 @@ def _format_facts(spec: BundleSpec) -> dict[str, Any]:
     }
 
 
+def _appended(base: dict[str, Any], shards: list[dict[str, Any]], counts: RunCounts) -> dict[str, Any]:
+    """What an append converted, beside what it kept: the scheduler's answer to "what did this
+    run do?"."""
+    return {
+        "base_version": base["version"],
+        "reused": {"shards": len(base["shards"]), "rows": base["rows_read"]},
+        "converted": {
+            "files": 0,  # filled in by metadata_dict, which knows the sources
+            "shards": len(shards),
+            "rows_read": counts.rows_read,
+            "rows_written": sum(s["records"] for s in shards),
+            "rows_rejected": counts.rows_rejected,
+        },
+    }
+
+
 def metadata_dict(
     spec: BundleSpec, shards: list[ShardInfo], counts: RunCounts, previous_version: str | None = None
 ) -> dict[str, Any]:
     """metadata.json of a version; `previous_version` is the one it replaces (kept until the next)."""
-    shards = sorted(shards, key=lambda s: s.path)
     splits = bool(spec.facts.split_weights)
-    records = sum(s.records for s in shards)
+    own = [
+        {
+            "file": layout.relative(s.path, spec.output),
+            **({"split": layout.relative(s.path, spec.root).split("/", 1)[0]} if splits else {}),
+            "records": s.records,
+            "bytes": s.bytes,
+            "sha256": s.sha256,
+            **({"index": layout.relative(s.index, spec.output)} if s.index else {}),
+        }
+        for s in shards
+    ]
+    base = spec.base
+    listed = sorted([*(base["shards"] if base else []), *own], key=lambda s: s["file"])
+    records = sum(s["records"] for s in listed)
     # A sequence's record holds many rows: rows_written counts the rows in written sequences.
-    written = counts.sequences[1] if counts.sequences is not None else records
+    written = records
+    if counts.sequences is not None:
+        written = counts.sequences[1] + (base["rows_written"] if base else 0)
+    sources = [{"path": p, "bytes": b, "modified": m} for p, b, m in spec.sources]
+    grown: dict[str, Any] = {}
+    if spec.resumed is not None:
+        grown["resumed"] = {**spec.resumed, "rows_converted": counts.rows_read - spec.resumed["rows"]}
+    if base is not None:
+        grown["appended"] = _appended(base, own, counts)
+        grown["appended"]["converted"]["files"] = len(sources)
+        sources = [*base["sources"], *sources]
+        counts = RunCounts(
+            rows_read=counts.rows_read + base["rows_read"],
+            rejected_by_rule=_summed(base["rejected_by_rule"], counts.rejected_by_rule),
+            unreadable=(*base.get("unreadable_files", []), *counts.unreadable),
+        )
     schema = spec.source_plan.schema
     return {
         "recordforge_version": __version__,
@@ -201,7 +251,7 @@ def metadata_dict(
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "command": list(spec.command),
         "source_format": spec.source_format,
-        "sources": [{"path": p, "bytes": b, "modified": m} for p, b, m in spec.sources],
+        "sources": sources,
         "versions": package_versions(),
         "schema_origin": schema.origin,
         "schema_fingerprint": spec.source_plan.fingerprint,
@@ -222,31 +272,27 @@ def metadata_dict(
         "num_records": records,
         **({"sequence": schema.sequence.to_dict()} if schema.sequence is not None else {}),
         **spec.facts.metadata(),
-        "shards": [
-            {
-                "file": layout.relative(s.path, spec.output),
-                **({"split": layout.relative(s.path, spec.root).split("/", 1)[0]} if splits else {}),
-                "records": s.records,
-                "bytes": s.bytes,
-                "sha256": s.sha256,
-                **({"index": layout.relative(s.index, spec.output)} if s.index else {}),
-            }
-            for s in shards
-        ],
-        **_split_totals(spec, shards),
+        **grown,
+        "shards": listed,
+        **_split_totals(spec, listed),
     }
 
 
-def _check_counts(spec: BundleSpec, meta: dict[str, Any], counts: RunCounts) -> None:
-    if counts.sequences is not None and counts.sequences[0] != meta["num_records"]:
+def _summed(a: dict[str, int], b: dict[str, int]) -> dict[str, int]:
+    return {k: a.get(k, 0) + b.get(k, 0) for k in sorted({*a, *b})}
+
+
+def _check_counts(spec: BundleSpec, records: int, written: int, counts: RunCounts) -> None:
+    """This run's own shards (`records`, holding `written` rows) against what it read."""
+    if counts.sequences is not None and counts.sequences[0] != records:
         raise RuntimeError(
             f"{spec.output}: {counts.sequences[0]} sequences were encoded but the shards hold "
-            f"{meta['num_records']} records; refusing to publish"
+            f"{records} records; refusing to publish"
         )
-    if meta["rows_written"] + counts.rows_rejected != counts.rows_read:
+    if written + counts.rows_rejected != counts.rows_read:
         raise RuntimeError(
             f"{spec.output}: read {counts.rows_read} rows but the shards hold "
-            f"{meta['rows_written']} records and {counts.rows_rejected} were rejected; refusing "
+            f"{written} records and {counts.rows_rejected} were rejected; refusing "
             "to publish a dataset that lost rows"
         )
     allowed = max(spec.max_rejected, int(spec.max_rejected_fraction * counts.rows_read))
@@ -314,15 +360,23 @@ def _write_bundle(facts: dict[str, Any], spec: BundleSpec) -> str:
     rejected: dict[str, int] = facts["rules"]
     # Rows the source itself rejected never became a batch; they were read all the same.
     source_rejected = rejected.get("csv_columns", 0)
+    kept = spec.resumed["rows"] if spec.resumed is not None else 0
     counts = RunCounts(
-        rows_read=facts["rows"] + source_rejected,
+        rows_read=facts["rows"] + source_rejected + kept,
         rejected_by_rule=rejected,
         unreadable=tuple(json.loads(u) for u in sorted(facts["unreadable"])),
         sequences=facts["sequences"] or ((0, 0) if spec.plan.schema.sequence is not None else None),
     )
     shards: list[ShardInfo] = facts["shards"]
     meta = metadata_dict(spec, shards, counts, replaced_version(spec.output, spec.version))
-    _check_counts(spec, meta, counts)
+    # This run's shards hold what it read, less what it rejected; with --append, so do all.
+    records = sum(s.records for s in shards)
+    written = counts.sequences[1] if counts.sequences is not None else records
+    _check_counts(spec, records, written, counts)
+    if meta["rows_written"] + meta["rows_rejected"] != meta["rows_read"]:  # the base's, summed
+        raise RuntimeError(
+            f"{spec.output}: the appended counts break {meta['invariant']}; nothing was published"
+        )
     _check_inputs_unchanged(spec)
     root = spec.root
     drop_empty_rejected(root, facts["rejected_files"])

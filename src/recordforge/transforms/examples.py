@@ -14,6 +14,7 @@ from apache_beam.metrics import Metrics
 from recordforge import progress_counts
 from recordforge.encoding import ExampleEncoder
 from recordforge.errors import TypesChanged
+from recordforge.pieces import BatchLedger
 from recordforge.schemas.model import Schema
 from recordforge.schemas.plan import Plan, compile_schema
 from recordforge.transforms.coders import ArrowCoder, declare_element_type
@@ -49,9 +50,11 @@ class _ToExamplesFn(beam.DoFn):
         namespace: str,
         encode: bool,
         progress: str | None = None,
+        pieces: str | None = None,
     ) -> None:
         self._plan = plan
         self._progress = progress
+        self._pieces = pieces
         self._encode = encode
         self._strict = strict
         self._splits = splits
@@ -70,7 +73,29 @@ class _ToExamplesFn(beam.DoFn):
             self._key_encoder = ExampleEncoder(key_plan)
             self._key_columns = [c.name for c in key_plan.columns]
 
+    def start_bundle(self) -> None:
+        self._ledger = BatchLedger(self._pieces) if self._pieces is not None else None
+
+    def finish_bundle(self) -> None:
+        if self._ledger is not None:
+            self._ledger.flush()
+
     def process(self, element: SourceBatch) -> Iterator[Any]:
+        if self._ledger is None:
+            yield from self._process(element)
+            return
+        records: dict[str, int] = {}
+        clean = True
+        for out in self._process(element):
+            if isinstance(out, beam.pvalue.TaggedOutput):
+                clean = False
+            else:
+                records[out[0][0]] = len(out[1])
+            yield out
+        if clean and records:  # a batch with rejected rows is converted again, never kept
+            self._ledger.add(element.file, element.first_row, element.batch.num_rows, records)
+
+    def _process(self, element: SourceBatch) -> Iterator[Any]:
         batch = element.batch
         self._rows_read.inc(batch.num_rows)
         if self._progress is not None:
@@ -161,7 +186,9 @@ class ToExamples(beam.PTransform):
     pipeline with a DataError naming file, row, column, value and rule instead.
     Metrics: `recordforge/rows_read`, `rows_encoded` (rows passed on, encoded or conformed),
     `rows_rejected`, `rejected_<rule>`. With `progress` (RunnerTraits.progress), the rows read are
-    also counted into that folder for the run's progress line.
+    also counted into that folder for the run's progress line. With `pieces` (a folder), each
+    batch converted without a rejected row is recorded there (pieces.py) once its records are
+    handed on, so that a rerun after a crash can keep it.
     """
 
     def __init__(
@@ -173,8 +200,10 @@ class ToExamples(beam.PTransform):
         namespace: str = NAMESPACE,
         encode: bool = True,
         progress: str | None = None,
+        pieces: str | None = None,
     ) -> None:
         super().__init__()
+        self._pieces = pieces  # where finished batches are recorded for a rerun (pieces.py)
         self._encode = encode
         self._progress = progress
         self._plan = plan
@@ -185,7 +214,13 @@ class ToExamples(beam.PTransform):
     def expand(self, batches: beam.PCollection[SourceBatch]) -> beam.pvalue.DoOutputsTuple:
         out = batches | "Encode" >> beam.ParDo(
             _ToExamplesFn(
-                self._plan, self._strict, self._splits, self._namespace, self._encode, self._progress
+                self._plan,
+                self._strict,
+                self._splits,
+                self._namespace,
+                self._encode,
+                self._progress,
+                self._pieces,
             )
         ).with_outputs(REJECTED, main="examples")
         records = pa.Array if self._encode else pa.RecordBatch

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass
+from typing import Any
 
 import apache_beam as beam
 import numpy as np
@@ -12,6 +14,8 @@ import pyarrow as pa
 from apache_beam.transforms.window import GlobalWindows
 from apache_beam.utils.windowed_value import WindowedValue
 
+from recordforge import layout
+from recordforge.pieces import part_record, write_part_record
 from recordforge.streams import Segment
 from recordforge.tfrecord import BatchKey, ShardInfo
 from recordforge.transforms.shard_files import ShardFiles, TempShard, temp_path, write_shard
@@ -30,6 +34,12 @@ FULL_FRACTION = 0.75
 _SLICES_PER_SHARD = 16
 _MIN_SLICE = 4 << 10
 _REWRITE_BATCH = 8192
+# Recording pieces for a rerun, a part that has been open _PIECE_S without filling a shard is
+# closed (and recorded) all the same, so that a killed run loses at most that much of each
+# worker's work. Such short parts are joined as any (their bytes copied once more), so the time is
+# long enough that a worker which fills shards at the usual pace never cuts one: a run that is not
+# killed writes the parts, and pays the copies, that it would without recording.
+_PIECE_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -77,14 +87,42 @@ class _Part(TempShard):
     # one batch (cut by a full part, or joins cut from one part) follow each other by it.
     first_record: int = 0
 
+    def record(self) -> dict[str, Any]:
+        """As JSON, for the run's record of finished pieces (pieces.py)."""
+        return {
+            "tmp": self.tmp,
+            "records": self.records,
+            "bytes": self.bytes,
+            "sha256": self.sha256,
+            "first_key": None if self.first_key is None else list(self.first_key),
+            "segments": [list(astuple(g)) for g in self.segments],
+            "first_record": self.first_record,
+        }
+
+    @classmethod
+    def from_record(cls, r: dict[str, Any]) -> _Part:
+        key = r["first_key"]
+        return cls(
+            r["tmp"],
+            r["records"],
+            r["bytes"],
+            r["sha256"],
+            None if key is None else (key[0], key[1], key[2]),
+            tuple(Segment(*g) for g in r["segments"]),
+            r["first_record"],
+        )
+
 
 class _Roller:
     """Streams batches of records into parts of `tmp_dir`, a new part whenever one is full."""
 
-    def __init__(self, tmp_dir: str, fmt: ShardFormat, limits: Limits) -> None:
+    def __init__(
+        self, tmp_dir: str, fmt: ShardFormat, limits: Limits, pieces: tuple[str, str] | None = None
+    ) -> None:
         self._tmp_dir = tmp_dir
         self._format = fmt
         self._limits = limits
+        self._pieces = pieces  # (folder, writer name): each closed part is recorded there
         self._writer: ShardWriter | None = None
 
     def _open(self, key: BatchKey | None, first_record: int) -> ShardWriter:
@@ -92,6 +130,8 @@ class _Roller:
         self._writer = self._format.open(self._tmp)
         self._records = 0
         self._first_key, self._first_record = key, first_record
+        self._keys: list[list[Any]] = []  # [key, start, end]: each batch's records in the part
+        self._opened = time.monotonic()
         return self._writer
 
     def close(self, *, full: bool = False) -> _Part | None:
@@ -102,9 +142,15 @@ class _Roller:
         writer, self._writer = self._writer, None
         temp, segments = writer.close()
         kept = () if full else segments
-        return _Part(
+        part = _Part(
             temp.tmp, temp.records, temp.bytes, temp.sha256, self._first_key, kept, self._first_record
         )
+        if self._pieces is not None:  # after the part is closed: the record follows the bytes
+            folder, name = self._pieces
+            # A record index beside the part is published with it: kept only where it is there.
+            index = layout.temp_index(part.tmp) if self._format.index else None
+            write_part_record(folder, part_record(name, {**part.record(), "index": index}, self._keys))
+        return part
 
     def abandon(self) -> None:
         """Deletes the part being written (its step failed)."""
@@ -133,21 +179,29 @@ class _Roller:
             end = max(start + 1, min(end, fits))
             writer.write(framed, start, end)
             self._records += end - start
+            if self._keys and self._keys[-1][0] == key and self._keys[-1][2] == first_record + start:
+                self._keys[-1][2] = first_record + end
+            else:
+                self._keys.append([key, first_record + start, first_record + end])
             start = end
             writer.end_segment()
             full_records = limits.max_records and self._records >= limits.max_records
             if full_records or (limits.max_bytes and writer.holds(limits.max_bytes)):
                 yield from filter(None, [self.close(full=True)])
+            elif self._pieces is not None and time.monotonic() - self._opened >= _PIECE_S:
+                yield from filter(None, [self.close()])
 
 
 class _RollingWriteFn(beam.DoFn):
-    def __init__(self, tmp_dir: str, fmt: ShardFormat, limits: Limits) -> None:
-        self._args = (tmp_dir, fmt, limits)
+    def __init__(
+        self, tmp_dir: str, fmt: ShardFormat, limits: Limits, pieces: tuple[str, str] | None = None
+    ) -> None:
+        self._args = (tmp_dir, fmt, limits, pieces)
 
     def start_bundle(self) -> None:
         self._roller = _Roller(*self._args)
 
-    def process(self, element: tuple[BatchKey, pa.Array]) -> Iterator[_Part]:
+    def process(self, element: tuple[BatchKey, pa.Array] | tuple[BatchKey, pa.Array, int]) -> Iterator[_Part]:
         yield from self._roller.add(*element)
 
     def finish_bundle(self) -> Iterator[WindowedValue]:
@@ -300,6 +354,18 @@ def _publish(
     return ShardFiles(prefix, fmt, tmp_dir).publish(shards)
 
 
+def _unheld(
+    element: tuple[BatchKey, pa.Array], held: dict[BatchKey, tuple[tuple[int, int], ...]]
+) -> Iterator[tuple[BatchKey, pa.Array, int]]:
+    """The runs of a batch's records that no kept part holds, each with its first record."""
+    key, records = element
+    at = 0
+    for start, end in (*held.get(tuple(key), ()), (len(records), len(records))):  # type: ignore[arg-type]
+        if start > at:
+            yield key, records.slice(at, start - at), at
+        at = max(at, end)
+
+
 class WriteRollingShards(beam.PTransform):
     """In: `(key, records)` batches. Out: a `ShardInfo` per shard, from the bytes as written.
 
@@ -307,19 +373,40 @@ class WriteRollingShards(beam.PTransform):
     are then joined by the spec's planner. Sized by records, every shard but one holds
     `max_records` records exactly; by bytes, every shard but one between 75% of `max_bytes` and a
     few percent above it; by count, exactly `count` shards whose compressed sizes differ by less
-    than a segment (a batch, or 4 MiB of records).
+    than a segment (a batch, or 4 MiB of records). With `pieces` (a folder), each closed part
+    is recorded there with the batch ranges it holds (pieces.py); `reused`: such records of a
+    killed run's parts, kept by this one and published with its own; `held`: the ranges of
+    records of batches converted again that those parts already hold, not written twice.
     """
 
-    def __init__(self, files: ShardFiles, spec: ShardSpec) -> None:
+    def __init__(
+        self,
+        files: ShardFiles,
+        spec: ShardSpec,
+        *,
+        pieces: str | None = None,
+        reused: tuple[dict[str, Any], ...] = (),
+        held: dict[BatchKey, tuple[tuple[int, int], ...]] | None = None,
+    ) -> None:
         super().__init__()
         if not spec.sizing.rolling:
             raise ValueError(f"the rolling writer takes a rolling sizing, not {spec.sizing.value}")
         self._files = files
         self._limits = Limits.of(spec)
+        self._pieces = (pieces, spec.name) if pieces is not None else None
+        self._reused = tuple(_Part.from_record(r) for r in reused)
+        self._held = dict(held or {})
 
     def expand(self, batches: beam.PCollection[tuple[BatchKey, pa.Array]]) -> beam.PCollection[ShardInfo]:
         tmp, limits, fmt = self._files.temp_dir, self._limits, self._files.format
-        parts = batches | "WriteParts" >> beam.ParDo(_RollingWriteFn(tmp, fmt, limits))
+        if self._held:
+            # (key, records, first_record): the records of a batch kept parts do not hold yet
+            batches = batches | "SkipHeld" >> beam.FlatMap(_unheld, self._held)
+        parts = batches | "WriteParts" >> beam.ParDo(_RollingWriteFn(tmp, fmt, limits, self._pieces))
+        if self._reused:
+            # Parts a killed run finished (pieces.py), planned and published with this run's.
+            kept = batches.pipeline | "ReusedParts" >> beam.Create(list(self._reused), reshuffle=False)
+            parts = (parts, kept) | "AllParts" >> beam.Flatten()
         # _Part: a temporary file with its records, size, sha256 and segments. Planning and
         # publishing each run once (Impulse's one element) with the parts as a side input; the
         # joins are spread over the workers.

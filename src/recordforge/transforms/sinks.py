@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import apache_beam as beam
 import pyarrow as pa
 
@@ -25,20 +27,37 @@ class WriteTFRecords(beam.PTransform):
     named, published and cleaned up by one protocol (shard_files.py). Rolling sizings (bytes,
     records, count) go to the rolling writer, placed sizing to the placed writer, which with
     `spill` keeps what waits for its grouping in temporary files (for runners that hold a
-    grouping in memory).
+    grouping in memory). A rolling writer records its parts in the folder
+    `pieces` and publishes the `reused` parts of a killed run with its own, less the `held`
+    records of batches converted again (pieces.py).
     """
 
-    def __init__(self, output: str, spec: ShardSpec, *, spill: bool) -> None:
+    def __init__(
+        self,
+        output: str,
+        spec: ShardSpec,
+        *,
+        spill: bool,
+        pieces: str | None = None,
+        reused: tuple[dict[str, Any], ...] = (),
+        held: dict[BatchKey, tuple[tuple[int, int], ...]] | None = None,
+    ) -> None:
         super().__init__()
+        if (pieces is not None or reused or held) and not spec.sizing.rolling:
+            raise ValueError("only the rolling writer records and reuses pieces")
         self._output = output
         self._spec = spec
         self._spill = spill
+        self._pieces = pieces
+        self._reused = reused
+        self._held = held
 
     def expand(self, batches: beam.PCollection[tuple[BatchKey, pa.Array]]) -> beam.PCollection[ShardInfo]:
         spec = self._spec
         files = ShardFiles.beside(shard_prefix(self._output, spec.name), shard_format(spec))
+        if not spec.sizing.rolling:
+            return write_placed(batches, files, spec, spill=self._spill)
+        rolling = WriteRollingShards(files, spec, pieces=self._pieces, reused=self._reused, held=self._held)
         if spec.sizing is Sizing.COUNT:
-            return batches | "WriteByCount" >> WriteRollingShards(files, spec)
-        if spec.sizing.rolling:  # by bytes or by records
-            return batches | "WriteBySize" >> WriteRollingShards(files, spec)
-        return write_placed(batches, files, spec, spill=self._spill)
+            return batches | "WriteByCount" >> rolling
+        return batches | "WriteBySize" >> rolling  # by bytes or by records

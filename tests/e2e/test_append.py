@@ -1,0 +1,166 @@
+"""--append: day 1 publishes three files, day 2 adds a fourth; only the fourth is converted, the
+published shards are listed again where they are, and the whole reads as a full build does."""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+from conftest import canonical, tf_records
+from forked_runs import ForkedRuns
+
+import recordforge
+from demo.sampledata import taxi_table
+from recordforge import crashpoints, layout
+from recordforge.errors import RecordForgeError
+from recordforge.tools.verify import verify
+
+SCHEMA = "examples/taxi.yaml"
+FLOATS = frozenset({"fare_amount", "tip_amount", "trip_distance", "pickup_lat_lon"})
+
+
+@pytest.fixture(scope="module")
+def forked() -> Iterator[ForkedRuns]:
+    runs = ForkedRuns()
+    yield runs
+    runs.close()
+
+
+def _day(src: Path, i: int) -> None:
+    pq.write_table(taxi_table(700, seed=i, first_id=i * 700), src / f"t{i}.parquet", row_group_size=300)
+
+
+def _records(out: Path) -> collections.Counter:
+    return collections.Counter(canonical(r, FLOATS) for r in tf_records(str(out)))
+
+
+def _shard_files(out: Path, meta: dict) -> dict[str, tuple[int, bytes]]:
+    return {
+        s["file"]: (os.stat(out / s["file"]).st_ino, (out / s["file"]).read_bytes()) for s in meta["shards"]
+    }
+
+
+@pytest.mark.parametrize("flags", [{}, {"splits": "train=3,eval=1"}, {"deterministic": True}])
+def test_append_converts_only_the_new_file_and_keeps_the_old_shards(tmp_path: Path, flags: dict) -> None:
+    src, out, full = tmp_path / "src", tmp_path / "out", tmp_path / "full"
+    src.mkdir()
+    for i in range(3):
+        _day(src, i)
+    pattern = str(src / "*.parquet")
+    day1 = recordforge.convert(pattern, str(out), SCHEMA, append=True, shard_size="20KB", **flags)
+    assert "appended" not in day1 and day1["num_records"] == 2100  # nothing published: a plain build
+    old = _shard_files(out, day1)
+
+    _day(src, 3)
+    day2 = recordforge.convert(pattern, str(out), SCHEMA, append=True, shard_size="20KB", **flags)
+    appended = day2["appended"]
+    assert appended["base_version"] == day1["version"]
+    assert appended["converted"]["files"] == 1 and appended["converted"]["rows_read"] == 700
+    assert appended["reused"] == {"shards": len(day1["shards"]), "rows": 2100}
+    assert day2["rows_read"] == day2["num_records"] == 2800 and day2["rows_rejected"] == 0
+    assert [s["path"] for s in day2["sources"]] == sorted(str(p) for p in src.glob("*.parquet"))
+    # The old shards are listed again, the same files (inode and bytes), never copied.
+    assert {s["file"]: s for s in day2["shards"] if s["file"] in old} == {
+        s["file"]: s for s in day1["shards"]
+    }
+    assert {f: v for f, v in _shard_files(out, day2).items() if f in old} == old
+    new = [s for s in day2["shards"] if s["file"] not in old]
+    assert new and all(s["file"].startswith(day2["version"] + "/") for s in new)
+    assert verify(str(out)) == []
+
+    # The records equal a fresh full build's, split by split when there are splits.
+    fresh = recordforge.convert(pattern, str(full), SCHEMA, shard_size="20KB", **flags)
+    assert day2["input_fingerprint"] == fresh["input_fingerprint"]
+    if "splits" in flags:
+        assert day2["split_counts"] == {
+            name: {"records": c["records"], "shards": day2["split_counts"][name]["shards"]}
+            for name, c in fresh["split_counts"].items()
+        }
+        for split in ("train", "eval"):
+            got = collections.Counter(
+                json.dumps(sorted((k, repr(v)) for k, v in r.items())) for r in _split_records(out, split)
+            )
+            want = collections.Counter(
+                json.dumps(sorted((k, repr(v)) for k, v in r.items())) for r in _split_records(full, split)
+            )
+            assert got == want, split
+    else:
+        assert _records(out) == _records(full)
+    # RecordForge's own reader lists every shard, old and new.
+    from recordforge.reader import load_bundle
+
+    assert load_bundle(str(out))["files"] == [str(out / s["file"]) for s in day2["shards"]]
+
+    # Nothing new: nothing to do, nothing written.
+    again = recordforge.convert(pattern, str(out), SCHEMA, append=True, shard_size="20KB", **flags)
+    assert again["skipped"] and again["version"] == day2["version"]
+
+
+def _split_records(out: Path, split: str) -> list[dict]:
+    from conftest import example_to_dict
+
+    from recordforge.reader import load_bundle
+    from recordforge.tfrecord import iter_records
+
+    bundle = load_bundle(str(out), split=split)
+    comp = bundle["metadata"]["compression"]
+    return [example_to_dict(r) for f in bundle["files"] for r in iter_records(f, comp)]
+
+
+def test_append_refuses_a_changed_old_file_a_new_schema_and_other_settings(tmp_path: Path) -> None:
+    src, out = tmp_path / "src", tmp_path / "out"
+    src.mkdir()
+    for i in range(2):
+        _day(src, i)
+    pattern = str(src / "*.parquet")
+    recordforge.convert(pattern, str(out), SCHEMA)
+    _day(src, 2)
+    with pytest.raises(RecordForgeError, match=r"settings differ .*compression: None published, 'zlib' now"):
+        recordforge.convert(pattern, str(out), SCHEMA, append=True, compression="zlib")
+    schema = tmp_path / "schema.yaml"
+    schema.write_text(Path(SCHEMA).read_text().replace("name: passenger_count", "name: passengers", 1))
+    with pytest.raises(RecordForgeError, match=r"schema differs .*feature 'passengers' added"):
+        recordforge.convert(pattern, str(out), str(schema), append=True)
+    os.utime(src / "t0.parquet", (1, 1))
+    with pytest.raises(RecordForgeError, match=r"^--append: .*t0.parquet changed since .*--overwrite$"):
+        recordforge.convert(pattern, str(out), SCHEMA, append=True)
+    with pytest.raises(RecordForgeError, match="--append does not combine with --shuffle"):
+        recordforge.convert(pattern, str(out), SCHEMA, append=True, shuffle=True)
+
+
+def test_an_append_killed_before_its_commit_leaves_day_one_published(
+    forked: ForkedRuns, tmp_path: Path
+) -> None:
+    src, out = tmp_path / "src", tmp_path / "out"
+    src.mkdir()
+    for i in range(3):
+        _day(src, i)
+    argv = ["convert", "--source", str(src / "*.parquet"), "--output", str(out), "--schema", SCHEMA,
+            "--append"]  # fmt: skip
+    (first,) = forked.together([(argv, 0.0)])
+    assert first.code == 0, first.stderr
+    day1 = json.loads((out / layout.METADATA).read_text())
+    old = _shard_files(out, day1)
+    _day(src, 3)
+    for point in ("shards_published", "manifest_written", "staged"):
+        (killed,) = forked.together([(argv, 0.0)], envs=[{crashpoints.ENV: point}])
+        assert killed.code == -9, killed.stderr
+        assert json.loads((out / layout.METADATA).read_text()) == day1
+        assert _shard_files(out, day1) == old
+        # Killed at "staged", the top-level files staged beside their names are left for the
+        # next holder of the lock to delete; the published bundle is whole all the same.
+        assert [p for p in verify(str(out)) if ".tmp-" not in p] == []
+    (rerun,) = forked.together([(argv, 0.0)])
+    assert rerun.code == 0, rerun.stderr
+    assert "appended: converted 1 new file (700 rows)" in rerun.stdout
+    day2 = json.loads((out / layout.METADATA).read_text())
+    assert day2["num_records"] == 2800 and _shard_files(out, day1) == old
+    # The base version is referenced by the published manifest: it stays, whatever runs next.
+    (later,) = forked.together([(argv, 0.0)])
+    assert later.code == 0 and "no new input file" in later.stdout, later.stdout
+    assert (out / day1["version"]).is_dir() and verify(str(out)) == []

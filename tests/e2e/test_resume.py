@@ -1,0 +1,173 @@
+"""A run of 2.4M rows in six files killed at a finished piece (SIGKILL, and separately Ctrl-C) at
+about 70% of its parts, then rerun: the rerun keeps what was finished, converts at most a third
+of the rows, and publishes the records an uninterrupted run does."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+from forked_runs import ForkedRuns
+
+import recordforge
+from demo.sampledata import taxi_table
+from recordforge import crashpoints, layout
+from recordforge.storage import exists, list_files, read_bytes
+from recordforge.tfrecord import iter_records
+from recordforge.tools.verify import verify
+
+ROWS, FILES = 400_000, 6
+# Shards of 8 MiB (about 16 for this input, each a part recorded when it fills, besides the short
+# parts where a bundle ends). The crash point counts per process: with two workers each writes
+# about half of the parts, so the 7th part of the first worker there is about 70-80% of the run.
+WORKERS, KILL_AFTER, SHARD = "2", "7", "8MiB"
+
+
+@pytest.fixture(scope="module")
+def forked() -> Iterator[ForkedRuns]:
+    runs = ForkedRuns()
+    yield runs
+    runs.close()
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    src = tmp_path_factory.mktemp("resume-src")
+    for i in range(FILES):
+        pq.write_table(
+            taxi_table(ROWS, seed=i, first_id=i * ROWS), src / f"t{i}.parquet", row_group_size=50_000
+        )
+    return src
+
+
+def _argv(src: Path, out: Path, *extra: str) -> list[str]:
+    schema = "examples/taxi.yaml"
+    return ["convert", "--source", str(src / "*.parquet"), "--output", str(out), "--schema", schema,
+            "--direct_num_workers", WORKERS, "--shard_size", SHARD, *extra]  # fmt: skip
+
+
+def _digests(out: Path) -> np.ndarray:
+    """Every record's 8-byte hash, sorted: the records as a multiset, compared exactly enough."""
+    meta = json.loads((out / layout.METADATA).read_text())
+    hashes = [
+        int.from_bytes(hashlib.blake2b(r, digest_size=8).digest(), "little")
+        for s in meta["shards"]
+        for r in iter_records(str(out / s["file"]), meta["compression"])
+    ]
+    return np.sort(np.array(hashes, dtype=np.uint64))
+
+
+@pytest.mark.parametrize("how", ["SIGKILL", "SIGINT"])
+def test_a_killed_run_is_resumed_by_its_rerun(
+    forked: ForkedRuns, source: Path, tmp_path: Path, how: str
+) -> None:
+    whole, out = tmp_path / "whole", tmp_path / "out"
+    env = {crashpoints.ENV: "piece_written", crashpoints.AFTER_ENV: KILL_AFTER}
+    if how == "SIGINT":
+        env[crashpoints.SIGNAL_ENV] = "SIGINT"
+    first, killed = forked.together([(_argv(source, whole), 0.0), (_argv(source, out), 0.0)], envs=[{}, env])
+    assert first.code == 0, first.stderr
+    assert killed.code == (-9 if how == "SIGKILL" else 130), killed.stderr
+    assert not (out / layout.METADATA).exists()
+    (pieces,) = [p for p in out.glob("v-*/_pieces")]
+    assert len(list(pieces.glob("part-*.json"))) >= int(KILL_AFTER)
+    if how == "SIGINT":  # one line says so, and what the rerun will do
+        assert (
+            killed.stderr.strip()
+            .splitlines()[-1]
+            .endswith(
+                f"kept in {pieces.parent.name}: the same command resumes them (--resume=false starts clean)"
+            )
+        ), killed.stderr
+
+    (rerun,) = forked.together([(_argv(source, out), 0.0)], timeout=300)
+    assert rerun.code == 0, rerun.stderr
+    meta = json.loads((out / layout.METADATA).read_text())
+    resumed = meta["resumed"]
+    assert resumed["version"] == meta["version"] == pieces.parent.name
+    assert resumed["rows"] + resumed["rows_converted"] == meta["rows_read"] == ROWS * FILES
+    assert resumed["rows_converted"] <= ROWS * FILES / 3, resumed
+    assert f"converted {resumed['rows_converted']:,} rows" in rerun.stdout
+    assert verify(str(out)) == []
+    assert np.array_equal(_digests(out), _digests(whole))
+    # Nothing of the killed run is left beside the published version: no pieces, no parts.
+    assert sorted(p.name for p in (out / meta["version"]).iterdir() if p.name.startswith("_")) == []
+
+
+def test_resume_false_starts_clean(forked: ForkedRuns, source: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    env = {crashpoints.ENV: "piece_written", crashpoints.AFTER_ENV: "3"}
+    (killed,) = forked.together([(_argv(source, out), 0.0)], envs=[env])
+    assert killed.code == -9
+    (killed_version,) = [p.name for p in out.glob("v-*")]
+    (rerun,) = forked.together([(_argv(source, out, "--resume=false"), 0.0)], timeout=300)
+    assert rerun.code == 0, rerun.stderr
+    meta = json.loads((out / layout.METADATA).read_text())
+    assert "resumed" not in meta and meta["num_records"] == ROWS * FILES
+    assert not (out / killed_version).exists() and verify(str(out)) == []
+
+
+def _gcs_digests(out: str) -> np.ndarray:
+    bundle = recordforge.load_bundle(out)
+    compression = bundle["metadata"]["compression"]
+    hashes = [
+        int.from_bytes(hashlib.blake2b(r, digest_size=8).digest(), "little")
+        for f in bundle["files"]
+        for r in iter_records(f, compression)
+    ]
+    return np.sort(np.array(hashes, dtype=np.uint64))
+
+
+def test_a_killed_run_on_gcs_is_resumed_by_its_rerun(gcs_bucket: str, tmp_path: Path) -> None:
+    """The same on gs:// (the GCS emulator): parts and records are objects, written whole."""
+    src = tmp_path / "src"
+    src.mkdir()
+    rows, files = 100_000, 6
+    for i in range(files):
+        table = taxi_table(rows, seed=i, first_id=i * rows)
+        pq.write_table(table, src / f"t{i}.parquet", row_group_size=25_000)
+    out = f"{gcs_bucket}/out"
+
+    def argv(output: str) -> list[str]:
+        return [sys.executable, "-m", "recordforge", "convert", "--source", str(src / "*.parquet"),
+                "--output", output, "--schema", "examples/taxi.yaml", "--direct_num_workers", "2",
+                "--shard_size", "1MiB"]  # fmt: skip
+
+    def convert(output: str) -> subprocess.CompletedProcess:
+        return subprocess.run(argv(output), capture_output=True, text=True, timeout=600)
+
+    whole = convert(str(tmp_path / "whole"))
+    assert whole.returncode == 0, whole.stderr
+    # Killed from outside (the crash point counts per worker, and the workers' shares are uneven
+    # here): the run and its workers, once 75% of its parts (about one per MiB) are recorded.
+    parts = sum(s["bytes"] for s in json.loads((tmp_path / "whole" / layout.METADATA).read_text())["shards"])
+    parts //= 1 << 20
+    proc = subprocess.Popen(argv(out), stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    deadline = time.monotonic() + 300
+    while proc.poll() is None and time.monotonic() < deadline:
+        if sum(p.endswith(".json") and "/part-" in p for p in list_files(out)) >= 0.75 * parts:
+            os.killpg(proc.pid, signal.SIGKILL)
+            break
+        time.sleep(0.05)
+    proc.communicate(timeout=60)
+    assert proc.returncode == -9, "the run ended before 75% of its parts were recorded"
+    assert not exists(f"{out}/{layout.METADATA}")
+    rerun = convert(out)
+    assert rerun.returncode == 0, rerun.stderr
+    meta = json.loads(read_bytes(f"{out}/{layout.METADATA}"))
+    resumed = meta["resumed"]
+    assert resumed["rows"] + resumed["rows_converted"] == meta["rows_read"] == rows * files
+    assert resumed["rows_converted"] <= rows * files / 3, resumed
+    assert recordforge.verify(out) == []
+    assert np.array_equal(_gcs_digests(out), _digests(tmp_path / "whole"))
+    assert not [p for p in list_files(f"{out}/{meta['version']}") if "/_" in layout.relative(p, out)]
