@@ -35,7 +35,7 @@ class Resuming:
         return {"key": self.key, "inputs": self.listing}
 
 
-def resume_key(config: ConvertConfig, inputs: Inputs, base: str | None) -> str:
+def _resume_key(config: ConvertConfig, inputs: Inputs, base: str | None) -> str:
     """Equal for reruns of the same command: the patterns (not the files' sizes and times, which
     are checked piece by piece), format, schema, output-changing flags and an append's base."""
     facts = {
@@ -56,7 +56,7 @@ def plan_resume(
     it may be kept; nothing with --resume=false, where the writers cannot resume (`eligible`:
     rolling sizing, no tensorflow-transform, no sequences) or when no such run is found."""
     listing = {f.path: [f.size, f.modified] for f in inputs.files}
-    key = resume_key(config, inputs, base)
+    key = _resume_key(config, inputs, base)
     plain = Resuming(key, listing, eligible)
     if state is None or not config.resume or not eligible:
         return plain
