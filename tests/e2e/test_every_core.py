@@ -10,7 +10,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from recordforge.pipelines import resolve as resolve_module
+from recordforge.pipelines import workers as workers_module
 from recordforge.pipelines.convert import run
 
 
@@ -19,9 +19,9 @@ def test_the_run_gets_the_workers_resolve_decided(
     small: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     pq.write_table(pa.table({"x": list(range(1000))}), tmp_path / "t.parquet")
-    monkeypatch.setattr(resolve_module.os, "sched_getaffinity", lambda _: {0, 1})
+    monkeypatch.setattr(workers_module.os, "sched_getaffinity", lambda _: {0, 1})
     if not small:
-        monkeypatch.setattr(resolve_module, "SMALL_ROWS", 1000)
+        monkeypatch.setattr(workers_module, "SMALL_ROWS", 1000)
     with caplog.at_level(logging.INFO, logger="recordforge.runners.local_runner"):
         meta = run(["--source", str(tmp_path / "t.parquet"), "--output", str(tmp_path / "out")])
     assert meta["num_records"] == 1000

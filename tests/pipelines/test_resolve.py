@@ -13,7 +13,7 @@ from apache_beam.options.pipeline_options import DirectOptions, StandardOptions
 from recordforge import source_probe
 from recordforge.errors import RecordForgeError, UsageError
 from recordforge.pipelines import inputs as inputs_module
-from recordforge.pipelines import resolve as resolve_module
+from recordforge.pipelines import workers as workers_module
 from recordforge.pipelines.resolve import DEFAULT_RUNNER, request_from_argv, request_from_kwargs, resolve
 
 
@@ -69,7 +69,7 @@ def test_beam_options_by_name_reach_the_pipeline_options(table: str) -> None:
 def test_a_local_run_uses_every_core_unless_told(
     table: str, cores: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(resolve_module.os, "sched_getaffinity", lambda _: set(range(cores)))
+    monkeypatch.setattr(workers_module.os, "sched_getaffinity", lambda _: set(range(cores)))
 
     def direct(flags: dict[str, object]) -> tuple[str, int]:
         options = request_from_kwargs(table, "out", None, flags).options.view_as(DirectOptions)
@@ -94,7 +94,7 @@ def test_a_local_run_uses_every_core_unless_told(
 def test_a_small_conversion_keeps_one_worker_unless_workers_were_asked_for(
     table: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(resolve_module.os, "sched_getaffinity", lambda _: {0, 1, 2, 3})
+    monkeypatch.setattr(workers_module.os, "sched_getaffinity", lambda _: {0, 1, 2, 3})
 
     def workers(flags: list[str]) -> tuple[str, int]:
         request = request_from_argv(["--source", table, "--output", str(tmp_path / "out"), *flags])
@@ -105,16 +105,16 @@ def test_a_small_conversion_keeps_one_worker_unless_workers_were_asked_for(
 
     assert workers([]) == ("in_memory", 1)  # 3 rows: workers would cost more than they save
     assert workers(["--direct_num_workers", "4"]) == ("multi_processing", 4)
-    monkeypatch.setattr(resolve_module, "SMALL_ROWS", 3)
+    monkeypatch.setattr(workers_module, "SMALL_ROWS", 3)
     assert workers([]) == ("multi_processing", 4)
-    monkeypatch.setattr(resolve_module, "SMALL_ROWS", 4)
+    monkeypatch.setattr(workers_module, "SMALL_ROWS", 4)
     assert workers([]) == ("in_memory", 1)
     csv = tmp_path / "t.csv"
     csv.write_text("x\n1\n")
     request = request_from_argv(["--source", str(csv), "--output", str(tmp_path / "csv")])
     resolve(request.options, request.config, every_core=request.every_core)
     assert request.options.view_as(DirectOptions).direct_num_workers == 1  # by its size in bytes
-    monkeypatch.setattr(resolve_module, "SMALL_BYTES", 2)
+    monkeypatch.setattr(workers_module, "SMALL_BYTES", 2)
     request = request_from_argv(["--source", str(csv), "--output", str(tmp_path / "csv")])
     resolve(request.options, request.config, every_core=request.every_core)
     assert request.options.view_as(DirectOptions).direct_num_workers == 4

@@ -6,7 +6,6 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import logging
-import os
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -30,6 +29,7 @@ from recordforge.pipelines.flags import FLAGS, Flag
 from recordforge.pipelines.inputs import Inputs, resolve_inputs
 from recordforge.pipelines.options import ConvertOptions, beam_flag_names, check_flags
 from recordforge.pipelines.resuming import Resuming, plan_resume
+from recordforge.pipelines.workers import given, one_worker, small_input, use_every_core
 from recordforge.publishing import finish_interrupted_commit
 from recordforge.runners.dryrun import dataflow_preflight
 from recordforge.runners.session import LOCAL_RUNNER, runner_name, runner_traits
@@ -193,12 +193,12 @@ def _pipeline_options(options: PipelineOptions, *, explicit: Sequence[str]) -> t
     # None: RecordForge's local runner; Beam's own DaskRunner loses outputs, RecordForge's
     # corrects it (runners/dask_runner.py).
     every_core = standard.runner is None and not (
-        _given(explicit, "direct_num_workers") or _given(explicit, "direct_running_mode")
+        given(explicit, "direct_num_workers") or given(explicit, "direct_running_mode")
     )
     if standard.runner is None:
-        _every_core(options.view_as(DirectOptions), explicit)
+        use_every_core(options.view_as(DirectOptions), explicit)
     standard.runner = runner_name(standard.runner)
-    if not _given(explicit, "pipeline_type_check"):
+    if not given(explicit, "pipeline_type_check"):
         # Beam's construction-time type check is a noticeable part of a small job and checks
         # nothing here: elements are Arrow batches and dataclasses its hints cannot see.
         options.view_as(TypeOptions).pipeline_type_check = False
@@ -226,56 +226,6 @@ def _pipeline_options(options: PipelineOptions, *, explicit: Sequence[str]) -> t
                 "letters, digits, '-', '_' and '.')"
             )
     return options, every_core
-
-
-def _given(explicit: Sequence[str], name: str) -> bool:
-    """Whether the flags the caller gave name `name` (argv tokens or keyword names)."""
-    return any(name in a.split("=")[0] for a in explicit)
-
-
-def _every_core(direct: DirectOptions, explicit: Sequence[str]) -> None:
-    """A local run uses every core it may run on unless told otherwise: one forked worker per core
-    (multi_processing; one core keeps Beam's in-memory mode, which has no workers to fork). A
-    worker count alone asks for that many workers, not for in-memory mode's single thread."""
-    mode_given = _given(explicit, "direct_running_mode")
-    if not _given(explicit, "direct_num_workers"):
-        if mode_given:
-            return
-        direct.direct_num_workers = _cores()
-    elif direct.direct_num_workers == 0:  # Beam's own spelling of "every core"
-        direct.direct_num_workers = _cores()
-    if not mode_given and direct.direct_num_workers > 1:
-        direct.direct_running_mode = "multi_processing"
-
-
-# Below these, starting a worker per core costs more than the workers save (docs/performance.md,
-# "All cores locally"): such a run keeps one worker unless workers were asked for.
-SMALL_ROWS = 250_000
-SMALL_BYTES = 32 << 20
-SMALL_IMAGES = 10_000
-
-
-def _small(inputs: Inputs) -> bool:
-    """Whether `inputs` are known, cheaply, to be a small conversion: rows from the Parquet
-    footers, else the files' sizes, an image folder's count."""
-    if inputs.folder is not None:
-        return int(inputs.folder.count) < SMALL_IMAGES
-    if inputs.rows is not None:
-        return inputs.rows < SMALL_ROWS
-    sizes = [f.size for f in inputs.files]
-    return all(size is not None for size in sizes) and sum(s or 0 for s in sizes) < SMALL_BYTES
-
-
-def _one_worker(options: PipelineOptions) -> None:
-    direct = options.view_as(DirectOptions)
-    direct.direct_num_workers, direct.direct_running_mode = 1, "in_memory"
-
-
-def _cores() -> int:
-    """The cores this process may run on (its affinity, as a container or `taskset` limits it)."""
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
 
 
 def _with_span(config: ConvertConfig) -> ConvertConfig:
@@ -326,8 +276,8 @@ def resolve(
     if inputs is None:
         compares = config.if_changed or config.append
         inputs = resolve_inputs(config, first_rows=look_at_output and not compares)
-    if every_core and _small(inputs):
-        _one_worker(options)
+    if every_core and small_input(inputs):
+        one_worker(options)
     if state is not None and config.append:
         appending = plan_append(config, inputs, state.published)
         if appending is not None and not appending.new_files:

@@ -1,0 +1,71 @@
+"""How many local workers a run gets: one per core unless told otherwise, one for a small input."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+
+from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions
+
+from recordforge.pipelines.inputs import Inputs
+
+__all__ = [
+    "SMALL_BYTES",
+    "SMALL_IMAGES",
+    "SMALL_ROWS",
+    "cores",
+    "given",
+    "one_worker",
+    "small_input",
+    "use_every_core",
+]
+
+
+def given(explicit: Sequence[str], name: str) -> bool:
+    """Whether the flags the caller gave name `name` (argv tokens or keyword names)."""
+    return any(name in a.split("=")[0] for a in explicit)
+
+
+def use_every_core(direct: DirectOptions, explicit: Sequence[str]) -> None:
+    """A local run uses every core it may run on unless told otherwise: one forked worker per core
+    (multi_processing; one core keeps Beam's in-memory mode, which has no workers to fork). A
+    worker count alone asks for that many workers, not for in-memory mode's single thread."""
+    mode_given = given(explicit, "direct_running_mode")
+    if not given(explicit, "direct_num_workers"):
+        if mode_given:
+            return
+        direct.direct_num_workers = cores()
+    elif direct.direct_num_workers == 0:  # Beam's own spelling of "every core"
+        direct.direct_num_workers = cores()
+    if not mode_given and direct.direct_num_workers > 1:
+        direct.direct_running_mode = "multi_processing"
+
+
+# Below these, starting a worker per core costs more than the workers save (docs/performance.md,
+# "All cores locally"): such a run keeps one worker unless workers were asked for.
+SMALL_ROWS = 250_000
+SMALL_BYTES = 32 << 20
+SMALL_IMAGES = 10_000
+
+
+def small_input(inputs: Inputs) -> bool:
+    """Whether `inputs` are known, cheaply, to be a small conversion: rows from the Parquet
+    footers, else the files' sizes, an image folder's count."""
+    if inputs.folder is not None:
+        return int(inputs.folder.count) < SMALL_IMAGES
+    if inputs.rows is not None:
+        return inputs.rows < SMALL_ROWS
+    sizes = [f.size for f in inputs.files]
+    return all(size is not None for size in sizes) and sum(s or 0 for s in sizes) < SMALL_BYTES
+
+
+def one_worker(options: PipelineOptions) -> None:
+    direct = options.view_as(DirectOptions)
+    direct.direct_num_workers, direct.direct_running_mode = 1, "in_memory"
+
+
+def cores() -> int:
+    """The cores this process may run on (its affinity, as a container or `taskset` limits it)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
