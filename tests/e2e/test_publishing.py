@@ -472,15 +472,16 @@ def test_an_interrupted_rebuild_says_so_in_one_line_and_cleans_up(
 
 
 def test_publishing_the_shards_twice_is_harmless(tmp_path: Path) -> None:
-    from recordforge.transforms.rolling import Limits, _Part, _publish
+    from recordforge.transforms.rolling import _publish
     from recordforge.transforms.shard_format import TFRecordFormat
+    from recordforge.transforms.shard_plans import Limits, Part
 
     tmp = tmp_path / "_tmp-x"
     tmp.mkdir()
     parts = []
     for i in range(3):
         (tmp / f"{i}.part").write_bytes(b"x" * i)
-        parts.append(_Part(str(tmp / f"{i}.part"), i, i, "sha", (i,)))
+        parts.append(Part(str(tmp / f"{i}.part"), i, i, "sha", (i,)))
     prefix = str(tmp_path / "data")
     limits = Limits(max_bytes=1, max_records=0)  # every part is a shard as it is
     fmt = TFRecordFormat("none")

@@ -16,16 +16,9 @@ from conftest import DEFAULT_RUNNER
 from record_cases import sample_records
 
 from recordforge.tfrecord import ShardInfo, iter_records
-from recordforge.transforms.rolling import (
-    FULL_FRACTION,
-    Limits,
-    _join,
-    _plan,
-    _publish,
-    _Roller,
-    _RollingWriteFn,
-)
+from recordforge.transforms.rolling import _join, _publish, _Roller, _RollingWriteFn
 from recordforge.transforms.shard_format import TFRecordFormat
+from recordforge.transforms.shard_plans import FULL_FRACTION, Limits, Part, plan
 from recordforge.transforms.shard_spec import ShardSpec, Sizing
 from recordforge.transforms.sinks import WriteTFRecords
 
@@ -51,7 +44,7 @@ def _shards(tmp_path: Path, sizes: list[int], limits: Limits, compression: str =
     tmp = tmp_path / "_tmp"
     tmp.mkdir()
     parts, everything = _bundles(tmp, sizes, limits, compression)
-    joined = [_join(j, str(tmp), TFRecordFormat(compression), limits) for j in _plan(b"", parts, limits)]
+    joined = [_join(j, str(tmp), TFRecordFormat(compression), limits) for j in plan(b"", parts, limits)]
     shards = _publish(b"", parts, joined, str(tmp_path / "data"), TFRecordFormat("gzip"), str(tmp), limits)
     assert not tmp.exists()
     written = [r for s in shards for r in iter_records(s.path, compression, check_crc=True)]
@@ -126,7 +119,7 @@ def test_a_bundle_or_a_join_run_twice_writes_each_record_once(tmp_path: Path) ->
     for batches in bundles:
         _attempt(fn, batches)  # an attempt that failed after writing: its outputs are discarded
         parts += _attempt(fn, batches)  # the retry the runner commits
-    joins = list(_plan(b"", parts, limits))
+    joins = list(plan(b"", parts, limits))
     assert joins
     for j in joins:
         _join(j, str(tmp), TFRecordFormat("gzip"), limits)  # a join attempt whose result is lost
@@ -307,7 +300,7 @@ def test_a_recording_roller_cuts_parts_only_when_full_or_open_too_long(
     short = list(roller.add(("", "g", 0), pa.array(sample_records(10, 9), pa.large_binary())))
     assert [p.records for p in short] == [10] and short[0].segments
     (kept,) = [r for r in _records_in(pieces) if r["records"] == 10]
-    assert rolling._Part.from_record(kept) == short[0]  # a rerun hands it back as it was
+    assert Part.from_record(kept) == short[0]  # a rerun hands it back as it was
 
 
 def test_records_kept_parts_hold_are_not_written_again() -> None:

@@ -20,9 +20,10 @@ from conftest import DEFAULT_RUNNER
 
 from recordforge.tfrecord import ShardInfo, describe_shard, iter_records
 from recordforge.transforms import rolling, shard_files, shuffle
-from recordforge.transforms.rolling import Limits, _Roller
+from recordforge.transforms.rolling import _Roller
 from recordforge.transforms.shard_files import ShardFiles, TempShard
 from recordforge.transforms.shard_format import TFRecordFormat
+from recordforge.transforms.shard_plans import Join, Limits
 from recordforge.transforms.shard_spec import DEFAULT_SHARD_SIZE, ShardSpec, Sizing
 from recordforge.transforms.sinks import WriteTFRecords
 
@@ -161,7 +162,7 @@ def test_a_failing_file_system_leaves_no_file(target: Path, monkeypatch: pytest.
     room[0] = 0  # not even a header
     with pytest.raises(OSError, match="no space"):
         rolling._join(
-            rolling._Join(0, ()),  # an empty shard: still a file to write
+            Join(0, ()),  # an empty shard: still a file to write
             files.temp_dir,
             FORMAT["gzip"],
             Limits(max_bytes=0, max_records=0, num_shards=2),

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable, Iterator
-from dataclasses import astuple, dataclass
+from collections.abc import Iterator
 from typing import Any
 
 import apache_beam as beam
@@ -16,23 +15,16 @@ from apache_beam.utils.windowed_value import WindowedValue
 
 from recordforge import layout
 from recordforge.pieces import part_record, write_part_record
-from recordforge.streams import Segment
 from recordforge.tfrecord import BatchKey, ShardInfo
-from recordforge.transforms.shard_files import ShardFiles, TempShard, temp_path, write_shard
+from recordforge.transforms.shard_files import ShardFiles, temp_path, write_shard
 from recordforge.transforms.shard_format import ShardFormat, ShardWriter
+from recordforge.transforms.shard_plans import Join, Limits, Part, order, plan, short_parts
 from recordforge.transforms.shard_spec import ShardSpec, Sizing
 
 __all__ = ["Limits", "WriteRollingShards"]
 
 _LOGGER = logging.getLogger(__name__)
 
-# A part at least this fraction of the target size is a shard as it is; smaller parts are joined.
-FULL_FRACTION = 0.75
-# Batches are written in slices of at most 1/16 of the target (uncompressed), each ending a
-# segment: the flush makes the size on disk exact where a part is checked against the target, so
-# a part overshoots it by less than one slice, compressed.
-_SLICES_PER_SHARD = 16
-_MIN_SLICE = 4 << 10
 _REWRITE_BATCH = 8192
 # Recording pieces for a rerun, a part that has been open _PIECE_S without filling a shard is
 # closed (and recorded) all the same, so that a killed run loses at most that much of each
@@ -40,77 +32,6 @@ _REWRITE_BATCH = 8192
 # long enough that a worker which fills shards at the usual pace never cuts one: a run that is not
 # killed writes the parts, and pays the copies, that it would without recording.
 _PIECE_S = 30.0
-
-
-@dataclass(frozen=True)
-class Limits:
-    """When a shard is full: `max_bytes` compressed bytes or `max_records` records (0: no limit);
-    or, with `num_shards`, exactly that many shards of about equal bytes (the parts uncut)."""
-
-    max_bytes: int
-    max_records: int
-    num_shards: int = 0
-
-    @classmethod
-    def of(cls, spec: ShardSpec) -> Limits:
-        return cls(spec.max_bytes, spec.max_records, spec.count if spec.sizing is Sizing.COUNT else 0)
-
-    @property
-    def sizing(self) -> Sizing:
-        if self.num_shards:
-            return Sizing.COUNT
-        return Sizing.RECORDS if self.max_records else Sizing.BYTES
-
-    @property
-    def slice_bytes(self) -> int:
-        return max(_MIN_SLICE, self.max_bytes // _SLICES_PER_SHARD) if self.max_bytes else 4 << 20
-
-    def full(self, records: int, size: int) -> bool:
-        """A finished shard needs no joining."""
-        if self.num_shards:
-            return False
-        if self.max_records and records >= self.max_records:
-            return True
-        if self.max_bytes and size >= FULL_FRACTION * self.max_bytes:
-            return True
-        return not (self.max_bytes or self.max_records)
-
-
-@dataclass(frozen=True)
-class _Part(TempShard):
-    """A finished temporary shard, described by what was written to it and where its records
-    come from."""
-
-    first_key: BatchKey | None  # None: an empty shard of a fixed count
-    segments: tuple[Segment, ...] = ()
-    # Where in its first batch the part starts (records before it there): parts that start in
-    # one batch (cut by a full part, or joins cut from one part) follow each other by it.
-    first_record: int = 0
-
-    def record(self) -> dict[str, Any]:
-        """As JSON, for the run's record of finished pieces (pieces.py)."""
-        return {
-            "tmp": self.tmp,
-            "records": self.records,
-            "bytes": self.bytes,
-            "sha256": self.sha256,
-            "first_key": None if self.first_key is None else list(self.first_key),
-            "segments": [list(astuple(g)) for g in self.segments],
-            "first_record": self.first_record,
-        }
-
-    @classmethod
-    def from_record(cls, r: dict[str, Any]) -> _Part:
-        key = r["first_key"]
-        return cls(
-            r["tmp"],
-            r["records"],
-            r["bytes"],
-            r["sha256"],
-            None if key is None else (key[0], key[1], key[2]),
-            tuple(Segment(*g) for g in r["segments"]),
-            r["first_record"],
-        )
 
 
 class _Roller:
@@ -134,7 +55,7 @@ class _Roller:
         self._opened = time.monotonic()
         return self._writer
 
-    def close(self, *, full: bool = False) -> _Part | None:
+    def close(self, *, full: bool = False) -> Part | None:
         """The part being written, finished. A full part is never joined: its segments, the
         bulk of what the planning step would otherwise receive, are not kept."""
         if self._writer is None:
@@ -142,7 +63,7 @@ class _Roller:
         writer, self._writer = self._writer, None
         temp, segments = writer.close()
         kept = () if full else segments
-        part = _Part(
+        part = Part(
             temp.tmp, temp.records, temp.bytes, temp.sha256, self._first_key, kept, self._first_record
         )
         if self._pieces is not None:  # after the part is closed: the record follows the bytes
@@ -158,7 +79,7 @@ class _Roller:
             writer, self._writer = self._writer, None
             writer.abandon()
 
-    def add(self, key: BatchKey | None, records: pa.Array, first_record: int = 0) -> Iterator[_Part]:
+    def add(self, key: BatchKey | None, records: pa.Array, first_record: int = 0) -> Iterator[Part]:
         """Writes `records`, the batch `key`'s from its `first_record` on."""
         try:
             yield from self._add(key, records, first_record)
@@ -166,7 +87,7 @@ class _Roller:
             self.abandon()
             raise
 
-    def _add(self, key: BatchKey | None, records: pa.Array, first_record: int) -> Iterator[_Part]:
+    def _add(self, key: BatchKey | None, records: pa.Array, first_record: int) -> Iterator[Part]:
         limits = self._limits
         framed = self._format.frame(records)
         offsets = framed.offsets
@@ -201,7 +122,7 @@ class _RollingWriteFn(beam.DoFn):
     def start_bundle(self) -> None:
         self._roller = _Roller(*self._args)
 
-    def process(self, element: tuple[BatchKey, pa.Array] | tuple[BatchKey, pa.Array, int]) -> Iterator[_Part]:
+    def process(self, element: tuple[BatchKey, pa.Array] | tuple[BatchKey, pa.Array, int]) -> Iterator[Part]:
         yield from self._roller.add(*element)
 
     def finish_bundle(self) -> Iterator[WindowedValue]:
@@ -210,92 +131,7 @@ class _RollingWriteFn(beam.DoFn):
             yield GlobalWindows.windowed_value(part)
 
 
-@dataclass(frozen=True)
-class _Join:
-    """Parts (or, joining by bytes, segments of parts) that become shards together."""
-
-    index: int
-    pieces: tuple[tuple[_Part, tuple[Segment, ...]], ...]
-
-    @property
-    def records(self) -> int:
-        return sum(seg.records for _, segs in self.pieces for seg in segs)
-
-
-def _order(part: _Part) -> tuple[bool, BatchKey | tuple[()], int, str]:
-    """Input order: by first batch, then where in it the part starts (never by the temporary
-    names, which are random); the empty shards of a fixed count (no first key) last."""
-    first = () if part.first_key is None else part.first_key
-    return (part.first_key is None, first, part.first_record, part.tmp)
-
-
-def _short(parts: Iterable[_Part], limits: Limits) -> list[_Part]:
-    """The parts to join: those not full, when there are two or more (one may stay short); for a
-    fixed count of shards, every part."""
-    short = sorted((p for p in parts if not limits.full(p.records, p.bytes)), key=_order)
-    return short if len(short) > 1 or limits.num_shards else []
-
-
-def _plan_count(parts: list[_Part], count: int) -> Iterator[_Join]:
-    """Exactly `count` joins: the parts' segments in input order, segment i of the join whose
-    share of the bytes (k/count of them) it starts in, so joins differ by less than a segment.
-    Joins no segment went to (fewer segments than shards) come last, empty."""
-    segments = [(part, seg) for part in parts for seg in part.segments]
-    total = max(1, sum(seg.bytes for _, seg in segments))
-    cuts: dict[int, list[tuple[_Part, list[Segment]]]] = {}
-    at = 0
-    for part, seg in segments:
-        pieces = cuts.setdefault(min(count - 1, at * count // total), [])
-        if pieces and pieces[-1][0] is part:
-            pieces[-1][1].append(seg)
-        else:
-            pieces.append((part, [seg]))
-        at += seg.bytes
-    for index, (_, pieces) in enumerate(sorted(cuts.items())):
-        yield _Join(index, tuple((part, tuple(segs)) for part, segs in pieces))
-    for index in range(len(cuts), count):
-        yield _Join(index, ())
-
-
-def _plan_records(parts: list[_Part], limits: Limits) -> Iterator[_Join]:
-    """All short parts rewritten by one join, which cuts at exact record counts: every shard but
-    one holds `max_records`, however many workers wrote parts."""
-    if parts:
-        yield _Join(0, tuple((p, p.segments) for p in parts))
-
-
-def _plan_bytes(parts: list[_Part], limits: Limits) -> Iterator[_Join]:
-    """Segments taken in input order, a join closed once it reaches `max_bytes`: every joined
-    shard but the last is within a segment of the target."""
-    pieces: list[tuple[_Part, tuple[Segment, ...]]] = []
-    size, index = 0, 0
-    for part in parts:
-        taken: list[Segment] = []
-        for seg in part.segments:
-            taken.append(seg)
-            size += seg.bytes
-            if size >= limits.max_bytes:
-                yield _Join(index, (*pieces, (part, tuple(taken))))
-                pieces, taken, size, index = [], [], 0, index + 1
-        if taken:
-            pieces.append((part, tuple(taken)))
-    if pieces:
-        yield _Join(index, tuple(pieces))
-
-
-_PLANNERS: dict[Sizing, Callable[[list[_Part], Limits], Iterator[_Join]]] = {
-    Sizing.BYTES: _plan_bytes,
-    Sizing.RECORDS: _plan_records,
-    Sizing.COUNT: lambda parts, limits: _plan_count(parts, limits.num_shards),
-}
-
-
-def _plan(_: bytes, parts: list[_Part], limits: Limits) -> Iterator[_Join]:
-    """Groups the short parts, in input order, into joins, by the sizing's planner."""
-    return _PLANNERS[limits.sizing](_short(parts, limits), limits)
-
-
-def _join(join: _Join, tmp_dir: str, fmt: ShardFormat, limits: Limits) -> list[_Part]:
+def _join(join: Join, tmp_dir: str, fmt: ShardFormat, limits: Limits) -> list[Part]:
     """The shard(s) of one join, as new parts. A join of one whole part is that part, untouched;
     an empty join (a fixed count of shards with fewer segments) is an empty shard. Idempotent: a
     retried join writes its files again under new names; the publish step uses the ones of the
@@ -303,7 +139,7 @@ def _join(join: _Join, tmp_dir: str, fmt: ShardFormat, limits: Limits) -> list[_
     tmp = temp_path(tmp_dir, f"joined-{join.index:05d}")
     if not join.pieces:
         empty, segments = write_shard(tmp, [], fmt)
-        return [_Part(empty.tmp, 0, empty.bytes, empty.sha256, None, segments)]
+        return [Part(empty.tmp, 0, empty.bytes, empty.sha256, None, segments)]
     first_part, first_segments = join.pieces[0]
     first_key = first_part.first_key
     skipped = first_part.segments[: first_part.segments.index(first_segments[0])] if first_segments else ()
@@ -314,9 +150,9 @@ def _join(join: _Join, tmp_dir: str, fmt: ShardFormat, limits: Limits) -> list[_
         pieces = ((part.tmp, seg) for part, segs in join.pieces for seg in segs)
         spliced, segments = fmt.splice(tmp, pieces)
         s = spliced
-        return [_Part(s.tmp, s.records, s.bytes, s.sha256, first_key, segments, first_record)]
+        return [Part(s.tmp, s.records, s.bytes, s.sha256, first_key, segments, first_record)]
     roller = _Roller(tmp_dir, fmt, limits)
-    out: list[_Part] = []
+    out: list[Part] = []
     for part, _ in join.pieces:
         batch: list[bytes] = []
         at = part.first_record
@@ -333,8 +169,8 @@ def _join(join: _Join, tmp_dir: str, fmt: ShardFormat, limits: Limits) -> list[_
 
 def _publish(
     _: bytes,
-    parts: list[_Part],
-    joined: list[list[_Part]],
+    parts: list[Part],
+    joined: list[list[Part]],
     prefix: str,
     fmt: ShardFormat,
     tmp_dir: str,
@@ -343,13 +179,13 @@ def _publish(
     """Names the shards in input order (by records, the short one last) and publishes them
     (shard_files.py): leftovers of retried bundles and joined parts go with the temporary folder,
     and a retried publish is harmless."""
-    short = {p.tmp for p in _short(parts, limits)}
+    short = {p.tmp for p in short_parts(parts, limits)}
     shards = [p for p in parts if p.tmp not in short] + [p for group in joined for p in group]
     if limits.sizing is Sizing.RECORDS:
         # The one shard short of `max_records` is named last, whichever worker's part it began in.
-        shards.sort(key=lambda p: (p.records < limits.max_records, _order(p)))
+        shards.sort(key=lambda p: (p.records < limits.max_records, order(p)))
     else:
-        shards.sort(key=_order)
+        shards.sort(key=order)
     _LOGGER.debug("%s: %d parts, %d joins", prefix, len(parts), len(joined))
     return ShardFiles(prefix, fmt, tmp_dir).publish(shards)
 
@@ -394,7 +230,7 @@ class WriteRollingShards(beam.PTransform):
         self._files = files
         self._limits = Limits.of(spec)
         self._pieces = (pieces, spec.name) if pieces is not None else None
-        self._reused = tuple(_Part.from_record(r) for r in reused)
+        self._reused = tuple(Part.from_record(r) for r in reused)
         self._held = dict(held or {})
 
     def expand(self, batches: beam.PCollection[tuple[BatchKey, pa.Array]]) -> beam.PCollection[ShardInfo]:
@@ -407,14 +243,14 @@ class WriteRollingShards(beam.PTransform):
             # Parts a killed run finished (pieces.py), planned and published with this run's.
             kept = batches.pipeline | "ReusedParts" >> beam.Create(list(self._reused), reshuffle=False)
             parts = (parts, kept) | "AllParts" >> beam.Flatten()
-        # _Part: a temporary file with its records, size, sha256 and segments. Planning and
+        # Part: a temporary file with its records, size, sha256 and segments. Planning and
         # publishing each run once (Impulse's one element) with the parts as a side input; the
         # joins are spread over the workers.
         pipeline = batches.pipeline
         joined = (
             pipeline
             | "OnceToPlan" >> beam.Impulse()
-            | "PlanJoins" >> beam.FlatMap(_plan, beam.pvalue.AsList(parts), limits)
+            | "PlanJoins" >> beam.FlatMap(plan, beam.pvalue.AsList(parts), limits)
             | "SpreadJoins" >> beam.Reshuffle()
             | "Join" >> beam.Map(_join, tmp, fmt, limits)
         )
