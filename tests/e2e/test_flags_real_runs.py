@@ -108,6 +108,9 @@ CASES: dict[str, Case] = {
     "span": lambda i: (["--source", i.spans()], ["--source", i.spans(), "--span", "2"]),
     "if_changed": lambda i: _pair(i, i.parquet, [], ["--if_changed"]),
     "overwrite": lambda i: _pair(i, i.parquet, [], ["--overwrite"]),
+    # On an empty output an append is a first build, and a run with nothing to resume converts all.
+    "append": lambda i: _pair(i, i.parquet, [], ["--append"]),
+    "resume": lambda i: _pair(i, i.parquet, ["--resume=false"], ["--resume"]),
     # Marked as changing the output.
     "source_format": lambda i: (
         ["--source", i.csv_without_extension()],
