@@ -19,7 +19,7 @@ def test_the_run_gets_the_workers_resolve_decided(
     small: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     pq.write_table(pa.table({"x": list(range(1000))}), tmp_path / "t.parquet")
-    monkeypatch.setattr(workers_module.os, "sched_getaffinity", lambda _: {0, 1})
+    monkeypatch.setattr(workers_module.os, "sched_getaffinity", lambda _: {0, 1, 2, 3})
     if not small:
         monkeypatch.setattr(workers_module, "SMALL_ROWS", 1000)
     with caplog.at_level(logging.INFO, logger="recordforge.runners.local_runner"):

@@ -10,6 +10,7 @@ from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions
 from recordforge.pipelines.inputs import Inputs
 
 __all__ = [
+    "CORES_PER_WORKER",
     "SMALL_BYTES",
     "SMALL_IMAGES",
     "SMALL_ROWS",
@@ -26,15 +27,21 @@ def given(explicit: Sequence[str], name: str) -> bool:
     return any(name in a.split("=")[0] for a in explicit)
 
 
+# A worker keeps about this many cores busy: its encoder on one thread, and its shard stream
+# compressing, hashing and writing on another (streams.py), each releasing the GIL.
+CORES_PER_WORKER = 2
+
+
 def use_every_core(direct: DirectOptions, explicit: Sequence[str]) -> None:
-    """A local run uses every core it may run on unless told otherwise: one forked worker per core
-    (multi_processing; one core keeps Beam's in-memory mode, which has no workers to fork). A
-    worker count alone asks for that many workers, not for in-memory mode's single thread."""
+    """A local run uses every core it may run on unless told otherwise: one forked worker per
+    CORES_PER_WORKER cores (multi_processing; a single worker keeps Beam's in-memory mode, which
+    has no workers to fork). A worker count alone asks for that many workers, not for in-memory
+    mode's single thread; 0 is one per core, as Beam reads it."""
     mode_given = given(explicit, "direct_running_mode")
     if not given(explicit, "direct_num_workers"):
         if mode_given:
             return
-        direct.direct_num_workers = cores()
+        direct.direct_num_workers = max(1, cores() // CORES_PER_WORKER)
     elif direct.direct_num_workers == 0:  # Beam's own spelling of "every core"
         direct.direct_num_workers = cores()
     if not mode_given and direct.direct_num_workers > 1:
