@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from typing import Any
 
 import apache_beam as beam
@@ -18,7 +18,7 @@ from recordforge.pieces import BatchLedger
 from recordforge.schemas.model import Schema
 from recordforge.schemas.plan import Plan, compile_schema
 from recordforge.transforms.coders import ArrowCoder, declare_element_type
-from recordforge.transforms.conform import BadRow, conform_batch
+from recordforge.transforms.conform import BadRow, Conformed, conform_batch
 from recordforge.transforms.rejects import rejected_line, source_record
 from recordforge.transforms.source_types import SourceBatch
 from recordforge.transforms.splits import SplitSpec, assign_by_hash, assign_by_value
@@ -27,7 +27,7 @@ from recordforge.transforms.splits import SplitSpec, assign_by_hash, assign_by_v
 beam.coders.registry.register_coder(pa.Array, ArrowCoder)
 beam.coders.registry.register_coder(pa.RecordBatch, ArrowCoder)
 
-__all__ = ["NAMESPACE", "REJECTED", "ToExamples"]
+__all__ = ["NAMESPACE", "REJECTED", "ToExamples", "conform_rows"]
 
 NAMESPACE = "recordforge"
 REJECTED = "rejected"
@@ -39,6 +39,49 @@ def _check_types(rejected: list[Any], retype_file: str) -> None:
     for bad in rejected:
         if bad.rule == "type" and bad.file == retype_file:
             raise TypesChanged(f"{bad.file}, row {bad.row}, column {bad.column!r}: {TypesChanged.MARKER}")
+
+
+def conform_rows(
+    element: SourceBatch,
+    plan: Plan,
+    *,
+    strict: bool,
+    namespace: str,
+    counters: tuple[Any, Any],
+    progress: str | None,
+) -> Generator[beam.pvalue.TaggedOutput, None, Conformed | None]:
+    """A source batch counted as read (`counters`: rows read, rows rejected) and conformed to
+    `plan`, yielding a dead-letter line per rejected row (in strict mode the first raises; a cell
+    that disproves types inferred from a file's first rows raises TypesChanged); returns the
+    conformed batch, None for an empty one. ToExamples and ToSequences both start so."""
+    batch = element.batch
+    rows_read, rows_rejected = counters
+    rows_read.inc(batch.num_rows)
+    if progress is not None:
+        progress_counts.count(progress, batch.num_rows)
+    if batch.num_rows == 0:
+        return None
+    result = conform_batch(
+        batch,
+        plan,
+        file=element.file,
+        first_row=element.first_row,
+        text_lists=element.text_lists,
+        read=element.read,
+    )
+    if result.rejected:
+        if plan.retype_file:
+            _check_types(result.rejected, plan.retype_file)
+        if strict:
+            raise result.rejected[0].error()
+        rows_rejected.inc(len(result.rejected))
+        csv_types = dict(plan.csv_column_types) if element.text_lists else None
+        for bad, index in zip(result.rejected, result.rejected_rows.tolist(), strict=True):
+            Metrics.counter(namespace, f"rejected_{bad.rule}").inc()
+            yield beam.pvalue.TaggedOutput(
+                REJECTED, rejected_line(bad, source_record(batch, index, csv_types))
+            )
+    return result
 
 
 class _ToExamplesFn(beam.DoFn):
@@ -96,31 +139,15 @@ class _ToExamplesFn(beam.DoFn):
             self._ledger.add(element.file, element.first_row, element.batch.num_rows, records)
 
     def _process(self, element: SourceBatch) -> Iterator[Any]:
-        batch = element.batch
-        self._rows_read.inc(batch.num_rows)
-        if self._progress is not None:
-            progress_counts.count(self._progress, batch.num_rows)
-        if batch.num_rows == 0:
-            return
-        result = conform_batch(
-            batch,
+        result = yield from conform_rows(
+            element,
             self._plan,
-            file=element.file,
-            first_row=element.first_row,
-            text_lists=element.text_lists,
-            read=element.read,
+            strict=self._strict,
+            namespace=self._namespace,
+            counters=(self._rows_read, self._rows_rejected),
+            progress=self._progress,
         )
-        if result.rejected:
-            if self._plan.retype_file:
-                _check_types(result.rejected, self._plan.retype_file)
-            if self._strict:
-                raise result.rejected[0].error()
-            self._rows_rejected.inc(len(result.rejected))
-            for bad, index in zip(result.rejected, result.rejected_rows.tolist(), strict=True):
-                Metrics.counter(self._namespace, f"rejected_{bad.rule}").inc()
-                record = source_record(batch, index, self._csv_types if element.text_lists else None)
-                yield beam.pvalue.TaggedOutput(REJECTED, rejected_line(bad, record))
-        if not result.batch.num_rows:
+        if result is None or not result.batch.num_rows:
             return
         out = self._encoder.encode(result.batch) if self._encode else _compact(result.batch)
         if self._splits is None:

@@ -11,16 +11,13 @@ import numpy as np
 import pyarrow as pa
 from apache_beam.metrics import Metrics
 
-from recordforge import layout, progress_counts
+from recordforge import layout
 from recordforge.arrays import binary_parts
 from recordforge.encoding import ExampleEncoder
-from recordforge.errors import TypesChanged
 from recordforge.schemas.model import Schema
 from recordforge.schemas.plan import Plan, compile_schema
 from recordforge.storage import open_write, read_bytes
-from recordforge.transforms.conform import conform_batch
-from recordforge.transforms.examples import NAMESPACE, REJECTED
-from recordforge.transforms.rejects import rejected_line, source_record
+from recordforge.transforms.examples import NAMESPACE, REJECTED, conform_rows
 from recordforge.transforms.shard_files import abandon, temp_path
 from recordforge.transforms.source_types import SourceBatch
 
@@ -127,7 +124,6 @@ class _KeyRowsFn(beam.DoFn):
         self._bits = partitions.bit_length() - 1
         self._spill_dir = spill_dir
         self._progress = progress
-        self._csv_types = dict(plan.csv_column_types)
         self._rows_read = Metrics.counter(NAMESPACE, "rows_read")
         self._rows_rejected = Metrics.counter(NAMESPACE, "rows_rejected")
 
@@ -141,29 +137,16 @@ class _KeyRowsFn(beam.DoFn):
 
     def process(self, element: SourceBatch) -> Iterator[Any]:
         batch = element.batch
-        self._rows_read.inc(batch.num_rows)
-        if self._progress is not None:
-            progress_counts.count(self._progress, batch.num_rows)
-        if batch.num_rows == 0:
-            return
-        result = conform_batch(
-            batch,
+        result = yield from conform_rows(
+            element,
             self._plan,
-            file=element.file,
-            first_row=element.first_row,
-            text_lists=element.text_lists,
-            read=element.read,
+            strict=self._strict,
+            namespace=NAMESPACE,
+            counters=(self._rows_read, self._rows_rejected),
+            progress=self._progress,
         )
-        for bad, index in zip(result.rejected, result.rejected_rows.tolist(), strict=True):
-            if self._plan.retype_file and bad.rule == "type" and bad.file == self._plan.retype_file:
-                # The cell disproves the types inferred from the file's first rows, not the row.
-                raise TypesChanged(f"{bad.file}, row {bad.row}, column {bad.column!r}: {TypesChanged.MARKER}")
-            if self._strict:
-                raise bad.error()
-            self._rows_rejected.inc()
-            Metrics.counter(NAMESPACE, f"rejected_{bad.rule}").inc()
-            record = source_record(batch, index, self._csv_types if element.text_lists else None)
-            yield beam.pvalue.TaggedOutput(REJECTED, rejected_line(bad, record))
+        if result is None:
+            return
         good = result.batch
         if not good.num_rows:
             return
