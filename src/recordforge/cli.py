@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import signal
 import sys
@@ -13,9 +12,9 @@ from collections.abc import Callable
 from typing import Any, NoReturn
 
 from recordforge import __version__, startup
+from recordforge.cli_errors import configure_logging, describe
 from recordforge.errors import Interrupted, RecordForgeError, SourceError, UsageError
 from recordforge.run_report import done_lines
-from recordforge.unwrap import chain, from_worker, strip_step
 
 __all__ = ["console", "main"]
 
@@ -272,59 +271,6 @@ def _stats(argv: list[str]) -> int:
     return 0
 
 
-def _configure_logging(debug: bool) -> None:
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    # The command prints its own summary; per-shard INFO lines are for --debug. Warnings (files
-    # deleted by --overwrite, unreadable inputs skipped) always show.
-    logging.getLogger("recordforge").setLevel(logging.INFO if debug else logging.WARNING)
-    if debug:
-        return
-    # Before TensorFlow is first imported, which happens later in this process or its workers.
-    from recordforge.quiet import silence_tensorflow_import
-
-    silence_tensorflow_import()
-    logging.getLogger("absl").setLevel(logging.ERROR)
-    for handler in logging.getLogger().handlers:
-        handler.addFilter(_drop_beam_errors)
-
-
-def _drop_beam_errors(record: logging.LogRecord) -> bool:
-    """Beam logs a failing step's traceback before raising; the CLI prints the error itself, once.
-    A filter on the handler, not a logger level: forked local workers log through this handler."""
-    return not (record.name.startswith("apache_beam") and record.levelno >= logging.ERROR)
-
-
-def _one_line(text: str) -> str:
-    """A message as one line: a list of problems (a schema's, say) joined with '; '."""
-    lines = [line.strip() for line in str(text).splitlines() if line.strip()]
-    if not lines:
-        return ""
-    head, rest = lines[0], lines[1:]
-    if not rest:
-        return head
-    return head + (" " if head.endswith(":") else "; ") + "; ".join(rest)
-
-
-def _describe(exn: BaseException) -> tuple[str, int]:
-    """(the one line to print after `error: `, the exit code) for an exception that ended a command."""
-    ours = from_worker(exn)
-    if ours is not None:
-        return strip_step(_one_line(str(ours))), 2 if isinstance(ours, UsageError) else 1
-    for e in chain(exn):
-        if isinstance(e, OSError):
-            if e.filename is not None and e.strerror:
-                return f"{e.filename}: {e.strerror}", 1
-            return _one_line(str(e)), 1
-        if type(e).__module__.startswith("pyarrow") and isinstance(e, KeyError | ValueError):
-            # ArrowKeyError is a KeyError: str() would quote it.
-            return strip_step(_one_line(str(e.args[0]) if e.args else type(e).__name__)), 1
-    first = _one_line(str(exn))
-    return (
-        f"internal error: {type(exn).__name__}: {first} (run with --debug for the traceback)",
-        1,
-    )
-
-
 _received: list[int] = []  # signals received while a command ran
 
 
@@ -362,7 +308,7 @@ def _run(command: str, handler: Callable[[list[str]], int], argv: list[str], deb
             return _interrupted(command, _received[0], debug, exn)
         if debug:
             traceback.print_exc()
-        message, code = _describe(exn)
+        message, code = describe(exn)
         print(f"recordforge {command}: error: {message}", file=sys.stderr)
         return code
     finally:
@@ -375,7 +321,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv or os.environ.get(_DEBUG_ENV, "") not in ("", "0", "false")
     argv = [a for a in argv if a != "--debug"]
-    _configure_logging(debug)
+    configure_logging(debug)
     if not argv or argv[0] in ("-h", "--help"):
         print(_USAGE)
         return 0 if argv else 2

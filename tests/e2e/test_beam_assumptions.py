@@ -181,9 +181,9 @@ _FAILING_FORKED_RUN = textwrap.dedent(
     from apache_beam.options.pipeline_options import PipelineOptions
     from recordforge.runners.local_runner import LocalRunner
 
-    from recordforge.cli import _configure_logging
+    from recordforge.cli_errors import configure_logging
 
-    _configure_logging(debug=False)  # as the CLI: Beam's error logs dropped, the driver reports
+    configure_logging(debug=False)  # as the CLI: Beam's error logs dropped, the driver reports
     logging.getLogger("recordforge").setLevel(logging.INFO)
     if sys.argv[1:] == ["fresh"]:  # another thread: the runner starts its workers afresh
         threading.Thread(target=time.sleep, args=(600,), daemon=True).start()

@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 import recordforge
-from recordforge import cli
+from recordforge import cli, cli_errors
 from recordforge import errors as rf_errors
 from recordforge.errors import (
     DataError,
@@ -222,7 +222,7 @@ def test_every_error_pickles_with_type_and_message() -> None:
     ],
 )
 def test_describe_turns_any_failure_into_one_line(exn: BaseException, line: str, code: int) -> None:
-    assert cli._describe(exn) == (line, code)
+    assert cli_errors.describe(exn) == (line, code)
 
 
 def test_describe_finds_the_cause_in_a_chain() -> None:
@@ -232,7 +232,7 @@ def test_describe_finds_the_cause_in_a_chain() -> None:
         except SourceError as inner:
             raise RuntimeError("wrapped") from inner
     except RuntimeError as outer:
-        assert cli._describe(outer) == ("in.csv: unreadable", 1)
+        assert cli_errors.describe(outer) == ("in.csv: unreadable", 1)
 
 
 def _boom(argv: list[str]) -> int:
