@@ -16,14 +16,7 @@ from recordforge.traits import RunnerTraits
 from recordforge.transforms.coders import declare_element_type
 from recordforge.transforms.row_groups import group_start, read_rows, resolve_columns, work_items
 from recordforge.transforms.sharing import Claims, SharedItemsFn, known_items
-from recordforge.transforms.source_types import (
-    UNREADABLE,
-    FileInfo,
-    SourceBatch,
-    expand_patterns,
-    read_ahead,
-    unreadable,
-)
+from recordforge.transforms.source_types import UNREADABLE, FileInfo, SourceBatch, expand_patterns, unreadable
 
 __all__ = ["ReadParquet"]
 
@@ -97,8 +90,7 @@ class _ReadParquetFn(SharedItemsFn):
         name = self.name(element)
         rows = 0
         try:
-            # The next batch decodes on a thread of its own while this one is encoded downstream.
-            for batch in read_ahead(self._batches(element)):
+            for batch in self._batches(element):
                 if claims is not None and not claims.claim(f"{name}@{batch.first_row}"):
                     break
                 yield batch

@@ -95,7 +95,7 @@ def read_rows(
     was opened on (with `options`), fixed-size-list columns read as fixed_lists.py reads them."""
     end = None if rows is None else skip + rows
     at = 0
-    read = {"batch_size": batch_size, "row_groups": [group], "columns": columns, "use_threads": False}
+    read = {"batch_size": batch_size, "row_groups": [group], "columns": columns}
     batches = pf.iter_batches(**read) if source is None else iter_batches(pf, source, options or {}, **read)
     for batch in batches:
         lo, at = at, at + batch.num_rows
