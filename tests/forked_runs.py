@@ -46,7 +46,9 @@ class ForkedRuns:
         self,
         runs: list[tuple[list[str], float]],
         env: dict[str, str] | None = None,
-        timeout: float = 120,
+        # A bound for a hang, not a speed check: two conversions forked together on a 2-core CI
+        # machine that also runs the rest of the suite have taken over 120 s.
+        timeout: float = 300,
         envs: list[dict[str, str]] | None = None,
     ) -> list[Outcome]:
         """Runs `recordforge *argv` for each (argv, delay in seconds), all forked at once; `env` is
