@@ -1,7 +1,8 @@
 """Stub so that Dataflow's `--setup_file` can build the package; metadata lives in pyproject.toml.
 
-The one extension, recordforge._native (encoding and framing records: _native.c, _examples.c),
-is plain C against Python's own headers: building it needs only a C compiler."""
+The one extension, recordforge._native (encoding, decoding and framing records: _native.c,
+_examples.c, _decode.c), is plain C against Python's own headers: building it needs only a C
+compiler."""
 
 import setuptools
 
@@ -9,7 +10,7 @@ setuptools.setup(
     ext_modules=[
         setuptools.Extension(
             "recordforge._native",
-            ["src/recordforge/_native.c", "src/recordforge/_examples.c"],
+            ["src/recordforge/_native.c", "src/recordforge/_examples.c", "src/recordforge/_decode.c"],
             depends=["src/recordforge/_native.h"],
             extra_compile_args=["-O3", "-std=c99", "-Wall", "-Wextra", "-Wno-unused-parameter"],
         )

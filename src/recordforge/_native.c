@@ -1,6 +1,6 @@
 /* recordforge._native: TFRecord framing and CRC32C, finding and checking framed records, in
  * loops over whole batches (no Python call per record; the GIL is released), and the module
- * itself; the encoder of Examples is _examples.c.
+ * itself; the encoder of Examples is _examples.c, the decoder _decode.c.
  */
 #include "_native.h"
 
@@ -223,6 +223,8 @@ static PyObject *py_crc32c(PyObject *self, PyObject *args) {
 static PyMethodDef methods[] = {
     {"encode_examples", encode_examples, METH_VARARGS,
      "encode_examples(n, columns) -> (offsets, data): n serialized Examples (int64 offsets, n + 1)."},
+    {"decode_examples", decode_examples, METH_VARARGS,
+     "decode_examples(data, starts, ends) -> the map entries and values of serialized Examples."},
     {"frame_records", frame_records, METH_VARARGS,
      "frame_records(offsets, data) -> framed: the records as TFRecords, back to back."},
     {"find_records", find_records, METH_VARARGS,

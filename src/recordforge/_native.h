@@ -49,4 +49,7 @@ static inline uint8_t *put_le64(uint8_t *p, uint64_t v) {
 /* encode_examples(n, columns) -> (offsets, data), in _examples.c. */
 PyObject *encode_examples(PyObject *self, PyObject *args);
 
+/* decode_examples(data, starts, ends) -> flat entries and values, in _decode.c. */
+PyObject *decode_examples(PyObject *self, PyObject *args);
+
 #endif

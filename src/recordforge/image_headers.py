@@ -19,6 +19,8 @@ _SIGNATURES = (
     (WEBP, b"RIFF"),  # and "WEBP" at byte 8
 )
 _HEAD = 12  # bytes a signature test looks at
+_FIRST_BYTES = np.zeros(256, bool)
+_FIRST_BYTES[[sig[0] for _, sig in _SIGNATURES]] = True
 
 # The channels tf.io.decode_image returns, which the converter writes: a PNG's by colour type (a
 # palette's are 3, or 4 where a tRNS chunk precedes the image data); 0 where the type is unknown.
@@ -55,16 +57,21 @@ def _little_endian(raw: np.ndarray) -> np.ndarray:
 def sniff(buf: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
     """The format code of each of the images buf[starts[i]:ends[i]], from its signature."""
     codes = np.zeros(len(starts), np.int64)
-    if not len(starts):
+    if not len(starts) or not len(buf):
         return codes
-    size = ends - starts
-    head = _gather(buf, starts, _HEAD)
+    # Only values whose first byte starts a signature are looked at further: a column of text
+    # has few of them, and its values' heads are then never gathered.
+    maybe = np.flatnonzero((ends > starts) & _FIRST_BYTES[buf[np.minimum(starts, len(buf) - 1)]])
+    size = ends[maybe] - starts[maybe]
+    head = _gather(buf, starts[maybe], _HEAD)
+    found = np.zeros(len(maybe), np.int64)
     for code, signature in _SIGNATURES:
         sig = np.frombuffer(signature, np.uint8)
-        hit = (codes == 0) & (size >= len(sig)) & (head[:, : len(sig)] == sig).all(axis=1)
-        codes[hit] = code
-    webp = codes == WEBP
-    codes[webp & ~((size >= _HEAD) & (head[:, 8:12] == np.frombuffer(b"WEBP", np.uint8)).all(axis=1))] = 0
+        hit = (found == 0) & (size >= len(sig)) & (head[:, : len(sig)] == sig).all(axis=1)
+        found[hit] = code
+    webp = found == WEBP
+    found[webp & ~((size >= _HEAD) & (head[:, 8:12] == np.frombuffer(b"WEBP", np.uint8)).all(axis=1))] = 0
+    codes[maybe] = found
     return codes
 
 
