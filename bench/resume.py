@@ -6,9 +6,12 @@
 Each round converts the generated Parquet files once without interruption (timed), then again
 into a fresh output killed with SIGKILL at a worker's `--after`th finished part (the crash point
 `piece_written` counts per process: with two workers and 8 MiB shards, about 16 parts, the 7th
-of one worker is about 75% of the run), then reruns that command (timed). Both times are whole
-processes (start to exit, as a scheduler waits for them). Prints the medians, the ratio
-rerun/whole per round and its median, and the rows the reruns converted (`resumed`).
+of one worker is about 75% of the run), then reruns that command (timed). Two times of each:
+the whole process (start to exit, as a scheduler waits for it), and the conversion (the
+`convert` call, from a resolved command line to the published bundle: the process less its
+interpreter start-up and imports, measured inside it as `bench.approaches` does). Prints the
+medians, the ratios rerun/whole per round and their medians, and the rows the reruns converted
+(`resumed`).
 """
 
 from __future__ import annotations
@@ -28,18 +31,40 @@ from recordforge import crashpoints
 _ROOT = Path(__file__).resolve().parent.parent
 
 
-def _run(argv: list[str], env: dict[str, str] | None = None) -> tuple[float, int]:
+def _run(argv: list[str], env: dict[str, str] | None = None) -> tuple[float, float, int]:
+    """(whole process seconds, conversion seconds, exit code) of `recordforge convert ARGV`."""
     start = time.perf_counter()
     proc = subprocess.run(
-        [sys.executable, "-m", "recordforge", *argv],
-        env={**os.environ, "PYTHONPATH": str(_ROOT / "src"), **(env or {})},
+        [sys.executable, "-m", "bench.resume", "--convert", *argv],
+        cwd=_ROOT,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(_ROOT / "src"), str(_ROOT)]), **(env or {})},
         capture_output=True,
         text=True,
     )
-    return time.perf_counter() - start, proc.returncode
+    whole = time.perf_counter() - start
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    return whole, json.loads(lines[-1])["seconds"] if lines else float("nan"), proc.returncode
+
+
+def _convert(argv: list[str]) -> None:
+    """`recordforge convert ARGV` timed inside the process, as the command runs it (lean Beam
+    imports, a frozen heap: startup.py); prints {"seconds": ...}."""
+    from recordforge import startup
+
+    startup.own_process()
+    with startup.heavy_imports():
+        from recordforge.pipelines.convert import run
+
+    start = time.perf_counter()
+    run(argv)
+    print(json.dumps({"seconds": time.perf_counter() - start}), flush=True)
 
 
 def main(argv: list[str] | None = None) -> None:
+    args_given = sys.argv[1:] if argv is None else argv
+    if args_given[:1] == ["--convert"]:
+        _convert(args_given[1:])
+        return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=400_000, help="rows per file")
     parser.add_argument("--files", type=int, default=6)
@@ -65,31 +90,37 @@ def main(argv: list[str] | None = None) -> None:
     schema = str(_ROOT / "examples" / "taxi.yaml")
 
     def command(out: Path) -> list[str]:
-        return ["convert", "--source", str(src / "*.parquet"), "--output", str(out), "--schema", schema,
+        return ["--source", str(src / "*.parquet"), "--output", str(out), "--schema", schema,
                 "--direct_num_workers", args.workers, "--shard_size", args.shard_size]  # fmt: skip
 
-    whole, rerun, ratios, converted = [], [], [], []
+    whole, rerun, ratios, converted, inner, inner_ratios = [], [], [], [], [], []
     kill = {crashpoints.ENV: "piece_written", crashpoints.AFTER_ENV: args.after}
     for r in range(args.rounds):
         a, b = work / f"whole-{r}", work / f"resumed-{r}"
         for out in (a, b):
             shutil.rmtree(out, ignore_errors=True)
-        seconds, code = _run(command(a))
+        seconds, conversion, code = _run(command(a))
         assert code == 0, "the uninterrupted run failed"
-        _, code = _run(command(b), kill)
+        _, _, code = _run(command(b), kill)
         assert code == -9, f"the run was not killed ({code})"
-        again, code = _run(command(b))
+        again, again_conversion, code = _run(command(b))
         assert code == 0, "the rerun failed"
         resumed = json.loads((b / "metadata.json").read_text())["resumed"]
         whole.append(seconds)
         rerun.append(again)
         ratios.append(again / seconds)
+        inner.append((conversion, again_conversion))
+        inner_ratios.append(again_conversion / conversion)
         converted.append(resumed["rows_converted"] / (args.rows * args.files))
-        print(f"round {r}: whole {seconds:.2f} s, rerun {again:.2f} s, ratio {again / seconds:.2f}, "
+        print(f"round {r}: whole process {seconds:.2f} s, rerun {again:.2f} s, ratio {ratios[-1]:.2f}; "
+              f"conversion {conversion:.2f} s, rerun {again_conversion:.2f} s, ratio {inner_ratios[-1]:.2f}; "
               f"rows converted by the rerun {converted[-1]:.1%}")  # fmt: skip
+    first, again = statistics.median(c for c, _ in inner), statistics.median(c for _, c in inner)
     print(
-        f"median: whole {statistics.median(whole):.2f} s, rerun {statistics.median(rerun):.2f} s, "
-        f"rerun/whole {statistics.median(ratios):.2f} (per round), rows converted "
+        f"median: whole process {statistics.median(whole):.2f} s, rerun {statistics.median(rerun):.2f} s, "
+        f"rerun/whole {statistics.median(ratios):.2f}; conversion "
+        f"{first:.2f} s, rerun {again:.2f} s, "
+        f"rerun/whole {statistics.median(inner_ratios):.2f} (ratios per round); rows converted "
         f"{statistics.median(converted):.1%}; {args.rows * args.files:,} rows, killed at a worker's "
         f"part {args.after}"
     )

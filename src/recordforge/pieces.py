@@ -107,6 +107,7 @@ class Reuse:
     # By writer, the batches converted again of which kept parts hold some records: per batch key
     # (split, file, first_row), the ranges [start, end) of its records not to write again.
     held: dict[str, dict[BatchKey, tuple[tuple[int, int], ...]]] = field(default_factory=dict)
+    batch_rows: dict[Batch, int] = field(default_factory=dict)  # the rows of each of `batches`
 
     @property
     def files(self) -> frozenset[str]:
@@ -181,6 +182,7 @@ def reusable(
         frozenset(batches),
         rows,
         {w: {k: tuple(sorted(r)) for k, r in keys.items()} for w, keys in held.items()},
+        {b: ledger[b][0] for b in batches},
     )
 
 

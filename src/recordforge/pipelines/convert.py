@@ -156,12 +156,14 @@ def _read(run: Run) -> beam.PTransform:
         columns = list(dict.fromkeys([*columns, run.splits.column]))
         csv_types.setdefault(run.splits.column, pa.string())
     if inputs.fmt == "parquet":
+        reuse = run.resuming.reuse if run.resuming is not None else None
         return ReadParquet(
             list(config.sources),
             columns=columns,
             batch_size=config.batch_size,
             expanded=inputs.files,
             skip_unreadable=config.skip_unreadable_files,
+            finished=reuse.batch_rows if reuse is not None else None,  # not even decoded
             traits=run.traits,
         )
     return ReadCsv(

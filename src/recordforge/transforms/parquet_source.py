@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import apache_beam as beam
@@ -47,11 +47,21 @@ class _ReadParquetFn(SharedItemsFn):
         skip_unreadable: bool = False,
         *,
         claims: str | None = None,
+        finished: Mapping[tuple[str, int], int] | None = None,
     ) -> None:
         super().__init__(claims)
         self._columns = columns
         self._batch_size = batch_size
         self._skip = skip_unreadable
+        self._finished = dict(finished or {})
+
+    def _all_finished(self, path: str, first_row: int, rows: int) -> bool:
+        """Whether every batch of rows [first_row, first_row + rows) of `path`, cut as read_rows
+        cuts them, is one a killed run finished (with as many rows): then none is decoded."""
+        size = self._batch_size
+        return rows > 0 and all(
+            self._finished.get((path, first_row + at)) == min(size, rows - at) for at in range(0, rows, size)
+        )
 
     def _batches(self, element: tuple[Any, ...]) -> Iterator[SourceBatch]:
         # A row group, or a piece of one: (path, group, first row[, rows]), see row_groups.py.
@@ -67,6 +77,9 @@ class _ReadParquetFn(SharedItemsFn):
             # A piece starts `skip` rows into its group.
             skip = first_row - group_start(pf.metadata, group) if rows else 0
             rows_wanted = rows[0] if rows else None
+            count = rows_wanted if rows_wanted is not None else pf.metadata.row_group(group).num_rows - skip
+            if self._finished and self._all_finished(path, first_row, count):
+                return  # a rerun's: its batches are in the parts it keeps (pieces.py)
             for batch in read_rows(
                 pf,
                 group,
@@ -137,7 +150,9 @@ class ReadParquet(beam.PTransform):
     pipeline naming it, or with `skip_unreadable` is listed in "unreadable". The work items are
     the files' row groups: read at construction where `traits` say the workers are local, on the
     workers otherwise, where a group larger than a batch is also split into pieces (row_groups.py),
-    counted in the `recordforge/parquet_work_items` metric (sharing.py).
+    counted in the `recordforge/parquet_work_items` metric (sharing.py). `finished`: batches
+    {(path, first row): rows} a rerun need not read; a work item all of whose batches are there
+    is not decoded (the caller drops the finished batches of the other items).
     """
 
     def __init__(
@@ -148,10 +163,12 @@ class ReadParquet(beam.PTransform):
         batch_size: int = 16384,
         expanded: list[FileInfo] | None = None,
         skip_unreadable: bool = False,
+        finished: Mapping[tuple[str, int], int] | None = None,
         traits: RunnerTraits,
     ) -> None:
         super().__init__()
         self._traits = traits
+        self._finished = finished
         # `expanded`: the patterns' matches when the caller already listed them.
         self._files = expanded if expanded is not None else expand_patterns(patterns)
         self._columns = columns
@@ -163,7 +180,9 @@ class ReadParquet(beam.PTransform):
         return self._files
 
     def expand(self, pbegin: beam.pvalue.PBegin) -> dict[str, beam.PCollection]:
-        read_fn = _ReadParquetFn(self._columns, self._batch_size, self._skip, claims=self._traits.claims)
+        read_fn = _ReadParquetFn(
+            self._columns, self._batch_size, self._skip, claims=self._traits.claims, finished=self._finished
+        )
         row_groups = ("RowGroups", _RowGroupItems(self._batch_size, self._skip))
         paths = [f.path for f in self._files]
         items, extra = known_items(pbegin, read_fn, paths, self._traits, label="Files", expand=row_groups)
