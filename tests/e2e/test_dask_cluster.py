@@ -27,7 +27,7 @@ from apache_beam.io.filesystems import FileSystems
 
 import recordforge
 from demo.sampledata import taxi_table
-from recordforge import layout
+from recordforge import crashpoints, layout
 from recordforge.pipelines.convert import run
 from recordforge.runners.dask_runner import RUNNER
 from recordforge.storage import read_bytes
@@ -50,17 +50,24 @@ class Cluster:
     workers: dict[str, subprocess.Popen] = field(default_factory=dict)
     procs: list[subprocess.Popen] = field(default_factory=list)
 
-    def start(self, name: str, args: list[str], cwd: Path) -> subprocess.Popen:
+    def start(
+        self, name: str, args: list[str], cwd: Path, env: dict[str, str] | None = None
+    ) -> subprocess.Popen:
         cwd.mkdir(parents=True, exist_ok=True)
         log = open(self.root / f"{name}.log", "wb")  # noqa: SIM115 - closed with the process
         proc = subprocess.Popen(
-            [sys.executable, "-m", *args], cwd=cwd, env=self.env, stdout=log, stderr=subprocess.STDOUT
+            [sys.executable, "-m", *args],
+            cwd=cwd,
+            env={**self.env, **(env or {})},
+            stdout=log,
+            stderr=subprocess.STDOUT,
         )
         log.close()
         self.procs.append(proc)
         return proc
 
-    def start_worker(self, name: str) -> subprocess.Popen:
+    def start_worker(self, name: str, env: dict[str, str] | None = None) -> subprocess.Popen:
+        """A worker `name`, with `env` added to the cluster's environment."""
         folder = self.root / name  # the worker's working folder, not the driver's
         self.workers[name] = self.start(
             name,
@@ -80,6 +87,7 @@ class Cluster:
                 str(folder / "scratch"),
             ],
             folder,
+            env,
         )
         return self.workers[name]
 
@@ -416,3 +424,45 @@ def test_a_run_killed_on_dask_is_resumed_by_its_rerun(cluster: Cluster, tmp_path
     assert resumed["rows"] + resumed["rows_converted"] == meta["rows_read"] == rows * files
     assert resumed["rows_converted"] <= rows * files / 3, resumed
     assert _records(str(out)) == _records(str(local)) and verify(str(out)) == []
+
+
+def test_a_worker_killed_at_a_finished_piece(cluster: Cluster, tmp_path: Path) -> None:
+    """A third worker that kills itself (SIGKILL, the crash point `piece_written`) when it has
+    recorded its 5th part, while the run records pieces for a rerun: Dask runs the lost tasks
+    again on the other workers, and the run either completes or fails with one line. Completed,
+    it publishes the local runner's records exactly once (the dead worker's recorded parts are
+    not published beside the retried tasks' copies); failed, the same command resumes and does."""
+    src = tmp_path / "src"
+    src.mkdir()
+    rows, files = 50_000, 6
+    for i in range(files):
+        table = taxi_table(rows, seed=i, first_id=i * rows)
+        pq.write_table(table, src / f"t{i}.parquet", row_group_size=5000)
+    out, local = tmp_path / "out", tmp_path / "local"
+    args = ["--source", str(src / "*.parquet"), "--schema", "examples/taxi.yaml", "--shard_size", "256KiB"]
+    run([*args, "--output", str(local)])
+    crash = {crashpoints.ENV: "piece_written", crashpoints.AFTER_ENV: "5"}
+    doomed = cluster.start_worker("doomed", env=crash)
+    try:
+        with _client(cluster) as client:
+            client.wait_for_workers(3, timeout=60)
+        cli = [sys.executable, "-m", "recordforge", "convert", *args, "--output", str(out), *_dask(cluster)]
+        first = subprocess.run(cli, capture_output=True, text=True, timeout=600)
+        assert doomed.wait(timeout=60) == -signal.SIGKILL, "the worker did not reach its 5th part"
+    finally:
+        if doomed.poll() is None:
+            doomed.kill()
+        cluster.workers.pop("doomed").wait(timeout=30)
+    if first.returncode == 0:
+        outcome = "completed"
+    else:
+        last = first.stderr.strip().splitlines()[-1]
+        assert first.returncode == 1 and last.startswith("recordforge convert: error: "), first.stderr
+        assert not (out / layout.METADATA).exists()
+        rerun = subprocess.run(cli, capture_output=True, text=True, timeout=600)
+        assert rerun.returncode == 0, rerun.stderr
+        outcome = f"failed ({last}), and its rerun resumed"
+    meta = json.loads((out / layout.METADATA).read_text())
+    assert meta["rows_read"] == rows * files and meta["num_records"] == rows * files
+    assert _records(str(out)) == _records(str(local)) and verify(str(out)) == []
+    print(f"a worker killed at its 5th part: the run {outcome}")
