@@ -25,7 +25,7 @@ from apache_beam.transforms.window import FixedWindows, GlobalWindows, Timestamp
 
 from recordforge.errors import RecordForgeError
 from recordforge.runners import dask_runner
-from recordforge.runners.dask_runner import RUNNER, resolve_runner
+from recordforge.runners.dask_runner import RUNNER, _slots, resolve_runner
 from recordforge.tfrecord import iter_records
 
 BEAM_RUNNER = "apache_beam.runners.dask.dask_runner.DaskRunner"
@@ -368,6 +368,50 @@ def test_default_partitions_without_dask_npartitions(scheduler: str, tmp_path: P
     p.run().wait_until_finish()
     seen = _seen(tmp_path, "out")
     assert sorted(n for (kind, n), c in seen.items() for _ in range(c) if kind == "bundle") == [2, 2, 2, 2]
+
+
+@pytest.mark.parametrize(
+    ("nthreads", "slots"),
+    [
+        ({}, []),
+        ({"a": 1}, ["a"]),
+        ({"b": 1, "a": 1}, ["a", "b"]),
+        ({"a": 3, "b": 2}, ["a", "b", "a", "b", "a"]),
+        ({"a": 1, "b": 2, "c": 1}, ["a", "b", "c", "b"]),
+    ],
+)
+def test_slots_deal_worker_threads_round_robin(nthreads: dict[str, int], slots: list[str]) -> None:
+    assert _slots(nthreads) == slots
+
+
+def test_19_a_shuffles_output_partitions_run_on_the_worker_threads_dealt_to_them(
+    scheduler: str, tmp_path: Path
+) -> None:
+    """Assumption 19: the placement annotations of a shuffle's output layer are honoured. All
+    eight items start in one partition on one worker; the Reshuffle's output partition j runs on
+    worker j mod 2 (without the annotations, every one where the items were)."""
+    from distributed import Client
+
+    p = beam.Pipeline(
+        options=PipelineOptions(
+            ["--runner", RUNNER, "--dask_client_address", scheduler, "--dask_npartitions", "4"]
+        )
+    )
+    items = p | beam.Impulse() | beam.FlatMap(lambda _: range(8)) | "Spread" >> beam.Reshuffle()
+    _sink(items, tmp_path, "out")
+    with Client(scheduler) as client:
+        client.get_task_stream()  # starts recording where tasks run
+        start = time.time()
+        p.run().wait_until_finish()
+        stream = client.get_task_stream(start=start)
+        slots = _slots(client.nthreads())
+    assert sorted(_seen(tmp_path, "out").elements()) == list(range(8))
+    placed = {
+        t["key"][1]: t["worker"]
+        for t in stream
+        if isinstance(t["key"], tuple) and t["key"][0].startswith("Spread-")
+    }
+    assert placed == {j: slots[j % 2] for j in range(4)}, placed
 
 
 def _failing_dofn(x: int) -> int:

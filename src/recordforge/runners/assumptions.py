@@ -188,6 +188,15 @@ ASSUMPTIONS: tuple[Assumption, ...] = (
         "failure, a worker's state.all_running_tasks.",
         (DASK,),
     ),
+    Assumption(
+        19,
+        "Of Dask: a Bag can be made as dask.bag.Bag(HighLevelGraph(layers, dependencies), name, n) "
+        "from MaterializedLayers of dask.task_spec Tasks (TaskRef, List) keyed (name, i); and a "
+        "layer's annotations {'workers': callable(key) -> [address], 'allow_other_workers': True} "
+        "reach distributed's scheduler per key as loose worker restrictions, which it honours "
+        "(a shuffle's output partitions are spread over the cluster's worker threads so).",
+        (DASK,),
+    ),
 )
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import operator
 import re
 import time
 import uuid
@@ -64,6 +65,8 @@ try:  # Beam's Dask runner imports dask.bag: without dask[distributed] there is 
     import distributed
     from apache_beam.runners.dask import dask_runner as _beam_dask
     from apache_beam.runners.dask import overrides as _overrides
+    from dask.highlevelgraph import HighLevelGraph, MaterializedLayer
+    from dask.task_spec import List, Task, TaskRef
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     _IMPORT_ERROR: ImportError | None = exc
 else:
@@ -85,8 +88,9 @@ def _windowing(pcoll: pvalue.PCollection) -> Windowing:
 class _Translator(PipelineVisitor):
     """Maps every PCollection of a pipeline (after Beam's Dask overrides) to a dask Bag."""
 
-    def __init__(self, *, partitions: int, partition_size: int | None) -> None:
+    def __init__(self, *, partitions: int, partition_size: int | None, slots: Sequence[str] = ()) -> None:
         self.bags: dict[pvalue.PValue, db.Bag] = {}
+        self._slots = tuple(slots)
         self._read: set[pvalue.PCollection] = set()
         self._sides: dict[pvalue.PCollection, Any] = {}
         self._partitions = partitions
@@ -154,18 +158,48 @@ class _Translator(PipelineVisitor):
         self, bag: db.Bag, name: str, split: Any, args: tuple, merge: Any = dask_tasks.gather
     ) -> db.Bag:
         """Partition i is split `n` ways by `split(elements, i, n, *args)`; output partition j
-        merges the j-th pieces of every split."""
+        merges the j-th pieces of every split, on the j-th worker thread of the cluster."""
         n = self._partitions
         token = dask.base.tokenize(bag.name, name, n)
-        pieces = [
-            dask.delayed(split, nout=n)(part, i, n, *args, dask_key_name=f"{name}.split-{token}-{i}")
-            for i, part in enumerate(bag.to_delayed(optimize_graph=False))
-        ]
-        merged = [
-            dask.delayed(merge)([piece[j] for piece in pieces], dask_key_name=f"{name}-{token}-{j}")
+        split_name, piece_name, out_name = f"{name}.split-{token}", f"{name}.piece-{token}", f"{name}-{token}"
+        inputs = [(bag.name, i) for i in range(bag.npartitions)]
+        splits = {
+            (split_name, i): Task((split_name, i), split, TaskRef(key), i, n, *args)
+            for i, key in enumerate(inputs)
+        }
+        # (input i, output j) -> the j-th piece of split i: a task of its own, run where the split
+        # ran, so that only that piece travels to the merge.
+        pieces = {
+            (piece_name, i, j): Task((piece_name, i, j), operator.getitem, TaskRef((split_name, i)), j)
+            for i in range(len(inputs))
             for j in range(n)
-        ]
-        return db.from_delayed(merged)
+        }
+        merged = {
+            (out_name, j): Task(
+                (out_name, j), merge, List(*(TaskRef((piece_name, i, j)) for i in range(len(inputs))))
+            )
+            for j in range(n)
+        }
+        layers = dict(bag.dask.layers)
+        dependencies = dict(bag.dask.dependencies)
+        layers[split_name] = MaterializedLayer(splits)
+        dependencies[split_name] = set(bag.__dask_layers__())
+        layers[piece_name] = MaterializedLayer(pieces)
+        dependencies[piece_name] = {split_name}
+        layers[out_name] = MaterializedLayer(merged, annotations=self._placement())
+        dependencies[out_name] = {piece_name}
+        return db.Bag(HighLevelGraph(layers, dependencies), out_name, n)
+
+    def _placement(self) -> dict[str, Any] | None:
+        """Where a shuffle's output partition j runs: on the j-th worker thread of the cluster as
+        the run found it, or anywhere once that worker is gone. Without it, every output
+        partition of a shuffle whose pieces all lie on one worker (a Reshuffle after a step of
+        one partition: the work items a source plans) runs there, and so does all that follows
+        them: the scheduler puts a task where its inputs are, and steals too late to matter."""
+        if not self._slots:
+            return None
+        slots = self._slots
+        return {"workers": lambda key: [slots[key[1] % len(slots)]], "allow_other_workers": True}
 
     def _side_input(self, pcoll: pvalue.PCollection) -> Any:
         """A side input's elements, gathered by one task that every reader depends on."""
@@ -203,6 +237,13 @@ class _Translator(PipelineVisitor):
             self.bags[pcoll] = out.map_partitions(
                 dask_tasks.select, tag, token=f"{name}.{_key_name(str(tag))}"
             )
+
+
+def _slots(nthreads: dict[str, int]) -> list[str]:
+    """Worker addresses, each once per thread, dealt round robin: [a, b, a, b, a] for a with 3
+    threads and b with 2, so that consecutive partitions go to different workers."""
+    queues = [[address] * n for address, n in sorted(nthreads.items())]
+    return [q[k] for k in range(max((len(q) for q in queues), default=0)) for q in queues if k < len(q)]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -276,11 +317,13 @@ if _IMPORT_ERROR is None:
             pipeline.replace_all(_overrides.dask_overrides())
             client = distributed.Client(**dask_options, set_as_default=False)
             try:
-                threads = sum(client.nthreads().values())
+                nthreads = client.nthreads()
+                threads = sum(nthreads.values())
                 _LOGGER.info("Dask cluster %s: %d worker threads", client.scheduler.address, threads)
                 translator = _Translator(
                     partitions=bag_kwargs.get("npartitions") or max(2, 2 * threads),
                     partition_size=bag_kwargs.get("partition_size"),
+                    slots=_slots(nthreads),
                 )
                 pipeline.visit(translator)
                 counts = [bag.map_partitions(dask_tasks.count, token="unread") for bag in translator.unread()]
