@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import apache_beam as beam
+import pyarrow as pa
 import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.transforms.window import FixedWindows, GlobalWindows, TimestampedValue
@@ -412,6 +413,33 @@ def test_19_a_shuffles_output_partitions_run_on_the_worker_threads_dealt_to_them
         if isinstance(t["key"], tuple) and t["key"][0].startswith("Spread-")
     }
     assert placed == {j: slots[j % 2] for j in range(4)}, placed
+
+
+def _batches(_: bytes) -> Iterator[pa.RecordBatch]:
+    whole = pa.record_batch({"k": pa.array(range(800)), "s": pa.array([str(k) for k in range(800)])})
+    yield from (whole.slice(100 * k, 100) for k in range(8))
+
+
+def test_20_arrow_batches_cross_workers_as_the_rows_they_hold(scheduler: str, tmp_path: Path) -> None:
+    """Assumption 20. Slices of one batch made on one worker, half of them moved to the other by a Reshuffle
+    (test_19): each arrives with its own rows (runners/dask_partitions.py)."""
+    p = beam.Pipeline(
+        options=PipelineOptions(
+            ["--runner", RUNNER, "--dask_client_address", scheduler, "--dask_npartitions", "4"]
+        )
+    )
+    batches = p | beam.Impulse() | beam.FlatMap(_batches) | beam.Reshuffle()
+    _sink(
+        batches | beam.Map(lambda b: (tuple(b.column("k").to_pylist()), tuple(b.column("s").to_pylist()))),
+        tmp_path,
+        "out",
+    )
+    p.run().wait_until_finish()
+    _check(
+        tmp_path,
+        "out",
+        [(tuple(range(k, k + 100)), tuple(str(i) for i in range(k, k + 100))) for k in range(0, 800, 100)],
+    )
 
 
 def _failing_dofn(x: int) -> int:

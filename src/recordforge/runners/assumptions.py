@@ -197,6 +197,15 @@ ASSUMPTIONS: tuple[Assumption, ...] = (
         "(a shuffle's output partitions are spread over the cluster's worker threads so).",
         (DASK,),
     ),
+    Assumption(
+        20,
+        "Of distributed: a task result whose type has functions registered with "
+        "distributed.protocol.serialize's dask_serialize / dask_deserialize travels between "
+        "workers (and spills) through them, as a header and frames, the receiver importing the "
+        "type's module by its pickled type; dask.sizeof.sizeof.register(type) sizes an element "
+        "for the scheduler and the workers' memory limits.",
+        (DASK,),
+    ),
 )
 
 

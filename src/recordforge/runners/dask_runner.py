@@ -23,7 +23,6 @@ from apache_beam.transforms.window import GlobalWindows
 from apache_beam.typehints import trivial_inference
 
 from recordforge.errors import RecordForgeError
-from recordforge.runners import dask_tasks
 from recordforge.startup import BEAM_VERSION
 
 __all__ = ["BEAM_VERSION", "RUNNER", "DaskRunner", "resolve_runner"]
@@ -67,6 +66,8 @@ try:  # Beam's Dask runner imports dask.bag: without dask[distributed] there is 
     from apache_beam.runners.dask import overrides as _overrides
     from dask.highlevelgraph import HighLevelGraph, MaterializedLayer
     from dask.task_spec import List, Task, TaskRef
+
+    from recordforge.runners import dask_tasks
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     _IMPORT_ERROR: ImportError | None = exc
 else:

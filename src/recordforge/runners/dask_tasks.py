@@ -13,6 +13,8 @@ from apache_beam.transforms.sideinputs import SideInputMap
 from apache_beam.transforms.window import GlobalWindows, TimestampedValue
 from apache_beam.utils.windowed_value import WindowedValue
 
+from recordforge.runners.dask_partitions import Elements
+
 __all__ = [
     "ParDoSpec",
     "by_key",
@@ -70,7 +72,7 @@ class _Receivers(dict):  # type: ignore[type-arg]
 
     def __init__(self, tags: Sequence[str | int | None]) -> None:
         super().__init__()
-        self.out: list[Any] = []
+        self.out = Elements()
         for tag in tags:
             self[tag] = _ListReceiver(self.out, tag, len(tags) > 1)
 
@@ -78,7 +80,7 @@ class _Receivers(dict):  # type: ignore[type-arg]
         return _DropReceiver()
 
 
-def run_bundle(elements: Iterable[WindowedValue], spec: ParDoSpec, *sides: list[WindowedValue]) -> list:
+def run_bundle(elements: Iterable[WindowedValue], spec: ParDoSpec, *sides: list[WindowedValue]) -> Elements:
     """One partition through a DoFn, as one bundle: its WindowedValues, or (tag, WindowedValue)
     pairs when the ParDo has several outputs."""
     fn, args, kwargs, windowing, views = _loads(spec.library, spec.payload)
@@ -98,20 +100,20 @@ def run_bundle(elements: Iterable[WindowedValue], spec: ParDoSpec, *sides: list[
     return receivers.out
 
 
-def select(pairs: Iterable[tuple[str | None, WindowedValue]], tag: str | None) -> list[WindowedValue]:
-    return [wv for t, wv in pairs if t == tag]
+def select(pairs: Iterable[tuple[str | None, WindowedValue]], tag: str | None) -> Elements:
+    return Elements(wv for t, wv in pairs if t == tag)
 
 
-def gather(partitions: list[list[WindowedValue]]) -> list[WindowedValue]:
-    return [wv for part in partitions for wv in part]
+def gather(partitions: list[list[WindowedValue]]) -> Elements:
+    return Elements(wv for part in partitions for wv in part)
 
 
 def count(elements: Iterable[Any]) -> list[int]:
     return [sum(1 for _ in elements)]
 
 
-def read_bundles(bundles: Iterable[bytes], library: str) -> list[WindowedValue]:
-    out: list[WindowedValue] = []
+def read_bundles(bundles: Iterable[bytes], library: str) -> Elements:
+    out = Elements()
     for payload in bundles:
         bundle = _loads(library, payload)
         tracker = bundle.source.get_range_tracker(bundle.start_position, bundle.stop_position)
@@ -119,18 +121,20 @@ def read_bundles(bundles: Iterable[bytes], library: str) -> list[WindowedValue]:
     return out
 
 
-def deal(elements: Iterable[WindowedValue], index: int, n: int) -> tuple[list[WindowedValue], ...]:
+def deal(elements: Iterable[WindowedValue], index: int, n: int) -> tuple[Elements, ...]:
     """Reshuffle's split: element k of partition `index` goes to partition (index + k) mod n."""
-    pieces: tuple[list[WindowedValue], ...] = tuple([] for _ in range(n))
+    pieces = tuple(Elements() for _ in range(n))
     for k, wv in enumerate(elements):
         pieces[(index + k) % n].append(wv)
     return pieces
 
 
-def by_key(elements: Iterable[WindowedValue], _: int, n: int, library: str, coder: bytes) -> tuple:
+def by_key(
+    elements: Iterable[WindowedValue], _: int, n: int, library: str, coder: bytes
+) -> tuple[Elements, ...]:
     """GroupByKey's split: (encoded key, key, value) to the partition of the key's encoding."""
     key_coder = _loads(library, coder)
-    pieces: tuple[list, ...] = tuple([] for _ in range(n))
+    pieces = tuple(Elements() for _ in range(n))
     for wv in elements:
         key, value = wv.value
         encoded = key_coder.encode(key)
@@ -138,7 +142,7 @@ def by_key(elements: Iterable[WindowedValue], _: int, n: int, library: str, code
     return pieces
 
 
-def group(pieces: list[list[tuple[bytes, Any, Any]]]) -> list[WindowedValue]:
+def group(pieces: list[list[tuple[bytes, Any, Any]]]) -> Elements:
     groups: dict[bytes, tuple[Any, list[Any]]] = {}
     for piece in pieces:
         for encoded, key, value in piece:
@@ -146,7 +150,7 @@ def group(pieces: list[list[tuple[bytes, Any, Any]]]) -> list[WindowedValue]:
             if group is None:
                 groups[encoded] = group = (key, [])
             group[1].append(value)
-    return [GlobalWindows.windowed_value(group) for group in groups.values()]
+    return Elements(GlobalWindows.windowed_value(group) for group in groups.values())
 
 
 def running(keys: frozenset[Any], dask_worker: Any = None) -> int:
