@@ -442,6 +442,24 @@ def test_20_arrow_batches_cross_workers_as_the_rows_they_hold(scheduler: str, tm
     )
 
 
+def test_21_a_run_is_handed_the_pipeline_it_was_called_on(scheduler: str, tmp_path: Path) -> None:
+    """Assumption 21: with is_fnapi_compatible() True, Pipeline.run hands the runner the pipeline
+    itself, not one rebuilt from its proto (Beam's test of the proto: every DoFn pickled,
+    unpickled and validated again); the run's output is the same."""
+    handed: list[beam.Pipeline] = []
+
+    class _Handed(dask_runner.DaskRunner):
+        def run_pipeline(self, pipeline: beam.Pipeline, options: PipelineOptions) -> Any:
+            handed.append(pipeline)
+            return super().run_pipeline(pipeline, options)
+
+    p = beam.Pipeline(runner=_Handed(), options=PipelineOptions(["--dask_client_address", scheduler]))
+    _sink(p | beam.Create(range(5)) | beam.Map(lambda x: x * 3), tmp_path, "out")
+    p.run().wait_until_finish()
+    assert len(handed) == 1 and handed[0] is p
+    _check(tmp_path, "out", [0, 3, 6, 9, 12])
+
+
 def _failing_dofn(x: int) -> int:
     if x == 3:
         raise RecordForgeError(f"bad element {x}")

@@ -206,6 +206,14 @@ ASSUMPTIONS: tuple[Assumption, ...] = (
         "for the scheduler and the workers' memory limits.",
         (DASK,),
     ),
+    Assumption(
+        21,
+        "Pipeline.run rebuilds the pipeline from its proto before running it (a test of the proto) "
+        "only when runner.is_fnapi_compatible() is False; when True, the runner's run_pipeline gets "
+        "the pipeline run was called on, and Pipeline.__init__ adds the experiment beam_fn_api to "
+        "the options, which no transform's expansion or Beam code outside the FnApiRunner reads.",
+        (DASK,),
+    ),
 )
 
 
