@@ -26,7 +26,7 @@ from apache_beam.transforms.window import FixedWindows, GlobalWindows, Timestamp
 
 from recordforge.errors import RecordForgeError
 from recordforge.runners import dask_runner
-from recordforge.runners.dask_runner import RUNNER, _slots, resolve_runner
+from recordforge.runners.dask_runner import RUNNER, _slots, _Translator, resolve_runner
 from recordforge.tfrecord import iter_records
 
 BEAM_RUNNER = "apache_beam.runners.dask.dask_runner.DaskRunner"
@@ -383,6 +383,21 @@ def test_default_partitions_without_dask_npartitions(scheduler: str, tmp_path: P
 )
 def test_slots_deal_worker_threads_round_robin(nthreads: dict[str, int], slots: list[str]) -> None:
     assert _slots(nthreads) == slots
+
+
+@pytest.mark.parametrize(
+    ("slots", "n", "groups"),
+    [
+        ((), 3, [(0,), (1,), (2,)]),
+        (("a", "b"), 4, [(0, 2), (1, 3)]),
+        (("a", "b", "a"), 4, [(0, 2, 3), (1,)]),
+        (("b", "a"), 5, [(1, 3), (0, 2, 4)]),
+    ],
+)
+def test_a_shuffles_pieces_are_grouped_by_the_worker_of_their_output(
+    slots: tuple[str, ...], n: int, groups: list[tuple[int, ...]]
+) -> None:
+    assert _Translator(partitions=n, partition_size=None, slots=slots)._groups(n) == groups
 
 
 def test_19_a_shuffles_output_partitions_run_on_the_worker_threads_dealt_to_them(

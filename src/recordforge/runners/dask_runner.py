@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import operator
 import re
 import time
 import uuid
@@ -168,18 +167,25 @@ class _Translator(PipelineVisitor):
             (split_name, i): Task((split_name, i), split, TaskRef(key), i, n, *args)
             for i, key in enumerate(inputs)
         }
-        # (input i, output j) -> the j-th piece of split i: a task of its own, run where the split
-        # ran, so that only that piece travels to the merge.
+        # (input i, worker w) -> the pieces of split i for the output partitions placed on w: a
+        # task of its own, run where the split ran, so that only those pieces travel to w, and
+        # a shuffle makes a task per input partition and worker, not per input and output.
+        groups = self._groups(n)
         pieces = {
-            (piece_name, i, j): Task((piece_name, i, j), operator.getitem, TaskRef((split_name, i)), j)
+            (piece_name, i, g): Task((piece_name, i, g), dask_tasks.take, TaskRef((split_name, i)), outputs)
             for i in range(len(inputs))
-            for j in range(n)
+            for g, outputs in enumerate(groups)
         }
         merged = {
             (out_name, j): Task(
-                (out_name, j), merge, List(*(TaskRef((piece_name, i, j)) for i in range(len(inputs))))
+                (out_name, j),
+                dask_tasks.merge_at,
+                merge,
+                outputs.index(j),
+                List(*(TaskRef((piece_name, i, g)) for i in range(len(inputs)))),
             )
-            for j in range(n)
+            for g, outputs in enumerate(groups)
+            for j in outputs
         }
         layers = dict(bag.dask.layers)
         dependencies = dict(bag.dask.dependencies)
@@ -190,6 +196,16 @@ class _Translator(PipelineVisitor):
         layers[out_name] = MaterializedLayer(merged, annotations=self._placement())
         dependencies[out_name] = {piece_name}
         return db.Bag(HighLevelGraph(layers, dependencies), out_name, n)
+
+    def _groups(self, n: int) -> list[tuple[int, ...]]:
+        """The output partitions of a shuffle, grouped by the worker `_placement` puts them on
+        (each alone when the cluster's workers are not known)."""
+        if not self._slots:
+            return [(j,) for j in range(n)]
+        workers = sorted(set(self._slots))
+        return [
+            tuple(j for j in range(n) if self._slots[j % len(self._slots)] == worker) for worker in workers
+        ]
 
     def _placement(self) -> dict[str, Any] | None:
         """Where a shuffle's output partition j runs: on the j-th worker thread of the cluster as

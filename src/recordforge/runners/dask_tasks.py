@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import importlib
 import zlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,10 +22,12 @@ __all__ = [
     "deal",
     "gather",
     "group",
+    "merge_at",
     "read_bundles",
     "run_bundle",
     "running",
     "select",
+    "take",
     "windowed",
 ]
 
@@ -140,6 +142,18 @@ def by_key(
         encoded = key_coder.encode(key)
         pieces[zlib.crc32(encoded) % n].append((encoded, key, value))
     return pieces
+
+
+def take(pieces: tuple[Elements, ...], outputs: tuple[int, ...]) -> tuple[Elements, ...]:
+    """The pieces of a split bound for `outputs` (the output partitions placed on one worker)."""
+    return tuple(pieces[j] for j in outputs)
+
+
+def merge_at(
+    merge: Callable[[list[Any]], Elements], position: int, groups: list[tuple[Any, ...]]
+) -> Elements:
+    """An output partition: `merge` of its piece, at `position`, in each split's group for it."""
+    return merge([g[position] for g in groups])
 
 
 def group(pieces: list[list[tuple[bytes, Any, Any]]]) -> Elements:
