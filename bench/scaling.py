@@ -3,7 +3,8 @@
 In one run, on the bench table (`bench/table.py`), GZIP, with the schema `make bench` infers:
 1. Parquet at 1, 2, 4, ... workers, plus the default conversion (no runner flags);
 2. one large CSV file at 1 worker and at the most workers;
-3. Dask (a scheduler and single-threaded workers on 127.0.0.1) against the local runner.
+3. Dask (a scheduler and single-threaded workers on 127.0.0.1) against the local runner; with
+   --against REF, REF's Dask runner too, on a cluster of its own, in the same rounds.
 Every conversion is a fresh `bench.approaches recordforge` process. Rounds alternate the cases,
 so each ratio is between medians measured in this run. For each run it records the conversion's
 seconds inside the process, the wall time seen from here, the CPU seconds of its process tree, and
@@ -20,11 +21,14 @@ import json
 import os
 import platform
 import resource
+import socket
 import statistics
 import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
+from typing import Any
 
 from bench.table import ensure_csv, ensure_table
 
@@ -60,8 +64,11 @@ def _tree_pss(root: int) -> int:
     return total
 
 
-def run_once(source: str, output: str, rows: int, flags: list[str], timeout: float = 300) -> dict:
-    """One conversion in a fresh process: in-process and wall seconds, peak PSS of its tree."""
+def run_once(
+    source: str, output: str, rows: int, flags: list[str], timeout: float = 300, tree: str | None = None
+) -> dict:
+    """One conversion in a fresh process: in-process and wall seconds, peak PSS of its tree.
+    With `tree`, that checkout's bench and RecordForge convert."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     proc = subprocess.Popen(
@@ -70,6 +77,7 @@ def run_once(source: str, output: str, rows: int, flags: list[str], timeout: flo
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,
+        env=_env(tree),
     )
     peak = [0]
     done = threading.Event()
@@ -106,6 +114,10 @@ def run_once(source: str, output: str, rows: int, flags: list[str], timeout: flo
         # the wall time, whether more workers cost more CPU per row or left cores idle.
         "cpu": (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime),
     }
+
+
+def _env(tree: str | None) -> dict[str, str] | None:
+    return None if tree is None else {**os.environ, "PYTHONPATH": f"{tree}/src:{tree}"}
 
 
 def workers(n: int) -> list[str]:
@@ -159,12 +171,19 @@ def _interleaved(plan: dict[str, int]) -> list[str]:
 
 
 def _measure(
-    log: Log, cases: dict[str, tuple[int, list[str]]], source: str, out: str, rows: int, schema: str
+    log: Log,
+    cases: dict[str, tuple[int, list[str]]],
+    source: str,
+    out: str,
+    rows: int,
+    schema: str,
+    trees: dict[str, str] | None = None,
 ) -> None:
-    """Each case (runs, flags) converts `source` its number of times, the cases in rounds; then
-    one line per case."""
+    """Each case (runs, flags) converts `source` its number of times, the cases in rounds, with
+    the checkout `trees` names for it (else this one); then one line per case."""
     for case in _interleaved({name: runs for name, (runs, _) in cases.items()}):
-        log.add(case, rows, run_once(source, out, rows, ["--schema", schema, *cases[case][1]]))
+        flags = ["--schema", schema, *cases[case][1]]
+        log.add(case, rows, run_once(source, out, rows, flags, tree=(trees or {}).get(case)))
     for case in cases:
         print(log.line(case, rows), flush=True)
 
@@ -225,69 +244,73 @@ def _csv(args: argparse.Namespace, w: str, schema: str, log: Log) -> None:
     )
 
 
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _cluster(port: int, n: int, logs: Any, tree: str | None) -> list[subprocess.Popen]:
+    """A scheduler on 127.0.0.1:`port` and `n` single-threaded workers, importing `tree`'s code."""
+    common = {"stdout": logs, "stderr": logs, "env": _env(tree)}
+    scheduler = [sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", "127.0.0.1"]
+    procs = [subprocess.Popen([*scheduler, "--port", str(port), "--dashboard-address", ":0"], **common)]
+    time.sleep(2)
+    worker = [sys.executable, "-m", "distributed.cli.dask_worker", f"tcp://127.0.0.1:{port}"]
+    options = ["--nworkers", str(n), "--nthreads", "1", "--host", "127.0.0.1", "--dashboard-address", ":0"]
+    procs.append(subprocess.Popen([*worker, *options], **common))
+    return procs
+
+
+def _against(ref: str, w: str) -> tuple[str, str]:
+    """REF's checkout (bench/run.py's worktree) with its C extension built: (short sha, folder)."""
+    from bench.run import worktree
+
+    sha, tree = worktree(ref, Path(w))
+    if not list((tree / "src" / "recordforge").glob("_native*.so")):
+        build = [sys.executable, "setup.py", "build_ext", "--inplace"]
+        subprocess.run(build, cwd=tree, check=True, capture_output=True)
+    return sha, str(tree)
+
+
 def _dask(args: argparse.Namespace, w: str, schema: str, log: Log) -> None:
     rows = args.rows
     source = ensure_table(os.path.join(w, f"table-{rows}.parquet"), rows)
     n = args.max_workers
-    port = 8786
-    address = f"tcp://127.0.0.1:{port}"
+    ref = _against(args.against, w) if args.against else None
     logs = open(os.path.join(w, "dask.log"), "w")
-    procs = [
-        subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "distributed.cli.dask_scheduler",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(port),
-                "--dashboard-address",
-                ":0",
-            ],
-            stdout=logs,
-            stderr=logs,
-        )
-    ]
+    ports = [_free_port() for _ in range(2 if ref else 1)]
+    procs = _cluster(ports[0], n, logs, None)
+    if ref is not None:  # REF's runner on a cluster of its own, up beside this one
+        procs += _cluster(ports[1], n, logs, ref[1])
     try:
-        time.sleep(2)
-        procs.append(
-            subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "distributed.cli.dask_worker",
-                    address,
-                    "--nworkers",
-                    str(n),
-                    "--nthreads",
-                    "1",
-                    "--host",
-                    "127.0.0.1",
-                    "--dashboard-address",
-                    ":0",
-                ],
-                stdout=logs,
-                stderr=logs,
-            )
-        )
         from distributed import Client
 
         t = time.perf_counter()
-        with Client(address, timeout=60) as client:
-            client.wait_for_workers(n, timeout=120)
+        for port in ports:
+            with Client(f"tcp://127.0.0.1:{port}", timeout=60) as client:
+                client.wait_for_workers(n, timeout=120)
         print(f"3. Dask: {n} single-threaded workers up in {time.perf_counter() - t:.1f} s", flush=True)
-        dask = ["--runner", "DaskRunner", "--dask_client_address", address]
+        local, dask = f"local {n}w (vs dask)", f"dask {n}w"
         cases = {
-            f"local {n}w (vs dask)": (args.dask_rounds, workers(n)),
-            f"dask {n}w": (args.dask_rounds, dask),
+            local: (args.dask_rounds, workers(n)),
+            dask: (
+                args.dask_rounds,
+                ["--runner", "DaskRunner", "--dask_client_address", f"tcp://127.0.0.1:{ports[0]}"],
+            ),
         }
-        _measure(log, cases, source, os.path.join(w, "out-dask"), rows, schema)
-        print(
-            f"Dask / local, {n} workers: "
-            f"{log.median(f'dask {n}w') / log.median(f'local {n}w (vs dask)'):.2f}x",
-            flush=True,
-        )
+        trees = {}
+        if ref is not None:
+            theirs = f"dask {n}w {ref[0]}"
+            cases[theirs] = (
+                args.dask_rounds,
+                ["--runner", "DaskRunner", "--dask_client_address", f"tcp://127.0.0.1:{ports[1]}"],
+            )
+            trees[theirs] = ref[1]
+        _measure(log, cases, source, os.path.join(w, "out-dask"), rows, schema, trees)
+        for case in cases:
+            if case != local:
+                print(f"{case} / local, {n} workers: {log.median(case) / log.median(local):.2f}x", flush=True)
     finally:
         for proc in reversed(procs):
             proc.terminate()
@@ -331,6 +354,11 @@ def main() -> None:
         type=int,
         default=2,
         help="runs of Dask and of the local runner beside it (0 to skip)",
+    )
+    parser.add_argument(
+        "--against",
+        default=None,
+        help="a git ref whose Dask runner also runs, on a cluster of its own, in the same rounds",
     )
     parser.add_argument("--parts", default="parquet,csv,dask")
     parser.add_argument("--workdir", default="bench/out")

@@ -19,13 +19,14 @@ from pathlib import Path
 from typing import Any
 
 import apache_beam as beam
+import pyarrow as pa
 import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.transforms.window import FixedWindows, GlobalWindows, TimestampedValue
 
 from recordforge.errors import RecordForgeError
 from recordforge.runners import dask_runner
-from recordforge.runners.dask_runner import RUNNER, resolve_runner
+from recordforge.runners.dask_runner import RUNNER, _slots, _Translator, resolve_runner
 from recordforge.tfrecord import iter_records
 
 BEAM_RUNNER = "apache_beam.runners.dask.dask_runner.DaskRunner"
@@ -368,6 +369,110 @@ def test_default_partitions_without_dask_npartitions(scheduler: str, tmp_path: P
     p.run().wait_until_finish()
     seen = _seen(tmp_path, "out")
     assert sorted(n for (kind, n), c in seen.items() for _ in range(c) if kind == "bundle") == [2, 2, 2, 2]
+
+
+@pytest.mark.parametrize(
+    ("nthreads", "slots"),
+    [
+        ({}, []),
+        ({"a": 1}, ["a"]),
+        ({"b": 1, "a": 1}, ["a", "b"]),
+        ({"a": 3, "b": 2}, ["a", "b", "a", "b", "a"]),
+        ({"a": 1, "b": 2, "c": 1}, ["a", "b", "c", "b"]),
+    ],
+)
+def test_slots_deal_worker_threads_round_robin(nthreads: dict[str, int], slots: list[str]) -> None:
+    assert _slots(nthreads) == slots
+
+
+@pytest.mark.parametrize(
+    ("slots", "n", "groups"),
+    [
+        ((), 3, [(0,), (1,), (2,)]),
+        (("a", "b"), 4, [(0, 2), (1, 3)]),
+        (("a", "b", "a"), 4, [(0, 2, 3), (1,)]),
+        (("b", "a"), 5, [(1, 3), (0, 2, 4)]),
+    ],
+)
+def test_a_shuffles_pieces_are_grouped_by_the_worker_of_their_output(
+    slots: tuple[str, ...], n: int, groups: list[tuple[int, ...]]
+) -> None:
+    assert _Translator(partitions=n, partition_size=None, slots=slots)._groups(n) == groups
+
+
+def test_19_a_shuffles_output_partitions_run_on_the_worker_threads_dealt_to_them(
+    scheduler: str, tmp_path: Path
+) -> None:
+    """Assumption 19: the placement annotations of a shuffle's output layer are honoured. All
+    eight items start in one partition on one worker; the Reshuffle's output partition j runs on
+    worker j mod 2 (without the annotations, every one where the items were)."""
+    from distributed import Client
+
+    p = beam.Pipeline(
+        options=PipelineOptions(
+            ["--runner", RUNNER, "--dask_client_address", scheduler, "--dask_npartitions", "4"]
+        )
+    )
+    items = p | beam.Impulse() | beam.FlatMap(lambda _: range(8)) | "Spread" >> beam.Reshuffle()
+    _sink(items, tmp_path, "out")
+    with Client(scheduler) as client:
+        client.get_task_stream()  # starts recording where tasks run
+        start = time.time()
+        p.run().wait_until_finish()
+        stream = client.get_task_stream(start=start)
+        slots = _slots(client.nthreads())
+    assert sorted(_seen(tmp_path, "out").elements()) == list(range(8))
+    placed = {
+        t["key"][1]: t["worker"]
+        for t in stream
+        if isinstance(t["key"], tuple) and t["key"][0].startswith("Spread-")
+    }
+    assert placed == {j: slots[j % 2] for j in range(4)}, placed
+
+
+def _batches(_: bytes) -> Iterator[pa.RecordBatch]:
+    whole = pa.record_batch({"k": pa.array(range(800)), "s": pa.array([str(k) for k in range(800)])})
+    yield from (whole.slice(100 * k, 100) for k in range(8))
+
+
+def test_20_arrow_batches_cross_workers_as_the_rows_they_hold(scheduler: str, tmp_path: Path) -> None:
+    """Assumption 20. Slices of one batch made on one worker, half of them moved to the other by a Reshuffle
+    (test_19): each arrives with its own rows (runners/dask_partitions.py)."""
+    p = beam.Pipeline(
+        options=PipelineOptions(
+            ["--runner", RUNNER, "--dask_client_address", scheduler, "--dask_npartitions", "4"]
+        )
+    )
+    batches = p | beam.Impulse() | beam.FlatMap(_batches) | beam.Reshuffle()
+    _sink(
+        batches | beam.Map(lambda b: (tuple(b.column("k").to_pylist()), tuple(b.column("s").to_pylist()))),
+        tmp_path,
+        "out",
+    )
+    p.run().wait_until_finish()
+    _check(
+        tmp_path,
+        "out",
+        [(tuple(range(k, k + 100)), tuple(str(i) for i in range(k, k + 100))) for k in range(0, 800, 100)],
+    )
+
+
+def test_21_a_run_is_handed_the_pipeline_it_was_called_on(scheduler: str, tmp_path: Path) -> None:
+    """Assumption 21: with is_fnapi_compatible() True, Pipeline.run hands the runner the pipeline
+    itself, not one rebuilt from its proto (Beam's test of the proto: every DoFn pickled,
+    unpickled and validated again); the run's output is the same."""
+    handed: list[beam.Pipeline] = []
+
+    class _Handed(dask_runner.DaskRunner):
+        def run_pipeline(self, pipeline: beam.Pipeline, options: PipelineOptions) -> Any:
+            handed.append(pipeline)
+            return super().run_pipeline(pipeline, options)
+
+    p = beam.Pipeline(runner=_Handed(), options=PipelineOptions(["--dask_client_address", scheduler]))
+    _sink(p | beam.Create(range(5)) | beam.Map(lambda x: x * 3), tmp_path, "out")
+    p.run().wait_until_finish()
+    assert len(handed) == 1 and handed[0] is p
+    _check(tmp_path, "out", [0, 3, 6, 9, 12])
 
 
 def _failing_dofn(x: int) -> int:

@@ -188,6 +188,32 @@ ASSUMPTIONS: tuple[Assumption, ...] = (
         "failure, a worker's state.all_running_tasks.",
         (DASK,),
     ),
+    Assumption(
+        19,
+        "Of Dask: a Bag can be made as dask.bag.Bag(HighLevelGraph(layers, dependencies), name, n) "
+        "from MaterializedLayers of dask.task_spec Tasks (TaskRef, List) keyed (name, i); and a "
+        "layer's annotations {'workers': callable(key) -> [address], 'allow_other_workers': True} "
+        "reach distributed's scheduler per key as loose worker restrictions, which it honours "
+        "(a shuffle's output partitions are spread over the cluster's worker threads so).",
+        (DASK,),
+    ),
+    Assumption(
+        20,
+        "Of distributed: a task result whose type has functions registered with "
+        "distributed.protocol.serialize's dask_serialize / dask_deserialize travels between "
+        "workers (and spills) through them, as a header and frames, the receiver importing the "
+        "type's module by its pickled type; dask.sizeof.sizeof.register(type) sizes an element "
+        "for the scheduler and the workers' memory limits.",
+        (DASK,),
+    ),
+    Assumption(
+        21,
+        "Pipeline.run rebuilds the pipeline from its proto before running it (a test of the proto) "
+        "only when runner.is_fnapi_compatible() is False; when True, the runner's run_pipeline gets "
+        "the pipeline run was called on, and Pipeline.__init__ adds the experiment beam_fn_api to "
+        "the options, which no transform's expansion or Beam code outside the FnApiRunner reads.",
+        (DASK,),
+    ),
 )
 
 

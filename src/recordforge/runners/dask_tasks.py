@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import importlib
 import zlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -13,6 +13,8 @@ from apache_beam.transforms.sideinputs import SideInputMap
 from apache_beam.transforms.window import GlobalWindows, TimestampedValue
 from apache_beam.utils.windowed_value import WindowedValue
 
+from recordforge.runners.dask_partitions import Elements
+
 __all__ = [
     "ParDoSpec",
     "by_key",
@@ -20,10 +22,12 @@ __all__ = [
     "deal",
     "gather",
     "group",
+    "merge_at",
     "read_bundles",
     "run_bundle",
     "running",
     "select",
+    "take",
     "windowed",
 ]
 
@@ -70,7 +74,7 @@ class _Receivers(dict):  # type: ignore[type-arg]
 
     def __init__(self, tags: Sequence[str | int | None]) -> None:
         super().__init__()
-        self.out: list[Any] = []
+        self.out = Elements()
         for tag in tags:
             self[tag] = _ListReceiver(self.out, tag, len(tags) > 1)
 
@@ -78,7 +82,7 @@ class _Receivers(dict):  # type: ignore[type-arg]
         return _DropReceiver()
 
 
-def run_bundle(elements: Iterable[WindowedValue], spec: ParDoSpec, *sides: list[WindowedValue]) -> list:
+def run_bundle(elements: Iterable[WindowedValue], spec: ParDoSpec, *sides: list[WindowedValue]) -> Elements:
     """One partition through a DoFn, as one bundle: its WindowedValues, or (tag, WindowedValue)
     pairs when the ParDo has several outputs."""
     fn, args, kwargs, windowing, views = _loads(spec.library, spec.payload)
@@ -98,20 +102,20 @@ def run_bundle(elements: Iterable[WindowedValue], spec: ParDoSpec, *sides: list[
     return receivers.out
 
 
-def select(pairs: Iterable[tuple[str | None, WindowedValue]], tag: str | None) -> list[WindowedValue]:
-    return [wv for t, wv in pairs if t == tag]
+def select(pairs: Iterable[tuple[str | None, WindowedValue]], tag: str | None) -> Elements:
+    return Elements(wv for t, wv in pairs if t == tag)
 
 
-def gather(partitions: list[list[WindowedValue]]) -> list[WindowedValue]:
-    return [wv for part in partitions for wv in part]
+def gather(partitions: list[list[WindowedValue]]) -> Elements:
+    return Elements(wv for part in partitions for wv in part)
 
 
 def count(elements: Iterable[Any]) -> list[int]:
     return [sum(1 for _ in elements)]
 
 
-def read_bundles(bundles: Iterable[bytes], library: str) -> list[WindowedValue]:
-    out: list[WindowedValue] = []
+def read_bundles(bundles: Iterable[bytes], library: str) -> Elements:
+    out = Elements()
     for payload in bundles:
         bundle = _loads(library, payload)
         tracker = bundle.source.get_range_tracker(bundle.start_position, bundle.stop_position)
@@ -119,18 +123,20 @@ def read_bundles(bundles: Iterable[bytes], library: str) -> list[WindowedValue]:
     return out
 
 
-def deal(elements: Iterable[WindowedValue], index: int, n: int) -> tuple[list[WindowedValue], ...]:
+def deal(elements: Iterable[WindowedValue], index: int, n: int) -> tuple[Elements, ...]:
     """Reshuffle's split: element k of partition `index` goes to partition (index + k) mod n."""
-    pieces: tuple[list[WindowedValue], ...] = tuple([] for _ in range(n))
+    pieces = tuple(Elements() for _ in range(n))
     for k, wv in enumerate(elements):
         pieces[(index + k) % n].append(wv)
     return pieces
 
 
-def by_key(elements: Iterable[WindowedValue], _: int, n: int, library: str, coder: bytes) -> tuple:
+def by_key(
+    elements: Iterable[WindowedValue], _: int, n: int, library: str, coder: bytes
+) -> tuple[Elements, ...]:
     """GroupByKey's split: (encoded key, key, value) to the partition of the key's encoding."""
     key_coder = _loads(library, coder)
-    pieces: tuple[list, ...] = tuple([] for _ in range(n))
+    pieces = tuple(Elements() for _ in range(n))
     for wv in elements:
         key, value = wv.value
         encoded = key_coder.encode(key)
@@ -138,7 +144,19 @@ def by_key(elements: Iterable[WindowedValue], _: int, n: int, library: str, code
     return pieces
 
 
-def group(pieces: list[list[tuple[bytes, Any, Any]]]) -> list[WindowedValue]:
+def take(pieces: tuple[Elements, ...], outputs: tuple[int, ...]) -> tuple[Elements, ...]:
+    """The pieces of a split bound for `outputs` (the output partitions placed on one worker)."""
+    return tuple(pieces[j] for j in outputs)
+
+
+def merge_at(
+    merge: Callable[[list[Any]], Elements], position: int, groups: list[tuple[Any, ...]]
+) -> Elements:
+    """An output partition: `merge` of its piece, at `position`, in each split's group for it."""
+    return merge([g[position] for g in groups])
+
+
+def group(pieces: list[list[tuple[bytes, Any, Any]]]) -> Elements:
     groups: dict[bytes, tuple[Any, list[Any]]] = {}
     for piece in pieces:
         for encoded, key, value in piece:
@@ -146,7 +164,7 @@ def group(pieces: list[list[tuple[bytes, Any, Any]]]) -> list[WindowedValue]:
             if group is None:
                 groups[encoded] = group = (key, [])
             group[1].append(value)
-    return [GlobalWindows.windowed_value(group) for group in groups.values()]
+    return Elements(GlobalWindows.windowed_value(group) for group in groups.values())
 
 
 def running(keys: frozenset[Any], dask_worker: Any = None) -> int:
