@@ -17,6 +17,7 @@ wrote them twice: neither is kept). It skips a batch when it is recorded and the
 each of its splits' records; a batch the kept parts hold only some records of (its part was cut
 while the rest was still being written) is converted again, and the writers drop the records
 already held (`Reuse.held`): encoding is deterministic, so a record's place in its batch is too.
+Placed writers record whole shards instead, and keep them by their own rules (placed_pieces.py).
 """
 
 from __future__ import annotations
