@@ -100,6 +100,7 @@ class _Writer:
     firsts: dict[Batch, tuple[int, int]]  # (first place, records) of each batch
     total: int
     shards: dict[int, dict[str, Any]]
+    edges: np.ndarray  # bounds(total, count)
 
 
 def kept_placed(
@@ -136,7 +137,7 @@ def kept_placed(
             if w == writer and good and len({c["sha256"] for c in good}) == 1:
                 kept[shard] = min(good, key=lambda c: c["tmp"])
         if kept:
-            out[writer] = _Writer(count, batches, firsts, total, kept)
+            out[writer] = _Writer(count, batches, firsts, total, kept, bounds(total, count))
     return out
 
 
@@ -147,8 +148,8 @@ def _within(writer: _Writer | None, batch: Batch, n: int, shuffled: bool) -> boo
     if shuffled:  # a permuted batch's records are spread over every shard
         return len(writer.shards) == writer.count
     first = writer.firsts[batch][0]
-    edges = bounds(writer.total, writer.count)
-    lo, hi = np.searchsorted(edges, np.array([first, first + n - 1], dtype=np.uint64), side="right")
+    ends = np.array([first, first + n - 1], dtype=np.uint64)
+    lo, hi = np.searchsorted(writer.edges, ends, side="right")
     return all(s in writer.shards for s in range(int(lo), int(hi) + 1))
 
 
