@@ -184,7 +184,7 @@ def reusable(
             parts.append(record)
     unchanged = {f for f, listed in listed_then.items() if listed is not None and listed == listed_now.get(f)}
     if placed is not None:
-        writers = kept_placed(records, unchanged, placed, _intact)
+        writers = kept_placed(records, listed_then == listed_now, placed, _intact)
         done, keeps = placed_batches(ledger, writers, shuffled=shuffled)
         rows = {b: ledger[b][0] for b in done}
         return Reuse(version, {}, frozenset(done), sum(rows.values()), {}, rows, keeps)

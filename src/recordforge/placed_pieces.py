@@ -11,10 +11,10 @@ docs/architecture.md), each written whole by the worker that made it:
 - `shard-<hex>.json` (the shard writer, once a shard's temporary file is written): that file's
   path, records, bytes, sha256 and record index, and which shard of how many it is.
 
-A rerun keeps a writer's shard when the writer's layouts all agree, every file they name is as
-the killed run listed it, the shard count is this run's, and the file's bytes hash to its sha256
-(two intact copies of a shard, from a retried step, are the same bytes; different bytes keep
-neither). It skips a batch recorded in the ledger when, in every split it has records in, all of
+A rerun keeps a writer's shard when the writer's layouts all agree, the inputs are listed as the
+killed run listed them (the same files, none changed), the shard count is this run's, and the
+file's bytes hash to its sha256 (two intact copies of a shard, from a retried step, are the same
+bytes; different bytes keep neither). It skips a batch recorded in the ledger when, in every split it has records in, all of
 their places fall in kept shards (by position a run of places; shuffled, only when the writer
 keeps every shard). The skipped batches' counts are handed to the placing step, which checks
 that with the batches converted again they make the killed run's layout exactly, before any
@@ -105,13 +105,17 @@ class _Writer:
 
 def kept_placed(
     records: Iterable[dict[str, Any]],
-    unchanged: set[str],
+    same_inputs: bool,
     counts: dict[str, int],
     intact: Callable[[dict[str, Any]], bool],
 ) -> dict[str, _Writer]:
     """Per placed writer of this run (`counts`: its shard count), the killed run's layout and
-    the shards a rerun keeps (see the module); `intact(record)`: the shard's file is there and
-    hashes as recorded. A writer with nothing to keep is left out."""
+    the shards a rerun keeps (see the module); `same_inputs`: the inputs are listed as that run
+    listed them, every file unchanged and none new or gone (a file anywhere moves places);
+    `intact(record)`: the shard's file is there and hashes as recorded. A writer with nothing
+    to keep is left out."""
+    if not same_inputs:
+        return {}
     layouts: dict[str, list[dict[str, Any]]] = {}
     shards: dict[tuple[str, int], list[dict[str, Any]]] = {}
     for r in records:
@@ -125,16 +129,14 @@ def kept_placed(
         batches = found[0]["layout"]
         if count is None or any(r["count"] != count or r["layout"] != batches for r in found):
             continue  # layouts that disagree: nothing of the writer is trusted
-        if not all(f in unchanged for f, _, _ in batches):
-            continue
         firsts, total = {}, 0
         for f, first_row, n in batches:
             firsts[(f, first_row)] = (total, n)
             total += n
         kept: dict[int, dict[str, Any]] = {}
         for (w, shard), copies in shards.items():
-            good = [c for c in copies if c["count"] == count and intact(c)]
-            if w == writer and good and len({c["sha256"] for c in good}) == 1:
+            good = [c for c in copies if w == writer and c["count"] == count and intact(c)]
+            if good and len({c["sha256"] for c in good}) == 1:
                 kept[shard] = min(good, key=lambda c: c["tmp"])
         if kept:
             out[writer] = _Writer(count, batches, firsts, total, kept, bounds(total, count))

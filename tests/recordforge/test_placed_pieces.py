@@ -80,7 +80,15 @@ def test_every_shard_kept_shuffled(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     "case",
-    ["changed input", "other count", "layouts disagree", "corrupt", "two copies differ", "not placed"],
+    [
+        "changed input",
+        "new input",
+        "other count",
+        "layouts disagree",
+        "corrupt",
+        "two copies differ",
+        "not placed",
+    ],
 )
 def test_nothing_is_kept_of_a_shard_that_cannot_be_trusted(tmp_path: Path, case: str) -> None:
     layouts = [LAYOUT, [*LAYOUT[:3], ["b", 5, 9]]] if case == "layouts disagree" else None
@@ -89,6 +97,8 @@ def test_nothing_is_kept_of_a_shard_that_cannot_be_trusted(tmp_path: Path, case:
     now, placed = LISTED, {"data": 4}
     if case == "changed input":
         now = {**LISTED, "b": [21, 2.0]}  # a file the layout names, though shard 0 holds none of it
+    elif case == "new input":  # matched by the pattern since: its records move every place after
+        now = {**LISTED, "c": [5, 3.0]}
     elif case == "other count":
         placed = {"data": 5}
     elif case == "corrupt":
