@@ -14,11 +14,12 @@ docs/architecture.md), each written whole by the worker that made it:
 A rerun keeps a writer's shard when the writer's layouts all agree, the inputs are listed as the
 killed run listed them (the same files, none changed), the shard count is this run's, and the
 file's bytes hash to its sha256 (two intact copies of a shard, from a retried step, are the same
-bytes; different bytes keep neither). It skips a batch recorded in the ledger when, in every split it has records in, all of
-their places fall in kept shards (by position a run of places; shuffled, only when the writer
-keeps every shard). The skipped batches' counts are handed to the placing step, which checks
-that with the batches converted again they make the killed run's layout exactly, before any
-place is given: the kept shards' bytes are then what this run would write.
+bytes; different bytes keep neither). It skips a batch recorded in the ledger when, in every
+split it has records in, all of their places fall in kept shards (by position a run of places;
+shuffled, only when the writer keeps every shard). The skipped batches' counts are handed to the
+placing step, which checks that with the batches converted again they make the killed run's
+layout exactly, before any place is given: the kept shards' bytes are then what this run would
+write.
 """
 
 from __future__ import annotations
