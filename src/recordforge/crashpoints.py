@@ -22,7 +22,7 @@ _reached: dict[str, int] = {}
 
 POINTS = (
     "locked",  # the lock taken and this run's journal entry written
-    "piece_written",  # a finished part and its record written (pieces.py), the run going on
+    "piece_written",  # a finished part or placed shard and its record written, the run going on
     "shards_published",  # the shards moved to their final names in the run's version folder
     "manifest_written",  # the version folder complete, its own metadata.json included
     "staged",  # the top-level files written beside their names, the old version still published

@@ -17,6 +17,7 @@ wrote them twice: neither is kept). It skips a batch when it is recorded and the
 each of its splits' records; a batch the kept parts hold only some records of (its part was cut
 while the rest was still being written) is converted again, and the writers drop the records
 already held (`Reuse.held`): encoding is deterministic, so a record's place in its batch is too.
+Placed writers record whole shards instead, and keep them by their own rules (placed_pieces.py).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from recordforge import layout
+from recordforge.placed_pieces import PlacedKeep, kept_placed, placed_batches
 from recordforge.storage import exists, is_local, list_files, open_read, read_bytes, write_atomically
 
 __all__ = ["BatchLedger", "Reuse", "part_record", "reusable", "write_part_record"]
@@ -108,19 +110,27 @@ class Reuse:
     # (split, file, first_row), the ranges [start, end) of its records not to write again.
     held: dict[str, dict[BatchKey, tuple[tuple[int, int], ...]]] = field(default_factory=dict)
     batch_rows: dict[Batch, int] = field(default_factory=dict)  # the rows of each of `batches`
+    placed: dict[str, PlacedKeep] = field(default_factory=dict)  # by placed writer (placed_pieces.py)
 
     @property
     def files(self) -> frozenset[str]:
-        """The kept parts' files, their record indexes among them."""
+        """The kept parts' and shards' files, their record indexes among them."""
         kept = [p for parts in self.parts.values() for p in parts]
+        kept += [r for keep in self.placed.values() for _, r in keep.shards]
         return frozenset([*(p["tmp"] for p in kept), *(p["index"] for p in kept if p.get("index"))])
+
+    @property
+    def empty(self) -> bool:
+        """Nothing kept: the rerun may as well start clean."""
+        return not self.batches and not self.placed
 
     def describe(self) -> dict[str, Any]:
         return {
             "version": self.version,
             "pieces": len(self.batches),
             "rows": self.rows,
-            "parts": sum(len(p) for p in self.parts.values()),
+            "parts": sum(len(p) for p in self.parts.values())
+            + sum(len(keep.shards) for keep in self.placed.values()),
         }
 
 
@@ -150,20 +160,34 @@ def _intact(part: dict[str, Any]) -> bool:
 
 
 def reusable(
-    output: str, version: str, listed_then: dict[str, list[Any]], listed_now: dict[str, list[Any]]
+    output: str,
+    version: str,
+    listed_then: dict[str, list[Any]],
+    listed_now: dict[str, list[Any]],
+    *,
+    placed: dict[str, int] | None = None,
+    shuffled: bool = False,
 ) -> Reuse:
     """The pieces of the killed run `version` that a rerun keeps (see the module). `listed_then`
-    and `listed_now`: {path: [size, modified]} of the inputs as that run and this one listed them."""
+    and `listed_now`: {path: [size, modified]} of the inputs as that run and this one listed them.
+    `placed`: the shard count of each writer, where the writers are placed (placed_pieces.py;
+    `shuffled`: their places permuted)."""
     folder = layout.pieces_dir(layout.version_root(output, version))
     ledger: dict[Batch, tuple[int, dict[str, int]]] = {}
     parts: list[dict[str, Any]] = []
-    for record in _records(folder):  # none when there is no folder (an object store has none)
-        for file, first_row, rows, records in record.get("batches", []):
+    records = list(_records(folder))  # none when there is no folder (an object store has none)
+    for record in records:
+        for file, first_row, rows, counts in record.get("batches", []):
             if listed_then.get(file) is not None and listed_then.get(file) == listed_now.get(file):
-                ledger[(file, first_row)] = (rows, records)
-        if "tmp" in record:
+                ledger[(file, first_row)] = (rows, counts)
+        if "tmp" in record and "keys" in record:
             parts.append(record)
     unchanged = {f for f, listed in listed_then.items() if listed is not None and listed == listed_now.get(f)}
+    if placed is not None:
+        writers = kept_placed(records, listed_then == listed_now, placed, _intact)
+        done, keeps = placed_batches(ledger, writers, shuffled=shuffled)
+        rows = {b: ledger[b][0] for b in done}
+        return Reuse(version, {}, frozenset(done), sum(rows.values()), {}, rows, keeps)
     parts = [p for p in parts if all(k[1] in unchanged for k in p["keys"])]
     parts = [p for p in _without_overlaps(parts) if _intact(p)]
     batches = _covered(ledger, parts)

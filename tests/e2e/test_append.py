@@ -164,3 +164,44 @@ def test_an_append_killed_before_its_commit_leaves_day_one_published(
     (later,) = forked.together([(argv, 0.0)])
     assert later.code == 0 and "no new input file" in later.stdout, later.stdout
     assert (out / day1["version"]).is_dir() and verify(str(out)) == []
+
+
+def test_a_killed_deterministic_append_resumes_to_the_same_bytes(forked: ForkedRuns, tmp_path: Path) -> None:
+    """--append --deterministic killed at its 3rd new shard (one worker): the rerun keeps the
+    finished new shards and publishes what an uninterrupted append publishes, byte for byte;
+    day one's shards are left as they are."""
+    src = tmp_path / "src"
+    src.mkdir()
+    for i in range(3):
+        _day(src, i)
+
+    def argv(out: Path) -> list[str]:
+        return ["convert", "--source", str(src / "*.parquet"), "--output", str(out), "--schema", SCHEMA,
+                "--append", "--deterministic", "--shard_size", "16KiB",
+                "--direct_num_workers", "1"]  # fmt: skip
+
+    def shards(meta: dict, *, new: bool) -> list[tuple[str, str]]:
+        """(name in its version folder, sha256) of the run's own shards, or of the base's."""
+        return [
+            (s["file"].split("/", 1)[1], s["sha256"])
+            for s in meta["shards"]
+            if s["file"].startswith(meta["version"] + "/") == new
+        ]
+
+    whole, out = tmp_path / "whole", tmp_path / "out"
+    day1 = forked.together([(argv(whole), 0.0), (argv(out), 0.0)])
+    assert [o.code for o in day1] == [0, 0], day1
+    old = _shard_files(out, json.loads((out / layout.METADATA).read_text()))
+    for i in range(3, 6):
+        _day(src, i)
+    env = {crashpoints.ENV: "piece_written", crashpoints.AFTER_ENV: "3"}
+    appended, killed = forked.together([(argv(whole), 0.0), (argv(out), 0.0)], envs=[{}, env])
+    assert appended.code == 0 and killed.code == -9, (appended, killed)
+    (rerun,) = forked.together([(argv(out), 0.0)])
+    assert rerun.code == 0, rerun.stderr
+    meta, expected = (json.loads((o / layout.METADATA).read_text()) for o in (out, whole))
+    assert meta["resumed"]["parts"] == 3 and meta["appended"]["converted"]["files"] == 3
+    assert len(shards(meta, new=True)) > 3 and shards(meta, new=True) == shards(expected, new=True)
+    assert shards(meta, new=False) == shards(expected, new=False)
+    assert {f: v for f, v in _shard_files(out, meta).items() if f in old} == old  # inodes and bytes
+    assert _records(out) == _records(whole) and verify(str(out)) == []

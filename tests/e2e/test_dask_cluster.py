@@ -30,7 +30,7 @@ from demo.sampledata import taxi_table
 from recordforge import crashpoints, layout
 from recordforge.pipelines.convert import run
 from recordforge.runners.dask_runner import RUNNER
-from recordforge.storage import read_bytes
+from recordforge.storage import list_files, read_bytes
 from recordforge.tfrecord import iter_records
 from recordforge.tools.verify import verify
 from recordforge.transforms import csv_ranges
@@ -276,6 +276,57 @@ def test_deterministic_shards_are_byte_identical(cluster: Cluster, gcs_bucket: s
     assert len(dask_shards) == 3 and all(listed == measured for _, listed, measured in dask_shards)
     assert dask_shards == local_shards
     assert verify(f"{gcs_bucket}/dask") == []
+
+
+def test_a_deterministic_run_killed_on_dask_resumes_to_the_same_bytes_on_gcs(
+    cluster: Cluster, gcs_bucket: str, tmp_path: Path
+) -> None:
+    """--deterministic on Dask, to gs://: the whole cluster's work killed (SIGKILL, the workers and
+    then the driver, as when the machines are preempted: a dead driver's tasks would otherwise
+    go on writing every shard) once 7 of the 10 shards are recorded; on a new pair of workers the
+    rerun keeps the finished shards, writes the others and publishes the local runner's bytes."""
+    src = tmp_path / "src"
+    src.mkdir()
+    rows, files = 50_000, 6
+    for i in range(files):
+        pq.write_table(
+            taxi_table(rows, seed=i, first_id=i * rows), src / f"t{i}.parquet", row_group_size=5000
+        )
+    args = ["--source", str(src / "*.parquet"), "--schema", "examples/taxi.yaml"]
+    args += ["--deterministic", "--num_shards", "10"]
+    local, out = f"{gcs_bucket}/local", f"{gcs_bucket}/out"
+    expected = run([*args, "--output", local])
+    cli = [sys.executable, "-m", "recordforge", "convert", *args, "--output", out, *_dask(cluster)]
+    proc = subprocess.Popen(cli, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 180
+    while proc.poll() is None and time.monotonic() < deadline:
+        if sum("/_pieces/shard-" in p and p.endswith(".json") for p in list_files(out)) >= 7:
+            for worker in cluster.workers.values():
+                worker.send_signal(signal.SIGKILL)
+            proc.send_signal(signal.SIGKILL)
+            break
+        time.sleep(0.02)
+    _, err = proc.communicate(timeout=60)
+    for name in list(cluster.workers):  # the module's cluster goes on with two fresh workers
+        cluster.workers.pop(name).wait(timeout=30)
+        cluster.start_worker(f"{name}-again")
+    with _client(cluster) as client:
+        client.wait_for_workers(2, timeout=60)
+    assert proc.returncode == -9, f"the run ended before 7 shards were recorded: {err}"
+    finished = sum("/_pieces/shard-" in p and p.endswith(".json") for p in list_files(out))
+    rerun = subprocess.run(cli, capture_output=True, text=True, timeout=300)
+    assert rerun.returncode == 0, rerun.stderr
+    meta = json.loads(read_bytes(f"{out}/{layout.METADATA}"))
+    resumed = meta["resumed"]
+    assert 7 <= resumed["parts"] == finished < 10, (resumed, finished)
+    assert resumed["rows"] + resumed["rows_converted"] == meta["rows_read"] == rows * files
+
+    def shards(output: str, m: dict[str, Any]) -> list[tuple[str, bytes]]:
+        return [(s["file"].split("/", 1)[1], _raw_bytes(layout.join(output, s["file"]))) for s in m["shards"]]
+
+    assert shards(out, meta) == shards(local, expected)
+    assert verify(out) == []
+    print(f"resumed: {resumed}")
 
 
 def test_a_worker_killed_mid_run(cluster: Cluster, tmp_path: Path) -> None:

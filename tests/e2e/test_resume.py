@@ -50,10 +50,10 @@ def source(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return src
 
 
-def _argv(src: Path, out: Path, *extra: str) -> list[str]:
+def _argv(src: Path, out: Path, *extra: str, workers: str = WORKERS) -> list[str]:
     schema = "examples/taxi.yaml"
     return ["convert", "--source", str(src / "*.parquet"), "--output", str(out), "--schema", schema,
-            "--direct_num_workers", WORKERS, "--shard_size", SHARD, *extra]  # fmt: skip
+            "--direct_num_workers", workers, "--shard_size", SHARD, *extra]  # fmt: skip
 
 
 def _digests(out: Path) -> np.ndarray:
@@ -102,6 +102,76 @@ def test_a_killed_run_is_resumed_by_its_rerun(
     assert np.array_equal(_digests(out), _digests(whole))
     # Nothing of the killed run is left beside the published version: no pieces, no parts.
     assert sorted(p.name for p in (out / meta["version"]).iterdir() if p.name.startswith("_")) == []
+
+
+def _shard_bytes(out: Path) -> dict[str, bytes]:
+    """Each published shard's name (in its version folder) and bytes."""
+    meta = json.loads((out / layout.METADATA).read_text())
+    return {s["file"].split("/", 1)[1]: (out / s["file"]).read_bytes() for s in meta["shards"]}
+
+
+@pytest.fixture(scope="module")
+def deterministic(
+    forked: ForkedRuns, source: Path, tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, bytes]:
+    """An uninterrupted --deterministic run's shards: 10 of them (a shard per 8 MiB of input)."""
+    out = tmp_path_factory.mktemp("deterministic") / "whole"
+    (whole,) = forked.together([(_argv(source, out, "--deterministic"), 0.0)])
+    assert whole.code == 0, whole.stderr
+    return _shard_bytes(out)
+
+
+@pytest.mark.parametrize("how", ["SIGKILL", "SIGINT"])
+def test_a_killed_deterministic_run_resumes_to_the_same_bytes(
+    forked: ForkedRuns, source: Path, deterministic: dict[str, bytes], tmp_path: Path, how: str
+) -> None:
+    """--deterministic: the shards a killed run finished are kept whole. One worker writes the 10
+    shards one after another, so the 7th is 70% of them; the rerun converts the batches of the
+    other three (at most a third of the rows) and publishes the uninterrupted run's bytes."""
+    out = tmp_path / "out"
+    argv = _argv(source, out, "--deterministic", workers="1")
+    env = {crashpoints.ENV: "piece_written", crashpoints.AFTER_ENV: "7"}
+    if how == "SIGINT":
+        env[crashpoints.SIGNAL_ENV] = "SIGINT"
+    (killed,) = forked.together([(argv, 0.0)], envs=[env])
+    assert killed.code == (-9 if how == "SIGKILL" else 130), killed.stderr
+    assert not (out / layout.METADATA).exists()
+    (pieces,) = [p for p in out.glob("v-*/_pieces")]
+    finished = len(list(pieces.glob("shard-*.json")))
+    assert 7 <= finished < len(deterministic)  # a Ctrl-C lands while the worker goes on
+
+    (rerun,) = forked.together([(argv, 0.0)], timeout=300)
+    assert rerun.code == 0, rerun.stderr
+    meta = json.loads((out / layout.METADATA).read_text())
+    resumed = meta["resumed"]
+    assert resumed["version"] == meta["version"] == pieces.parent.name
+    assert resumed["parts"] == finished
+    assert resumed["rows"] + resumed["rows_converted"] == meta["rows_read"] == ROWS * FILES
+    assert 0 < resumed["rows_converted"] <= ROWS * FILES / 3, resumed
+    assert _shard_bytes(out) == deterministic
+    assert verify(str(out)) == []
+    assert sorted(p.name for p in (out / meta["version"]).iterdir() if p.name.startswith("_")) == []
+
+
+def test_a_killed_shuffled_run_keeps_its_shards(forked: ForkedRuns, source: Path, tmp_path: Path) -> None:
+    """--shuffle with splits: every batch has records in every shard, so the rerun converts all
+    of them again, but writes only the shards the killed run had not finished; the bytes are an
+    uninterrupted run's."""
+    flags = ("--shuffle", "--splits", "train=3,test=1")
+    whole, out = tmp_path / "whole", tmp_path / "out"
+    env = {crashpoints.ENV: "piece_written", crashpoints.AFTER_ENV: "5"}
+    first, killed = forked.together(
+        [(_argv(source, whole, *flags, workers="1"), 0.0), (_argv(source, out, *flags, workers="1"), 0.0)],
+        envs=[{}, env],
+    )
+    assert first.code == 0, first.stderr
+    assert killed.code == -9, killed.stderr
+    (rerun,) = forked.together([(_argv(source, out, *flags, workers="1"), 0.0)], timeout=300)
+    assert rerun.code == 0, rerun.stderr
+    resumed = json.loads((out / layout.METADATA).read_text())["resumed"]
+    assert resumed["parts"] == 5 and resumed["pieces"] == 0 and resumed["rows_converted"] == ROWS * FILES
+    assert _shard_bytes(out) == _shard_bytes(whole)
+    assert verify(str(out)) == []
 
 
 def test_resume_false_starts_clean(forked: ForkedRuns, source: Path, tmp_path: Path) -> None:

@@ -4,6 +4,7 @@ places [sN/S, (s+1)N/S): the records in input order (by position) or permuted (b
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Callable
 from pathlib import Path
 
@@ -14,6 +15,8 @@ from apache_beam.testing import test_pipeline
 from apache_beam.testing.util import BeamAssertException, assert_that
 from conftest import DEFAULT_RUNNER
 
+from recordforge.errors import RecordForgeError
+from recordforge.placed_pieces import PlacedKeep, layout_digest
 from recordforge.tfrecord import ShardInfo, iter_records
 from recordforge.transforms.shard_files import write_shard
 from recordforge.transforms.shard_format import TFRecordFormat
@@ -99,3 +102,49 @@ def test_the_placed_writer_refuses_a_rolling_spec(tmp_path: Path) -> None:
     files = ShardFiles.beside(str(tmp_path / "data"), TFRecordFormat("none"))
     with test_pipeline.TestPipeline(runner=DEFAULT_RUNNER) as p, pytest.raises(ValueError, match="not count"):
         write_placed(p | beam.Create([]), files, ShardSpec(Sizing.COUNT, "none", count=2), spill=False)
+
+
+def _place(out: Path, spec: ShardSpec, batches: list, **kwargs: object) -> None:
+    with test_pipeline.TestPipeline(runner=DEFAULT_RUNNER) as p:
+        keyed = p | beam.Create([(key, pa.array(r, pa.large_binary())) for key, r in batches])
+        _ = keyed | WriteTFRecords(str(out), spec, **kwargs)  # type: ignore[arg-type]
+
+
+def _records(folder: Path, kind: str) -> list[dict]:
+    return [json.loads(p.read_text()) for p in sorted(folder.glob(f"{kind}-*.json"))]
+
+
+@pytest.mark.parametrize("spill", [False, True])
+def test_a_rerun_keeps_finished_shards_and_writes_only_the_others(tmp_path: Path, spill: bool) -> None:
+    spec = ShardSpec(Sizing.PLACED, "gzip", count=4)
+    whole = _digests(_write(tmp_path / "whole", spec, lambda _: None, spill=spill))
+    # A killed run's record: its layout, and shards 0 and 2 (batches 0-1 and 4-5) finished.
+    pieces = tmp_path / "pieces"
+    _place(tmp_path / "first", spec, BATCHES, spill=spill, pieces=str(pieces))
+    (recorded,) = {json.dumps(r) for r in _records(pieces, "placed")}  # one layout, however many workers
+    batches = [[f, first, len(r)] for (_, f, first), r in sorted(BATCHES, key=lambda b: b[0])]
+    assert json.loads(recorded) == {"writer": "data", "count": 4, "layout": batches}
+    assert sorted(r["shard"] for r in _records(pieces, "shard")) == [0, 1, 2, 3]
+    kept = []
+    for s in (0, 2):
+        arrays = [pa.array(r, pa.large_binary()) for _, r in BATCHES[2 * s : 2 * s + 2]]
+        temp, _ = write_shard(str(tmp_path / f"kept-{s}.part"), arrays, TFRecordFormat("gzip"))
+        kept.append(
+            (s, {"tmp": temp.tmp, "records": temp.records, "bytes": temp.bytes, "sha256": temp.sha256})
+        )
+    skipped = tuple((f, first, 100) for (_, f, first), _ in (BATCHES[0], BATCHES[1], BATCHES[4], BATCHES[5]))
+    keep = PlacedKeep(4, layout_digest(batches), tuple(kept), skipped)
+    rest = [b for i, b in enumerate(BATCHES) if i in (2, 3, 6, 7)]
+    again = tmp_path / "again"
+    _place(tmp_path / "rerun", spec, rest, spill=spill, pieces=str(again), placed=keep)
+    assert _digests(tmp_path / "rerun") == whole
+    assert sorted(r["shard"] for r in _records(again, "shard")) == [1, 3]  # the kept ones not rewritten
+
+
+def test_a_rerun_whose_counts_are_not_the_killed_runs_publishes_nothing(tmp_path: Path) -> None:
+    spec = ShardSpec(Sizing.PLACED, "gzip", count=4)
+    other = layout_digest([["f0.parquet", 0, 99]])
+    keep = PlacedKeep(4, other, ((0, {"tmp": "x", "records": 1, "bytes": 1, "sha256": "0"}),))
+    with pytest.raises(RecordForgeError, match="records per batch differ"):
+        _place(tmp_path / "out", spec, BATCHES, spill=False, placed=keep)
+    assert not (tmp_path / "out").exists() or not list((tmp_path / "out").glob("data-*"))

@@ -139,8 +139,8 @@ def _unfinished(batch: SourceBatch, finished: frozenset[tuple[str, int]]) -> boo
 
 
 def _pieces(run: Run) -> str | None:
-    """Where the run records its finished pieces for a rerun: rolling writers only (a placed
-    shard depends on every record; tensorflow-transform's analyzers on all of them)."""
+    """Where the run records its finished pieces for a rerun (not with tensorflow-transform,
+    whose analyzers see every record, nor sequences: resolve.py)."""
     return layout.pieces_dir(run.root) if run.resuming is not None and run.resuming.records else None
 
 
@@ -206,6 +206,7 @@ def _write_shards(run: Run, examples: beam.PCollection) -> beam.PCollection:
     reuse = run.resuming.reuse if run.resuming is not None else None
     kept = reuse.parts if reuse is not None else {}
     held = reuse.held if reuse is not None else {}
+    placed = reuse.placed if reuse is not None else {}
     if run.splits is None:
         writer = WriteTFRecords(
             run.root,
@@ -214,6 +215,7 @@ def _write_shards(run: Run, examples: beam.PCollection) -> beam.PCollection:
             pieces=pieces,
             reused=kept.get("data", ()),
             held=held.get("data"),
+            placed=placed.get("data"),
         )
         return examples | "WriteTFRecords" >> writer
     written = []
@@ -231,6 +233,7 @@ def _write_shards(run: Run, examples: beam.PCollection) -> beam.PCollection:
                 pieces=pieces,
                 reused=kept.get(name, ()),
                 held=held.get(name),
+                placed=placed.get(name),
             )
         )
     return written | "AllSplits" >> beam.Flatten()

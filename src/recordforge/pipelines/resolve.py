@@ -340,13 +340,15 @@ def _run(
         share = 1.0 if splits is None else splits.weights[splits.names.index(name)] / sum(splits.weights)
         share = shares.get(name, share)
         shards[name] = shard_spec(config, inputs, name=name, compression=compression, share=share)
-    # A rerun of a killed run's command continues in its version folder (resuming.py); rolling
-    # writers only (a placed shard depends on every record, tensorflow-transform's analyzers and
-    # a sequence's grouping on all of them).
+    # A rerun of a killed run's command continues in its version folder (resuming.py), but for
+    # tensorflow-transform (its analyzers see every record) and sequences (a grouping of all of
+    # them); placed writers keep whole shards (placed_pieces.py).
     eligible = not preprocessing and plan.schema.sequence is None
-    eligible = eligible and all(spec.sizing.rolling for spec in shards.values())
+    placed = {n: s.count for n, s in shards.items() if not s.sizing.rolling} or None
     base = appending.base["version"] if appending is not None else None
-    resuming = plan_resume(config, inputs, state, base=base, eligible=eligible and up_to_date is None)
+    resuming = plan_resume(
+        config, inputs, state, base=base, eligible=eligible and up_to_date is None, placed=placed
+    )
     version = resuming.reuse.version if resuming.reuse is not None else new_version()
     root = version_root(config.output, version)
     traits = runner_traits(options)

@@ -50,11 +50,18 @@ def _resume_key(config: ConvertConfig, inputs: Inputs, base: str | None) -> str:
 
 
 def plan_resume(
-    config: ConvertConfig, inputs: Inputs, state: OutputState | None, *, base: str | None, eligible: bool
+    config: ConvertConfig,
+    inputs: Inputs,
+    state: OutputState | None,
+    *,
+    base: str | None,
+    eligible: bool,
+    placed: dict[str, int] | None = None,
 ) -> Resuming:
     """The killed run of the same command that left the most recent version folder, and what of
-    it may be kept; nothing with --resume=false, where the writers cannot resume (`eligible`:
-    rolling sizing, no tensorflow-transform, no sequences) or when no such run is found."""
+    it may be kept; nothing with --resume=false, where the writers cannot resume (`eligible`: no
+    tensorflow-transform, no sequences) or when no such run is found. `placed`: each writer's
+    shard count where the writers are placed (--deterministic, --shuffle: placed_pieces.py)."""
     listing = {f.path: [f.size, f.modified] for f in inputs.files}
     key = _resume_key(config, inputs, base)
     plain = Resuming(key, listing, eligible)
@@ -69,8 +76,10 @@ def plan_resume(
             continue
         if not isinstance(facts, dict) or facts.get("key") != key:
             continue
-        reuse = reusable(state.output, version, facts.get("inputs") or {}, listing)
-        if not reuse.batches:
+        reuse = reusable(
+            state.output, version, facts.get("inputs") or {}, listing, placed=placed, shuffled=config.shuffle
+        )
+        if reuse.empty:
             return plain
         _LOGGER.warning(
             "%s: resuming the run that wrote %s: keeping %d finished pieces (%d rows) in %d parts "

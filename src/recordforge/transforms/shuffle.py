@@ -11,6 +11,8 @@ import pyarrow as pa
 from apache_beam import typehints
 
 from recordforge import layout
+from recordforge.errors import RecordForgeError
+from recordforge.placed_pieces import PlacedKeep, bounds, layout_digest, layout_of, write_layout
 from recordforge.storage import open_write, read_bytes
 from recordforge.tfrecord import BatchKey
 from recordforge.transforms.coders import declare_element_type
@@ -83,16 +85,33 @@ def _first_records(counts: Iterable[tuple[str, int, int]]) -> tuple[dict[tuple[s
     return firsts, total
 
 
+# The layouts this process has recorded, (folder, writer, digest): once each is enough.
+_RECORDED: set[tuple[str, str, str]] = set()
+
+
 class _ScatterFn(beam.DoFn):
     """Places each record of a batch: its output place (its position, or with a seed that
     position permuted), then its shard; emits one piece per shard, a struct array of (place,
-    record) pairs."""
+    record) pairs. With `pieces` (folder, writer), the records per batch (the layout) are
+    recorded there for a rerun; with `keep`, the pieces of the shards a killed run finished are
+    not emitted, once the layout is checked to be that run's (placed_pieces.py)."""
 
-    def __init__(self, num_shards: int, seed: int | None, salt: str, spill_dir: str | None) -> None:
+    def __init__(
+        self,
+        num_shards: int,
+        seed: int | None,
+        salt: str,
+        spill_dir: str | None,
+        pieces: tuple[str, str] | None = None,
+        keep: PlacedKeep | None = None,
+    ) -> None:
         self._num_shards = num_shards
         self._seed = seed
         self._salt = salt
         self._spill_dir = spill_dir
+        self._pieces = pieces
+        self._expected = keep.layout if keep is not None else None
+        self._kept = keep.kept if keep is not None else frozenset()
         self._seen: tuple[int, dict[tuple[str, int], int], Permutation | None, np.ndarray] | None = None
 
     def _plan(
@@ -101,12 +120,25 @@ class _ScatterFn(beam.DoFn):
         # The side input is the same object for every batch of a bundle: computed once.
         if self._seen is None or self._seen[0] != id(counts):
             firsts, total = _first_records(counts)
-            bounds = np.array(
-                [s * total // self._num_shards for s in range(1, self._num_shards)], dtype=np.uint64
-            )
+            self._check_and_record(counts)
             permute = None if self._seed is None else Permutation(total, self._seed, self._salt)
-            self._seen = (id(counts), firsts, permute, bounds)
+            self._seen = (id(counts), firsts, permute, bounds(total, self._num_shards))
         return self._seen[1], self._seen[2], self._seen[3]
+
+    def _check_and_record(self, counts: list[tuple[str, int, int]]) -> None:
+        if self._pieces is None and self._expected is None:
+            return
+        batches = layout_of(counts)
+        digest = layout_digest(batches)
+        if self._expected is not None and digest != self._expected:
+            # The kept shards hold other places than this run would give: never publish them.
+            raise RecordForgeError(
+                "the records per batch differ from those of the interrupted run this one resumes; "
+                "nothing was published: run again with --resume=false"
+            )
+        if self._pieces is not None and (*self._pieces, digest) not in _RECORDED:
+            write_layout(self._pieces[0], self._pieces[1], self._num_shards, batches)
+            _RECORDED.add((*self._pieces, digest))
 
     def process(
         self, keyed: tuple[BatchKey, pa.Array | str], counts: list[tuple[str, int, int]]
@@ -116,17 +148,17 @@ class _ScatterFn(beam.DoFn):
             records = _read_array(records)
         if not len(records):
             return
-        firsts, permute, bounds = self._plan(counts)
+        firsts, permute, edges = self._plan(counts)
         places = np.arange(len(records), dtype=np.uint64) + np.uint64(firsts[(file, first_row)])
         if permute is not None:
             places = permute(places)
-        shards = np.searchsorted(bounds, places, side="right")
+        shards = np.searchsorted(edges, places, side="right")
         # In input order the shards ascend already: each piece is a slice of the batch.
         order = np.argsort(shards, kind="stable") if permute is not None else None
         ends = np.cumsum(np.bincount(shards, minlength=self._num_shards))
         start = 0
         for shard, end in enumerate(ends.tolist()):
-            if end > start:
+            if end > start and shard not in self._kept:
                 if order is None:
                     keys, taken = places[start:end], records.slice(start, end - start)
                 else:
@@ -188,7 +220,14 @@ class ScatterRecords(beam.PTransform):
     Places are the records' positions, or with `seed` those positions permuted."""
 
     def __init__(
-        self, num_shards: int, seed: int | None, salt: str = "", spill_dir: str | None = None
+        self,
+        num_shards: int,
+        seed: int | None,
+        salt: str = "",
+        spill_dir: str | None = None,
+        *,
+        pieces: tuple[str, str] | None = None,
+        keep: PlacedKeep | None = None,
     ) -> None:
         super().__init__()
         if num_shards < 1:
@@ -197,6 +236,8 @@ class ScatterRecords(beam.PTransform):
         self._seed = seed
         self._salt = salt
         self._spill_dir = spill_dir
+        self._pieces = pieces  # (folder, writer): where the layout is recorded (placed_pieces.py)
+        self._keep = keep
 
     def expand(
         self, batches: beam.PCollection[tuple[BatchKey, pa.Array]]
@@ -205,11 +246,16 @@ class ScatterRecords(beam.PTransform):
         if spill is not None:
             batches = batches | "Spill" >> beam.ParDo(_SpillFn(spill))
         counts = batches | "CountRecords" >> beam.Map(_count)
+        if self._keep is not None and self._keep.counts:
+            # (file, first_row, records) of the batches a killed run finished, not read again
+            skipped = batches.pipeline | "SkippedCounts" >> beam.Create(
+                list(self._keep.counts), reshuffle=False
+            )
+            counts = (counts, skipped) | "AllCounts" >> beam.Flatten()
         if spill is not None:
             batches = batches | "Names" >> beam.Map(_path)
-        pieces = batches | "Place" >> beam.ParDo(
-            _ScatterFn(self._num_shards, self._seed, self._salt, spill), beam.pvalue.AsList(counts)
-        )
+        scatter = _ScatterFn(self._num_shards, self._seed, self._salt, spill, self._pieces, self._keep)
+        pieces = batches | "Place" >> beam.ParDo(scatter, beam.pvalue.AsList(counts))
         if spill is not None:
             return pieces
         # The pieces are Arrow arrays: the coder sizes them from their buffers (coders.py).

@@ -7,6 +7,7 @@ from typing import Any
 import apache_beam as beam
 import pyarrow as pa
 
+from recordforge.placed_pieces import PlacedKeep
 from recordforge.tfrecord import BatchKey, ShardInfo
 from recordforge.transforms.placed import write_placed
 from recordforge.transforms.rolling import WriteRollingShards
@@ -29,7 +30,8 @@ class WriteTFRecords(beam.PTransform):
     `spill` keeps what waits for its grouping in temporary files (for runners that hold a
     grouping in memory). A rolling writer records its parts in the folder
     `pieces` and publishes the `reused` parts of a killed run with its own, less the `held`
-    records of batches converted again (pieces.py).
+    records of batches converted again (pieces.py); a placed writer records its layout and
+    shards there and publishes the shards a killed run finished (`placed`, placed_pieces.py).
     """
 
     def __init__(
@@ -41,22 +43,28 @@ class WriteTFRecords(beam.PTransform):
         pieces: str | None = None,
         reused: tuple[dict[str, Any], ...] = (),
         held: dict[BatchKey, tuple[tuple[int, int], ...]] | None = None,
+        placed: PlacedKeep | None = None,
     ) -> None:
         super().__init__()
-        if (pieces is not None or reused or held) and not spec.sizing.rolling:
-            raise ValueError("only the rolling writer records and reuses pieces")
+        if (reused or held) and not spec.sizing.rolling:
+            raise ValueError("only the rolling writer reuses parts")
+        if placed is not None and spec.sizing.rolling:
+            raise ValueError("only the placed writer keeps placed shards")
         self._output = output
         self._spec = spec
         self._spill = spill
         self._pieces = pieces
         self._reused = reused
         self._held = held
+        self._placed = placed
 
     def expand(self, batches: beam.PCollection[tuple[BatchKey, pa.Array]]) -> beam.PCollection[ShardInfo]:
         spec = self._spec
         files = ShardFiles.beside(shard_prefix(self._output, spec.name), shard_format(spec))
         if not spec.sizing.rolling:
-            return write_placed(batches, files, spec, spill=self._spill)
+            return write_placed(
+                batches, files, spec, spill=self._spill, pieces=self._pieces, keep=self._placed
+            )
         rolling = WriteRollingShards(files, spec, pieces=self._pieces, reused=self._reused, held=self._held)
         if spec.sizing is Sizing.COUNT:
             return batches | "WriteByCount" >> rolling
