@@ -440,18 +440,24 @@ def test_array_record_and_indexed_shards_on_gcs_read_at_random(cluster: Cluster,
     assert records["dask"] == records["local"] == records["indexed"]
 
 
+def _kill_test_input(tmp_path: Path, rows: int, files: int) -> list[str]:
+    """`files` Parquet files of `rows` rows (row groups of 5,000) under tmp_path/src, and the
+    flags converting them in shards of 256 KiB (about a part per 5,000 rows)."""
+    src = tmp_path / "src"
+    src.mkdir()
+    for i in range(files):
+        table = taxi_table(rows, seed=i, first_id=i * rows)
+        pq.write_table(table, src / f"t{i}.parquet", row_group_size=5000)
+    return ["--source", str(src / "*.parquet"), "--schema", "examples/taxi.yaml", "--shard_size", "256KiB"]
+
+
 def test_a_run_killed_on_dask_is_resumed_by_its_rerun(cluster: Cluster, tmp_path: Path) -> None:
     """The driver of a Dask run killed (SIGKILL) once about 70% of its parts are recorded; once
     the cluster is idle, the same command resumes: it converts at most a third of the rows and
     publishes the records the local runner does."""
-    src = tmp_path / "src"
-    src.mkdir()
     rows, files = 50_000, 6
-    for i in range(files):
-        table = taxi_table(rows, seed=i, first_id=i * rows)
-        pq.write_table(table, src / f"t{i}.parquet", row_group_size=5000)
+    args = _kill_test_input(tmp_path, rows, files)
     out, local = tmp_path / "out", tmp_path / "local"
-    args = ["--source", str(src / "*.parquet"), "--schema", "examples/taxi.yaml", "--shard_size", "256KiB"]
     expected = run([*args, "--output", str(local)])
     parts = expected["num_records"] * 53 // (256 << 10)  # about as many full parts as shards
     cli = [sys.executable, "-m", "recordforge", "convert", *args, "--output", str(out), *_dask(cluster)]
@@ -483,14 +489,9 @@ def test_a_worker_killed_at_a_finished_piece(cluster: Cluster, tmp_path: Path) -
     again on the other workers, and the run either completes or fails with one line. Completed,
     it publishes the local runner's records exactly once (the dead worker's recorded parts are
     not published beside the retried tasks' copies); failed, the same command resumes and does."""
-    src = tmp_path / "src"
-    src.mkdir()
     rows, files = 50_000, 6
-    for i in range(files):
-        table = taxi_table(rows, seed=i, first_id=i * rows)
-        pq.write_table(table, src / f"t{i}.parquet", row_group_size=5000)
+    args = _kill_test_input(tmp_path, rows, files)
     out, local = tmp_path / "out", tmp_path / "local"
-    args = ["--source", str(src / "*.parquet"), "--schema", "examples/taxi.yaml", "--shard_size", "256KiB"]
     run([*args, "--output", str(local)])
     crash = {crashpoints.ENV: "piece_written", crashpoints.AFTER_ENV: "5"}
     doomed = cluster.start_worker("doomed", env=crash)
