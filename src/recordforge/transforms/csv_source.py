@@ -14,6 +14,7 @@ import pyarrow.csv as pacsv
 from apache_beam.metrics import Metrics
 
 from recordforge.errors import SourceError
+from recordforge.read_ahead import ReadAhead
 from recordforge.storage import open_input
 from recordforge.traits import RunnerTraits
 from recordforge.transforms import csv_ranges
@@ -32,7 +33,6 @@ from recordforge.transforms.source_types import (
     FileInfo,
     SourceBatch,
     expand_patterns,
-    read_ahead,
     unreadable,
 )
 
@@ -158,6 +158,10 @@ class _ReadCsvFn(SharedItemsFn):
         self._strict = strict
         self._skip = skip_unreadable
         self._work_items = Metrics.counter("recordforge", "csv_work_items")  # examples.NAMESPACE
+        self._ahead = ReadAhead(depth=2)
+
+    def teardown(self) -> None:
+        self._ahead.close()
 
     def _passes(self) -> tuple[_Types, frozenset[str], _Types, frozenset[str]]:
         """Column types and columns whose empty cell is a null, of the first and the text pass."""
@@ -181,7 +185,7 @@ class _ReadCsvFn(SharedItemsFn):
                 # Parsed ahead on a thread (Arrow's parser releases the GIL): the next block is
                 # parsed while this one is conformed and encoded, on a core that is otherwise idle
                 # with one worker.
-                yield from read_ahead(self._read(item, first, cursor, empty_is_null=first_nulls))
+                yield from self._ahead(self._read(item, first, cursor, empty_is_null=first_nulls))
             except pa.ArrowInvalid as exn:
                 # A cell did not convert, in a block pyarrow does not place in the file.
                 _LOGGER.info("%s: typed CSV parse failed (%s); re-reading as text", path, exn)

@@ -11,6 +11,7 @@ import pyarrow.parquet as pq
 from apache_beam.metrics import Metrics
 
 from recordforge.errors import SourceError
+from recordforge.read_ahead import ReadAhead
 from recordforge.storage import open_input
 from recordforge.traits import RunnerTraits
 from recordforge.transforms.coders import declare_element_type
@@ -54,6 +55,10 @@ class _ReadParquetFn(SharedItemsFn):
         self._batch_size = batch_size
         self._skip = skip_unreadable
         self._finished = dict(finished or {})
+        self._ahead = ReadAhead()
+
+    def teardown(self) -> None:
+        self._ahead.close()
 
     def _all_finished(self, path: str, first_row: int, rows: int) -> bool:
         """Whether every batch of rows [first_row, first_row + rows) of `path`, cut as read_rows
@@ -103,7 +108,8 @@ class _ReadParquetFn(SharedItemsFn):
         name = self.name(element)
         rows = 0
         try:
-            for batch in self._batches(element):
+            # The next batch decodes on the read-ahead thread while this one is encoded downstream.
+            for batch in self._ahead(self._batches(element)):
                 if claims is not None and not claims.claim(f"{name}@{batch.first_row}"):
                     break
                 yield batch

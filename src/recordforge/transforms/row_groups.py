@@ -95,7 +95,9 @@ def read_rows(
     was opened on (with `options`), fixed-size-list columns read as fixed_lists.py reads them."""
     end = None if rows is None else skip + rows
     at = 0
-    read = {"batch_size": batch_size, "row_groups": [group], "columns": columns}
+    # One thread per read: the reader decodes ahead on a thread of its own (parquet_source.py), and
+    # workers are as many as the cores; Arrow's pool on top would only contend with them.
+    read = {"batch_size": batch_size, "row_groups": [group], "columns": columns, "use_threads": False}
     batches = pf.iter_batches(**read) if source is None else iter_batches(pf, source, options or {}, **read)
     for batch in batches:
         lo, at = at, at + batch.num_rows

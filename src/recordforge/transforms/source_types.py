@@ -1,15 +1,12 @@
-"""What every source shares: `SourceBatch`, the files it lists, its tagged outputs, reading ahead."""
+"""What every source shares: `SourceBatch`, the files it lists, its tagged outputs."""
 
 from __future__ import annotations
 
 import json
 import logging
 import os
-import queue
-import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import TypeVar
 
 import apache_beam as beam
 import pyarrow as pa
@@ -21,7 +18,6 @@ from recordforge.transforms.coders import SourceBatchCoder
 __all__ = [
     "expand_patterns",
     "FileInfo",
-    "read_ahead",
     "REJECTED",
     "SourceBatch",
     "UNREADABLE",
@@ -84,52 +80,3 @@ def unreadable(path: str, error: str, **extra: object) -> beam.pvalue.TaggedOutp
     """A tagged output naming a file (or part of one) that could not be read, and why."""
     _LOGGER.warning("skipping unreadable input %s: %s", path, error)
     return beam.pvalue.TaggedOutput(UNREADABLE, json.dumps({"file": path, "error": error, **extra}))
-
-
-_T = TypeVar("_T")
-_END = object()
-
-
-def read_ahead(items: Iterator[_T], depth: int = 2) -> Iterator[_T]:
-    """`items`, produced on a thread of their own up to `depth` ahead of the consumer. An exception
-    in the producer is raised here, after the items produced before it; a consumer that stops
-    early stops the producer (and closes `items`) before this generator ends."""
-    ahead: queue.Queue = queue.Queue(depth)
-    stop = threading.Event()
-
-    def produce() -> None:
-        try:
-            for item in items:
-                while not stop.is_set():
-                    try:
-                        ahead.put((item, None), timeout=0.1)
-                        break
-                    except queue.Full:
-                        continue
-                if stop.is_set():
-                    return
-            ahead.put((_END, None))
-        except BaseException as exn:  # handed to the consumer, which raises it
-            ahead.put((_END, exn))
-        finally:
-            if stop.is_set() and hasattr(items, "close"):
-                items.close()
-
-    thread = threading.Thread(target=produce, name="recordforge-read-ahead", daemon=True)
-    thread.start()
-    try:
-        while True:
-            item, exn = ahead.get()
-            if exn is not None:
-                raise exn
-            if item is _END:
-                return
-            yield item
-    finally:
-        stop.set()
-        while thread.is_alive():  # let a producer blocked on a full queue see `stop`
-            try:
-                ahead.get(timeout=0.1)
-            except queue.Empty:
-                pass
-        thread.join()
