@@ -10,7 +10,8 @@
  *               | (0x0A len value)*                bytes: one field per value
  *
  * which is protobuf's deterministic serialization of the same message, byte for byte. Every
- * length is computed in a first pass over the batch, the bytes written in a second.
+ * length is computed in a first pass over the batch (column by column), the bytes written in a
+ * second (row by row).
  */
 #include "_native.h"
 
@@ -91,18 +92,11 @@ static inline int64_t entry_len(const Column *c, int64_t payload) {
     return c->key_len + 1 + varint_len((uint64_t)feature) + feature;
 }
 
-static uint8_t *write_entry(uint8_t *p, const Column *c, Py_ssize_t i, int64_t payload) {
-    int64_t list = list_len(c->kind, payload);
-    int64_t feature = 1 + varint_len((uint64_t)list) + list;
-    int64_t entry = c->key_len + 1 + varint_len((uint64_t)feature) + feature;
-    *p++ = 0x0A; /* Features.feature: a map entry */
-    p = put_varint(p, (uint64_t)entry);
-    memcpy(p, c->key, (size_t)c->key_len);
-    p += c->key_len;
-    *p++ = 0x12; /* MapEntry.value */
-    p = put_varint(p, (uint64_t)feature);
-    *p++ = FEATURE_TAG[c->kind];
-    p = put_varint(p, (uint64_t)list);
+/* Where an entry is under 128 bytes, every length in it is one byte: the common case, written
+ * without varint loops. */
+enum { SMALL = 128 };
+
+static inline uint8_t *write_values(uint8_t *p, const Column *c, Py_ssize_t i, int64_t payload) {
     int64_t lo, hi;
     value_range(c, i, &lo, &hi);
     if (c->kind == KIND_BYTES) {
@@ -133,6 +127,57 @@ static uint8_t *write_entry(uint8_t *p, const Column *c, Py_ssize_t i, int64_t p
     }
     for (int64_t j = lo; j < hi; j++) p = put_varint(p, (uint64_t)int_value(c, j));
     return p;
+}
+
+static uint8_t *write_entry(uint8_t *p, const Column *c, Py_ssize_t i, int64_t payload) {
+    int64_t list = list_len(c->kind, payload);
+    int64_t feature = 1 + varint_len((uint64_t)list) + list;
+    int64_t entry = c->key_len + 1 + varint_len((uint64_t)feature) + feature;
+    *p++ = 0x0A; /* Features.feature: a map entry */
+    if (entry < SMALL) {
+        *p++ = (uint8_t)entry;
+        memcpy(p, c->key, (size_t)c->key_len);
+        p += c->key_len;
+        p[0] = 0x12; /* MapEntry.value */
+        p[1] = (uint8_t)feature;
+        p[2] = FEATURE_TAG[c->kind];
+        p[3] = (uint8_t)list;
+        return write_values(p + 4, c, i, payload);
+    }
+    p = put_varint(p, (uint64_t)entry);
+    memcpy(p, c->key, (size_t)c->key_len);
+    p += c->key_len;
+    *p++ = 0x12; /* MapEntry.value */
+    p = put_varint(p, (uint64_t)feature);
+    *p++ = FEATURE_TAG[c->kind];
+    p = put_varint(p, (uint64_t)list);
+    return write_values(p, c, i, payload);
+}
+
+/* The first pass over one column: each row's payload (-1: absent) into lens[i * nc], and its
+ * map entry's bytes (with the field's tag and length) added to totals[i]. Returns the first row
+ * out of its buffers, or -1. Column by column, so that the kind's branches are decided once. */
+static Py_ssize_t measure_column(const Column *c, Py_ssize_t n, Py_ssize_t nc, int64_t *lens, int64_t *totals) {
+    int64_t small[SMALL]; /* an entry's bytes by payload, for the payloads below SMALL */
+    for (int64_t p = 0; p < SMALL; p++) {
+        int64_t entry = entry_len(c, p);
+        small[p] = 1 + varint_len((uint64_t)entry) + entry;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int64_t payload = -1;
+        if (present(c, i)) {
+            payload = payload_len(c, i);
+            if (payload < 0) return i;
+            if (payload < SMALL) {
+                totals[i] += small[payload];
+            } else {
+                int64_t entry = entry_len(c, payload);
+                totals[i] += 1 + varint_len((uint64_t)entry) + entry;
+            }
+        }
+        lens[i * nc] = payload;
+    }
+    return -1;
 }
 
 /* ---- buffers from Python ---- */
@@ -232,28 +277,18 @@ PyObject *encode_examples(PyObject *self, PyObject *args) {
     if (!offsets) goto done;
     int64_t *off = (int64_t *)PyByteArray_AS_STRING(offsets);
     Py_ssize_t bad = -1, bad_col = 0;
+    int64_t *totals = lens + n * nc;
     Py_BEGIN_ALLOW_THREADS
-    off[0] = 0;
-    for (Py_ssize_t i = 0; i < n && bad < 0; i++) {
-        int64_t total = 0;
-        for (Py_ssize_t k = 0; k < nc; k++) {
-            const Column *c = &cols[k];
-            int64_t payload = -1;
-            if (present(c, i)) {
-                payload = payload_len(c, i);
-                if (payload < 0) {
-                    bad = i;
-                    bad_col = k;
-                    break;
-                }
-                int64_t entry = entry_len(c, payload);
-                total += 1 + varint_len((uint64_t)entry) + entry;
-            }
-            lens[i * nc + k] = payload;
+    memset(totals, 0, (size_t)n * sizeof(int64_t));
+    for (Py_ssize_t k = 0; k < nc; k++) {
+        Py_ssize_t row = measure_column(&cols[k], n, nc, lens + k, totals);
+        if (row >= 0 && (bad < 0 || row < bad)) { /* the first bad row, and its first bad column */
+            bad = row;
+            bad_col = k;
         }
-        lens[n * nc + i] = total;
-        off[i + 1] = off[i] + 1 + varint_len((uint64_t)total) + total;
     }
+    off[0] = 0;
+    for (Py_ssize_t i = 0; i < n; i++) off[i + 1] = off[i] + 1 + varint_len((uint64_t)totals[i]) + totals[i];
     Py_END_ALLOW_THREADS
     if (bad >= 0) {
         PyErr_Format(PyExc_ValueError, "row %zd of column %zd reaches outside its buffers", bad, bad_col);

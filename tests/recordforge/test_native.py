@@ -232,3 +232,64 @@ def test_unaligned_buffers_encode_and_frame_alike() -> None:
     valid, offsets, data = encoded.buffers()
     shifted = pa.Array.from_buffers(pa.large_binary(), len(encoded), [valid, _unaligned(offsets), data])
     assert framed(shifted)[1].tobytes() == framed(encoded)[1].tobytes()
+
+
+@pytest.mark.parametrize("key", ["k", "key_of_5_", "a_key_of_twenty_bytes"])
+def test_entries_either_side_of_one_byte_lengths_match_protobuf(key: str) -> None:
+    """An entry under 128 bytes is written with one-byte lengths, a longer one with varints: every
+    kind at every size across that line, scalar and list, matches protobuf."""
+    n = 150
+    plan = compile_schema(
+        schema_from_dict(
+            {
+                "features": [
+                    {"name": key + "s", "type": "string", "column": "s"},
+                    {"name": key + "i", "type": "int64", "shape": [-1], "column": "i"},
+                    {"name": key + "f", "type": "float32", "shape": [-1], "column": "f"},
+                    {"name": key + "b", "type": "bytes", "shape": [-1], "column": "b"},
+                ]
+            }
+        )
+    )
+    batch = pa.RecordBatch.from_pydict(
+        {
+            "s": pa.array(["x" * k for k in range(n)]),
+            "i": pa.array([[300] * (k // 2) for k in range(n)], pa.list_(pa.int64())),  # 2 bytes each
+            "f": pa.array([[1.5] * (k // 4) for k in range(n)], pa.list_(pa.float32())),
+            "b": pa.array([[b"y" * k, b""] for k in range(n)], pa.list_(pa.binary())),
+        }
+    )
+    conformed = conform_batch(batch, plan, file="mem", first_row=0).batch
+    kinds = {c.name: c.kind.name for c in plan.columns}
+    expected = [_protobuf(row, kinds) for row in conformed.to_pylist()]
+    assert ExampleEncoder(plan).encode(conformed).to_pylist() == expected
+
+
+def test_encoder_names_the_first_bad_row_and_its_first_bad_column() -> None:
+    good = (b"\x0a\x01a", 2, None, 0, None, 0, np.arange(3, dtype=np.int64), 0, None)
+    late = (
+        b"\x0a\x01b",
+        2,
+        None,
+        0,
+        np.array([0, 1, 2, 9], np.int64),
+        0,
+        np.arange(3, dtype=np.int64),
+        0,
+        None,
+    )
+    early = (
+        b"\x0a\x01c",
+        2,
+        None,
+        0,
+        np.array([0, 1, 9, 9], np.int64),
+        0,
+        np.arange(3, dtype=np.int64),
+        0,
+        None,
+    )
+    with pytest.raises(ValueError, match="row 1 of column 2 reaches outside its buffers"):
+        _native.encode_examples(3, [good, late, early])
+    with pytest.raises(ValueError, match="row 1 of column 1 reaches outside its buffers"):
+        _native.encode_examples(3, [good, early, early])
