@@ -63,6 +63,16 @@ def test_chunks_of_few_shards_over_workers(tmp_path: Path) -> None:
     assert results[0].acc.chunks >= 2  # a shard of several chunks, merged
 
 
+def test_no_shards_and_missing_shards_end_the_scan(tmp_path: Path) -> None:
+    """The workers are told to end when the last reader is done, also where there is none, or
+    where every shard is missing."""
+    assert scan_shards([], _Sum, what="test", workers=2) == []
+    missing = [(str(tmp_path / "a.tfrecord.gz"), "gzip"), (str(tmp_path / "b.tfrecord.gz"), "gzip")]
+    results = scan_shards(missing, _Sum, what="test", workers=3)
+    assert [r.missing for r in results] == [True, True]
+    assert [r.acc.records for r in results] == [0, 0]
+
+
 def test_a_failing_worker_stops_the_scan(tmp_path: Path) -> None:
     shards = _shards(tmp_path)
     start = time.monotonic()

@@ -196,22 +196,38 @@ def _by_chunk(
             except queue.Full:
                 continue
 
+    reading = [len(shards)]
+    lock = threading.Lock()
+
     def reader(i: int) -> None:
         path, compression = shards[i]
         name = posixpath.basename(path)
-        results[i] = _read(path, compression, lambda chunk: hand((i, name, chunk)))
+        try:
+            results[i] = _read(path, compression, lambda chunk: hand((i, name, chunk)))
+        finally:
+            with lock:
+                reading[0] -= 1
+                last = not reading[0]
+            if last:
+                end()
+
+    def end() -> None:
+        """Every chunk is queued: one end mark per worker, as soon as the last reader is done."""
+        try:
+            for _ in procs:
+                hand(None)
+        except RuntimeError:
+            pass  # the scan failed: the workers are stopped instead
 
     threads = [threading.Thread(target=reader, args=(i,), daemon=True) for i in range(len(shards))]
     for t in threads:
         t.start()
+    if not threads:
+        end()
     merged: dict[int, Accumulator] = {}
-    answered, closed = 0, False
+    answered = 0
     try:
         while answered < workers:
-            if not closed and not any(t.is_alive() for t in threads):
-                for _ in procs:
-                    hand(None)  # every chunk is queued: one end mark per worker
-                closed = True
             try:
                 ok, payload = outbox.get(timeout=0.25)
             except queue.Empty:
