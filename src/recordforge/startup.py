@@ -19,6 +19,13 @@ library caller's imports and heap are left as they are.
   walked again; the few objects that were already garbage then stay until the process ends).
   At exit, one collection of what the run made runs the finalizers of its garbage, then
   everything is frozen, so that the interpreter's own last collections walk nothing.
+- Arrow allocates from mimalloc by default, which gives a block freed by another thread than the
+  one that allocated it back to that thread's heap only later. A conversion's readers decode on a
+  thread of their own (read_ahead.py) and its batches are freed on the encoding thread, so new
+  batches kept taking fresh pages. The command's process allocates Arrow's buffers with the
+  system allocator (glibc returns such a block to its arena at once), unless
+  ARROW_DEFAULT_MEMORY_POOL names one. Output bytes do not depend on it: the command's and the
+  library's writes are compared in tests/e2e/test_startup.py.
 """
 
 from __future__ import annotations
@@ -100,6 +107,7 @@ def heavy_imports() -> Iterator[None]:
         sys.meta_path.insert(0, unavailable)
     try:
         yield
+        _system_allocator()
     finally:
         with contextlib.suppress(ValueError):  # already gone: nothing to undo
             if unavailable is not None:
@@ -107,6 +115,15 @@ def heavy_imports() -> Iterator[None]:
         gc.freeze()
         if enabled:
             gc.enable()
+
+
+def _system_allocator() -> None:
+    """Arrow's buffers from the system allocator (see the module docstring)."""
+    if "ARROW_DEFAULT_MEMORY_POOL" in os.environ:
+        return
+    import pyarrow as pa
+
+    pa.set_memory_pool(pa.system_memory_pool())
 
 
 def before_exit() -> None:

@@ -119,7 +119,8 @@ import apache_beam.io.gcp.bigquery, apache_beam.io.gcp.pubsub
 import pyarrow as pa
 # pyarrow behaves as in any process (it gives pandas Timestamps for nanoseconds when it has pandas)
 ns = type(pa.scalar(1, pa.timestamp("ns")).as_py()).__name__
-print(json.dumps({"loaded": loaded, "frozen": frozen > 0, "gc": gc.isenabled(), "ns": ns,
+pool = pa.default_memory_pool().backend_name
+print(json.dumps({"loaded": loaded, "pool": pool, "frozen": frozen > 0, "gc": gc.isenabled(), "ns": ns,
                   "finders": sum(type(f).__module__ == "recordforge.startup" for f in sys.meta_path),
                   "io": all(hasattr(beam.io, n) for n in ("ReadFromParquet", "WriteToTFRecord"))}))
 """
@@ -146,6 +147,20 @@ def test_only_the_commands_own_process_imports_beam_lean_and_freezes(who: str, b
     assert got["frozen"] == (who == "own")
     assert got["gc"] and got["io"] and got["finders"] == 0
     assert got["ns"] == "Timestamp"
+    assert (got["pool"] == "system") == (who == "own")
+
+
+@pytest.mark.parametrize("given", ["jemalloc", "mimalloc"])
+def test_an_arrow_allocator_the_user_names_is_kept(given: str) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-c", _IMPORT_PROBE, "own", "checked"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "ARROW_DEFAULT_MEMORY_POOL": given},
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads(proc.stdout.strip().splitlines()[-1])["pool"] == given
 
 
 _FAILING_IMPORT_PROBE = """
