@@ -228,7 +228,7 @@ def test_a_killed_deterministic_append_resumes_to_the_same_bytes(forked: ForkedR
     (rerun,) = forked.together([(argv(out), 0.0)])
     assert rerun.code == 0, rerun.stderr
     meta, expected = (json.loads((o / layout.METADATA).read_text()) for o in (out, whole))
-    assert meta["resumed"]["parts"] == 3 and meta["appended"]["converted"]["files"] == 3
+    assert meta["resumed"]["shards"] == 3 and meta["appended"]["converted"]["files"] == 3
     assert len(shards(meta, new=True)) > 3 and shards(meta, new=True) == shards(expected, new=True)
     assert shards(meta, new=False) == shards(expected, new=False)
     assert {f: v for f, v in _shard_files(out, meta).items() if f in old} == old  # inodes and bytes
