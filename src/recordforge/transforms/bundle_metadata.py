@@ -183,7 +183,7 @@ def metadata_dict(
 ) -> dict[str, Any]:
     """metadata.json of a version; `previous_version` is the one it replaces (kept until the next)."""
     splits = bool(spec.facts.split_weights)
-    own = [
+    own: list[dict[str, Any]] = [
         {
             "file": layout.relative(s.path, spec.output),
             **({"split": layout.relative(s.path, spec.root).split("/", 1)[0]} if splits else {}),
