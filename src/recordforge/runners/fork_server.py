@@ -11,6 +11,7 @@ import socket
 import struct
 import sys
 import tempfile
+import time
 import traceback
 import uuid
 from collections.abc import Callable
@@ -66,7 +67,9 @@ def request_worker(socket_path: str, env: dict[str, str]) -> socket.socket:
 class ForkServer:
     """A forked copy of this process, made on entry (before the caller starts threads that a
     child could inherit mid-lock), that forks a worker running `work` for each request, in a
-    private temporary folder; stopped, with its workers waited for, on exit."""
+    private temporary folder; stopped on exit, its workers waited for, and those still running
+    then ended: a runner that stopped without closing them (its close cut short by a second
+    Ctrl-C, say) would otherwise leave them waiting for work forever, and the exit with them."""
 
     def __init__(self, work: Work) -> None:
         self._work = work
@@ -113,15 +116,32 @@ def _stop(signum: int, frame: object) -> None:
     raise _Stop
 
 
+# How long a stopped fork server waits for its workers to end before it ends them: a worker
+# the runner closed has reported its status by then and is only leaving; one still running
+# after this was never closed, and nothing will ever give it work again.
+_GRACE_S = 1.0
+
+
 def _serve(listener: socket.socket, parent: int, work: Work) -> None:
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+    workers: set[int] = set()
     try:
-        _accept_loop(listener, parent, work)
+        _accept_loop(listener, parent, work, workers)
     except _Stop:
         pass
     # Wait for the workers (they end when their work does), so that none is left a zombie and
-    # their resource usage counts towards the parent's children.
+    # their resource usage counts towards the parent's children; end those left running.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    deadline = time.monotonic() + _GRACE_S
+    while workers and time.monotonic() < deadline:
+        _reap(workers)
+        time.sleep(0.01)
+    for pid in workers:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
     try:
         while True:
             os.waitpid(-1, 0)
@@ -129,10 +149,10 @@ def _serve(listener: socket.socket, parent: int, work: Work) -> None:
         pass
 
 
-def _accept_loop(listener: socket.socket, parent: int, work: Work) -> None:
+def _accept_loop(listener: socket.socket, parent: int, work: Work, workers: set[int]) -> None:
     while os.getppid() == parent:  # gone with the parent, whatever way it ended
         ready, _, _ = select.select([listener], [], [], 0.5)
-        _reap()
+        _reap(workers)
         if not ready:
             continue
         conn, _ = listener.accept()
@@ -140,18 +160,23 @@ def _accept_loop(listener: socket.socket, parent: int, work: Work) -> None:
         if env is None:
             conn.close()
             continue
-        if os.fork() == 0:
+        pid = os.fork()
+        if pid == 0:
             listener.close()
             _run(conn, env, work)  # never returns
+        workers.add(pid)
         conn.close()
 
 
-def _reap() -> None:
+def _reap(workers: set[int]) -> None:
     try:
-        while os.waitpid(-1, os.WNOHANG)[0]:
-            pass
+        while True:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+            if not pid:
+                return
+            workers.discard(pid)
     except ChildProcessError:
-        pass
+        workers.clear()
 
 
 def _receive_env(conn: socket.socket) -> dict[str, str] | None:
@@ -184,10 +209,12 @@ def _run(conn: socket.socket, env: dict[str, str], work: Work) -> None:
     except BaseException:  # noqa: BLE001
         traceback.print_exc()
     finally:
+        # Flushed before the status is sent: once the runner has it, the fork server may end
+        # this process (above).
+        sys.stdout.flush()
+        sys.stderr.flush()
         try:
             conn.sendall(bytes([status]))
         except OSError:
             pass
-        sys.stdout.flush()
-        sys.stderr.flush()
         os._exit(status)
