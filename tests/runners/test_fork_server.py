@@ -1,8 +1,10 @@
-"""ForkServer: a stopped server ends the workers nobody closed. Each case runs in a fresh
-interpreter (the only kind of process a fork server is made in: pytest's own may run threads)."""
+"""ForkServer: a stopped server ends the workers nobody closed; a worker whose driver died ends
+quietly. Each case runs in a fresh interpreter (the only kind of process a fork server is made
+in: pytest's own may run threads)."""
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 import textwrap
@@ -73,3 +75,47 @@ def test_a_finished_worker_reports_its_status_and_the_exit_does_not_wait() -> No
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split()[0] == "[0]" and float(proc.stdout.split()[1]) < 1.0, proc.stdout
+
+
+_DRIVER_DIES = """
+def work(env):
+    def fail():
+        raise RuntimeError("thread: the driver's stream is gone")
+
+    os.kill(int(env["DRIVER"]), int(env["SIGNAL"]))  # the driver dies (or not) now
+    time.sleep(0.2)
+    t = threading.Thread(target=fail, name="reader")
+    t.start()
+    t.join()
+    raise RuntimeError("main: the driver's stream is gone")
+
+with ForkServer(work) as server:
+    conn = request_worker(server.path, {"DRIVER": str(os.getpid()), "SIGNAL": sys.argv[1]})
+    print("status", list(conn.recv(1)), flush=True)
+"""
+
+
+def test_a_worker_whose_driver_died_ends_quietly() -> None:
+    """Killed outright, the driver leaves its workers' connections broken; what fails in them
+    then (in Beam's threads and in its harness) is not printed: the driver's death says it."""
+    proc = subprocess.run(
+        [sys.executable, "-c", _PRELUDE + _DRIVER_DIES, str(signal.SIGKILL.value)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == -9
+    assert "Traceback" not in proc.stderr and "stream is gone" not in proc.stderr, proc.stderr
+
+
+def test_a_worker_failing_while_its_driver_lives_prints_why() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-c", _PRELUDE + _DRIVER_DIES, "0"],  # signal 0: the driver lives on
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "status [1]" in proc.stdout
+    assert "thread: the driver's stream is gone" in proc.stderr  # Exception in thread reader
+    assert "main: the driver's stream is gone" in proc.stderr

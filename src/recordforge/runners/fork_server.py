@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import select
@@ -11,6 +12,7 @@ import socket
 import struct
 import sys
 import tempfile
+import threading
 import time
 import traceback
 import uuid
@@ -69,7 +71,9 @@ class ForkServer:
     child could inherit mid-lock), that forks a worker running `work` for each request, in a
     private temporary folder; stopped on exit, its workers waited for, and those still running
     then ended: a runner that stopped without closing them (its close cut short by a second
-    Ctrl-C, say) would otherwise leave them waiting for work forever, and the exit with them."""
+    Ctrl-C, say) would otherwise leave them waiting for work forever, and the exit with them.
+    A worker whose driver died (killed outright) ends quietly: its broken connections say
+    nothing the driver's death did not."""
 
     def __init__(self, work: Work) -> None:
         self._work = work
@@ -81,20 +85,24 @@ class ForkServer:
         listener.bind(path)
         listener.listen(64)
         parent = os.getpid()
+        # Held open by this process alone: the workers' end reads end-of-file once it is gone.
+        alive, self._alive = os.pipe()
         sys.stdout.flush()
         sys.stderr.flush()
         with quiet_heartbeats(), quiet_watches():
             pid = os.fork()
         if pid == 0:  # the fork server
             code = 0
+            os.close(self._alive)
             try:
-                _serve(listener, parent, self._work)
+                _serve(listener, parent, self._work, alive)
             except BaseException:  # noqa: BLE001 - a child must never return into the parent
                 traceback.print_exc()
                 code = 1
             finally:
                 os._exit(code)
         listener.close()
+        os.close(alive)
         self._pid = pid
         self.path = path
         return self
@@ -105,6 +113,8 @@ class ForkServer:
             os.waitpid(self._pid, 0)
         except (ProcessLookupError, ChildProcessError):
             pass
+        finally:
+            os.close(self._alive)
         shutil.rmtree(self._dir, ignore_errors=True)
 
 
@@ -122,12 +132,12 @@ def _stop(signum: int, frame: object) -> None:
 _GRACE_S = 1.0
 
 
-def _serve(listener: socket.socket, parent: int, work: Work) -> None:
+def _serve(listener: socket.socket, parent: int, work: Work, alive: int) -> None:
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     workers: set[int] = set()
     try:
-        _accept_loop(listener, parent, work, workers)
+        _accept_loop(listener, parent, work, alive, workers)
     except _Stop:
         pass
     # Wait for the workers (they end when their work does), so that none is left a zombie and
@@ -149,7 +159,7 @@ def _serve(listener: socket.socket, parent: int, work: Work) -> None:
         pass
 
 
-def _accept_loop(listener: socket.socket, parent: int, work: Work, workers: set[int]) -> None:
+def _accept_loop(listener: socket.socket, parent: int, work: Work, alive: int, workers: set[int]) -> None:
     while os.getppid() == parent:  # gone with the parent, whatever way it ended
         ready, _, _ = select.select([listener], [], [], 0.5)
         _reap(workers)
@@ -163,7 +173,7 @@ def _accept_loop(listener: socket.socket, parent: int, work: Work, workers: set[
         pid = os.fork()
         if pid == 0:
             listener.close()
-            _run(conn, env, work)  # never returns
+            _run(conn, env, work, alive)  # never returns
         workers.add(pid)
         conn.close()
 
@@ -198,16 +208,19 @@ def _recv_exactly(conn: socket.socket, n: int) -> bytes | None:
     return b"".join(chunks)
 
 
-def _run(conn: socket.socket, env: dict[str, str], work: Work) -> None:
+def _run(conn: socket.socket, env: dict[str, str], work: Work, alive: int) -> None:
     """Runs `work` in this forked worker, reports its status, and leaves without interpreter
-    teardown (the parent's atexit hooks are not this process's)."""
+    teardown (the parent's atexit hooks are not this process's). Quiet once the driver is gone
+    (`alive`: the read end of a pipe only the driver writes to)."""
     status = 1
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the fork server's handler is not ours
+    threading.excepthook = functools.partial(_thread_failed, alive, threading.excepthook)
     try:
         work(env)
         status = 0
     except BaseException:  # noqa: BLE001
-        traceback.print_exc()
+        if not _driver_gone(alive):
+            traceback.print_exc()
     finally:
         # Flushed before the status is sent: once the runner has it, the fork server may end
         # this process (above).
@@ -218,3 +231,18 @@ def _run(conn: socket.socket, env: dict[str, str], work: Work) -> None:
         except OSError:
             pass
         os._exit(status)
+
+
+def _driver_gone(alive: int) -> bool:
+    """Whether the driver has died, given what just failed in this worker: its connections
+    break as the kernel closes its files, the pipe among them, so a moment is allowed."""
+    return bool(select.select([alive], [], [], 0.5)[0])
+
+
+def _thread_failed(
+    alive: int, hook: Callable[[threading.ExceptHookArgs], object], args: threading.ExceptHookArgs
+) -> None:
+    """A worker thread's uncaught exception (Beam's data and state threads reading a broken
+    connection), printed unless the driver is gone."""
+    if not _driver_gone(alive):
+        hook(args)
