@@ -28,6 +28,9 @@ POINTS = (
     "staged",  # the top-level files written beside their names, the old version still published
     "committed",  # the top-level metadata.json replaced: the commit point
     "copied",  # _SUCCESS and the top-level copies in place
+    # In the driver, as the local runner closes a forked worker (the others still open): a
+    # Ctrl-C there once left the others waiting for work, and the run waiting for them.
+    "workers_closing",
     "cleaned",  # versions older than the replaced one deleted, the lock still held
 )
 

@@ -125,12 +125,14 @@ class Reuse:
         return not self.batches and not self.placed
 
     def describe(self) -> dict[str, Any]:
+        """metadata.json's `resumed`: a rolling writer's kept files are parts (joined into shards
+        by this run), a placed writer's are whole shards, so they are counted apart."""
         return {
             "version": self.version,
             "pieces": len(self.batches),
             "rows": self.rows,
-            "parts": sum(len(p) for p in self.parts.values())
-            + sum(len(keep.shards) for keep in self.placed.values()),
+            "parts": sum(len(p) for p in self.parts.values()),
+            "shards": sum(len(keep.shards) for keep in self.placed.values()),
         }
 
 

@@ -68,8 +68,9 @@ class Publication:
         resume: dict[str, Any] | None = None,
         kept: frozenset[str] | None = None,
     ) -> None:
-        """`version`: the folder the run writes. `published_is_success`: a failure after this
-        run's commit is logged, not raised (the run is the whole pipeline, and it has published);
+        """`version`: the folder the run writes. `published_is_success`: a failure or an
+        interrupt after this run's commit is logged, not raised (the run is the whole pipeline,
+        and it has published);
         a pipeline of the caller's own keeps its failures, whatever our bundle's fate.
         `resume`: recorded in the journal entry, for a rerun to find this run (pieces.py).
         `kept`: the run continues a killed one in its `version` folder, keeping these files
@@ -135,7 +136,18 @@ class Publication:
             crashpoints.reached("cleaned")
         finally:
             self._lease.release()
-        if exc is not None and isinstance(exc, Exception) and self._published_is_success:
+        if exc is None or not self._published_is_success:
+            return False
+        if _interrupted(exc):
+            # Only the runner's teardown was left (closing its workers): the run is done, and
+            # its exit and closing line say so, not that nothing was published.
+            _LOGGER.warning(
+                "%s: version %s is published; the run was interrupted after its commit",
+                self.output,
+                self.version,
+            )
+            return True
+        if isinstance(exc, Exception):
             _LOGGER.warning(
                 "%s: version %s is published; after its commit the run failed: %s",
                 self.output,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["done_lines"]
+__all__ = ["done_lines", "kept_files"]
 
 
 def _n(count: int, word: str) -> str:
@@ -27,7 +27,14 @@ def done_lines(meta: dict[str, Any]) -> list[str]:
     if resumed:
         lines.append(
             f"resumed: kept {_n(resumed['pieces'], 'finished piece')} ({_n(resumed['rows'], 'row')}, "
-            f"{_n(resumed['parts'], 'part')}) of the interrupted run; "
+            f"{kept_files(resumed)}) of the interrupted run; "
             f"converted {_n(resumed['rows_converted'], 'row')}"
         )
     return lines
+
+
+def kept_files(resumed: dict[str, Any]) -> str:
+    """What a rerun kept, e.g. "3 parts", "7 shards" or "3 parts and 7 shards": a rolling writer's
+    kept files are parts (joined into shards by the rerun), a placed writer's whole shards."""
+    counts = [(resumed.get("parts", 0), "part"), (resumed.get("shards", 0), "shard")]
+    return " and ".join(_n(n, word) for n, word in counts if n) or _n(0, "part")

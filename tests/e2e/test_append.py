@@ -45,8 +45,23 @@ def _shard_files(out: Path, meta: dict) -> dict[str, tuple[int, bytes]]:
     }
 
 
+def _same_second_versions(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every run's version made in the same second, each later one sorting before the earlier
+    ones (their random parts decrease): an append's shards sort before its base's by path."""
+    names = (f"v-20260101T000000Z-{n:08x}" for n in range(0xFFFFFFFF, 0, -1))
+    monkeypatch.setattr("recordforge.pipelines.resolve.new_version", lambda: next(names))
+
+
+def _ids_in_manifest_order(out: Path, split: str | None = None) -> list[int]:
+    records = _split_records(out, split) if split else tf_records(str(out))
+    return [r["trip_id"][0] for r in records]
+
+
 @pytest.mark.parametrize("flags", [{}, {"splits": "train=3,eval=1"}, {"deterministic": True}])
-def test_append_converts_only_the_new_file_and_keeps_the_old_shards(tmp_path: Path, flags: dict) -> None:
+def test_append_converts_only_the_new_file_and_keeps_the_old_shards(
+    tmp_path: Path, flags: dict, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _same_second_versions(monkeypatch)
     src, out, full = tmp_path / "src", tmp_path / "out", tmp_path / "full"
     src.mkdir()
     for i in range(3):
@@ -55,6 +70,8 @@ def test_append_converts_only_the_new_file_and_keeps_the_old_shards(tmp_path: Pa
     day1 = recordforge.convert(pattern, str(out), SCHEMA, append=True, shard_size="20KB", **flags)
     assert "appended" not in day1 and day1["num_records"] == 2100  # nothing published: a plain build
     old = _shard_files(out, day1)
+    splits = ["train", "eval"] if "splits" in flags else [None]
+    ids_before = {split: _ids_in_manifest_order(out, split) for split in splits}
 
     _day(src, 3)
     day2 = recordforge.convert(pattern, str(out), SCHEMA, append=True, shard_size="20KB", **flags)
@@ -71,6 +88,17 @@ def test_append_converts_only_the_new_file_and_keeps_the_old_shards(tmp_path: Pa
     assert {f: v for f, v in _shard_files(out, day2).items() if f in old} == old
     new = [s for s in day2["shards"] if s["file"] not in old]
     assert new and all(s["file"].startswith(day2["version"] + "/") for s in new)
+    # The manifest lists the base's shards first, in the base's order, then the new ones in
+    # path order, though the new version's name sorts first.
+    assert day2["version"] < day1["version"]
+    assert day2["shards"] == [*day1["shards"], *sorted(new, key=lambda s: s["file"])]
+    # So a read in manifest order gives day one's records as before, then the new file's.
+    for split in splits:
+        ids = _ids_in_manifest_order(out, split)
+        kept = len(ids_before[split])
+        assert ids[:kept] == ids_before[split], split
+        assert all(i >= 2100 for i in ids[kept:]), split
+    assert sum(len(_ids_in_manifest_order(out, split)) - len(ids_before[split]) for split in splits) == 700
     assert verify(str(out)) == []
 
     # The records equal a fresh full build's, split by split when there are splits.
@@ -200,7 +228,7 @@ def test_a_killed_deterministic_append_resumes_to_the_same_bytes(forked: ForkedR
     (rerun,) = forked.together([(argv(out), 0.0)])
     assert rerun.code == 0, rerun.stderr
     meta, expected = (json.loads((o / layout.METADATA).read_text()) for o in (out, whole))
-    assert meta["resumed"]["parts"] == 3 and meta["appended"]["converted"]["files"] == 3
+    assert meta["resumed"]["shards"] == 3 and meta["appended"]["converted"]["files"] == 3
     assert len(shards(meta, new=True)) > 3 and shards(meta, new=True) == shards(expected, new=True)
     assert shards(meta, new=False) == shards(expected, new=False)
     assert {f: v for f, v in _shard_files(out, meta).items() if f in old} == old  # inodes and bytes

@@ -98,6 +98,9 @@ def test_a_killed_run_is_resumed_by_its_rerun(
     assert resumed["rows"] + resumed["rows_converted"] == meta["rows_read"] == ROWS * FILES
     assert resumed["rows_converted"] <= ROWS * FILES / 3, resumed
     assert f"converted {resumed['rows_converted']:,} rows" in rerun.stdout
+    # A rolling writer keeps parts (joined into shards by the rerun), never whole shards.
+    assert resumed["parts"] > 0 and resumed["shards"] == 0
+    assert f"{resumed['parts']:,} parts) of the interrupted run" in rerun.stdout
     assert verify(str(out)) == []
     assert np.array_equal(_digests(out), _digests(whole))
     # Nothing of the killed run is left beside the published version: no pieces, no parts.
@@ -145,7 +148,9 @@ def test_a_killed_deterministic_run_resumes_to_the_same_bytes(
     meta = json.loads((out / layout.METADATA).read_text())
     resumed = meta["resumed"]
     assert resumed["version"] == meta["version"] == pieces.parent.name
-    assert resumed["parts"] == finished
+    # A placed writer keeps whole shards, and the closing line says so.
+    assert resumed["shards"] == finished and resumed["parts"] == 0
+    assert f"{finished} shards) of the interrupted run" in rerun.stdout
     assert resumed["rows"] + resumed["rows_converted"] == meta["rows_read"] == ROWS * FILES
     assert 0 < resumed["rows_converted"] <= ROWS * FILES / 3, resumed
     assert _shard_bytes(out) == deterministic
@@ -169,7 +174,8 @@ def test_a_killed_shuffled_run_keeps_its_shards(forked: ForkedRuns, source: Path
     (rerun,) = forked.together([(_argv(source, out, *flags, workers="1"), 0.0)], timeout=300)
     assert rerun.code == 0, rerun.stderr
     resumed = json.loads((out / layout.METADATA).read_text())["resumed"]
-    assert resumed["parts"] == 5 and resumed["pieces"] == 0 and resumed["rows_converted"] == ROWS * FILES
+    assert resumed["shards"] == 5 and resumed["parts"] == 0 and resumed["pieces"] == 0
+    assert resumed["rows_converted"] == ROWS * FILES
     assert _shard_bytes(out) == _shard_bytes(whole)
     assert verify(str(out)) == []
 

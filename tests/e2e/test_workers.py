@@ -16,9 +16,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from recordforge import crashpoints
 from recordforge.pipelines.convert import run
 from recordforge.runners.local_runner import LocalRunner
 from recordforge.tfrecord import iter_records
+from recordforge.tools.verify import verify
 
 TWO_WORKERS = ["--direct_running_mode=multi_processing", "--direct_num_workers=2"]
 
@@ -28,7 +30,7 @@ def _records(output: Path) -> Counter:
     return Counter(r for s in meta["shards"] for r in iter_records(str(output / s["file"]), "gzip"))
 
 
-def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+def _cli(*args: str, env: dict[str, str] | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
     """A fresh `recordforge convert` process: the way users run it, and the only kind of process
     the fork server is made in (pytest's own may run threads)."""
     return subprocess.run(
@@ -36,7 +38,7 @@ def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedP
         [sys.executable, "-m", "recordforge", "convert", *args, "--debug"],
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=timeout,
         env=env,
     )
 
@@ -69,6 +71,26 @@ def test_forked_workers_write_what_one_worker_writes(parquet_source: str, tmp_pa
     assert meta["num_records"] == 2100 and len(meta["shards"]) >= 1
     # The fork server and its workers are gone with the run: no process names the output folder.
     assert _processes_mentioning(str(two)) == []
+
+
+def test_a_ctrl_c_while_the_runner_closes_its_workers_ends_the_run(
+    parquet_source: str, tmp_path: Path
+) -> None:
+    """SIGINT to the driver alone (as a scheduler's kill of one pid or a notebook's interrupt
+    sends it; a terminal's Ctrl-C also stops the workers) as Beam closes the first of two forked
+    workers: Beam's close of the other is cut short, and the fork server used to wait for that
+    worker, which waited for work, forever. The commit was before it: the run has published,
+    says so, and exits 0."""
+    out = tmp_path / "out"
+    env = {**os.environ, crashpoints.ENV: "workers_closing", crashpoints.SIGNAL_ENV: "SIGINT"}
+    # A bound well above the run's seconds: a hang fails here, not at _cli's default.
+    proc = _cli("--source", parquet_source, "--output", str(out), *TWO_WORKERS, env=env, timeout=150)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "workers are forked from the driver" in proc.stderr
+    meta = json.loads((out / "metadata.json").read_text())
+    assert f"version {meta['version']} is published; the run was interrupted after its commit" in proc.stderr
+    assert meta["num_records"] == 2100 and verify(str(out)) == []
+    assert _processes_mentioning(str(out)) == []
 
 
 def test_omp_num_threads_still_sizes_a_forked_workers_arrow_pool(parquet_source: str, tmp_path: Path) -> None:

@@ -75,5 +75,5 @@ def test_a_lost_part_costs_only_its_own_batches_not_the_chain_before_it(tmp_path
     )
     reuse = reusable(str(tmp_path), V, LISTED, LISTED)
     assert reuse.batches == {("a", 0), ("a", 5)} and reuse.rows == 9
-    assert reuse.describe()["parts"] == 2
+    assert reuse.describe()["parts"] == 2 and reuse.describe()["shards"] == 0
     assert reuse.held == {"data": {("", "b", 0): ((0, 1),)}}

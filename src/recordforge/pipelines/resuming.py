@@ -14,6 +14,7 @@ from recordforge.output_state import OutputState
 from recordforge.pieces import Reuse, reusable
 from recordforge.pipelines.config import ConvertConfig
 from recordforge.pipelines.inputs import Inputs
+from recordforge.run_report import kept_files
 from recordforge.storage import exists, read_bytes
 
 __all__ = ["Resuming", "plan_resume"]
@@ -82,13 +83,13 @@ def plan_resume(
         if reuse.empty:
             return plain
         _LOGGER.warning(
-            "%s: resuming the run that wrote %s: keeping %d finished pieces (%d rows) in %d parts "
+            "%s: resuming the run that wrote %s: keeping %d finished pieces (%d rows, %s) "
             "(--resume=false starts clean)",
             state.output,
             version,
             len(reuse.batches),
             reuse.rows,
-            reuse.describe()["parts"],
+            kept_files(reuse.describe()),
         )
         return Resuming(key, listing, eligible, reuse)
     return plain

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import select
@@ -11,6 +12,8 @@ import socket
 import struct
 import sys
 import tempfile
+import threading
+import time
 import traceback
 import uuid
 from collections.abc import Callable
@@ -66,7 +69,11 @@ def request_worker(socket_path: str, env: dict[str, str]) -> socket.socket:
 class ForkServer:
     """A forked copy of this process, made on entry (before the caller starts threads that a
     child could inherit mid-lock), that forks a worker running `work` for each request, in a
-    private temporary folder; stopped, with its workers waited for, on exit."""
+    private temporary folder; stopped on exit, its workers waited for, and those still running
+    then ended: a runner that stopped without closing them (its close cut short by a second
+    Ctrl-C, say) would otherwise leave them waiting for work forever, and the exit with them.
+    A worker whose driver died (killed outright) ends quietly: its broken connections say
+    nothing the driver's death did not."""
 
     def __init__(self, work: Work) -> None:
         self._work = work
@@ -78,20 +85,24 @@ class ForkServer:
         listener.bind(path)
         listener.listen(64)
         parent = os.getpid()
+        # Held open by this process alone: the workers' end reads end-of-file once it is gone.
+        alive, self._alive = os.pipe()
         sys.stdout.flush()
         sys.stderr.flush()
         with quiet_heartbeats(), quiet_watches():
             pid = os.fork()
         if pid == 0:  # the fork server
             code = 0
+            os.close(self._alive)
             try:
-                _serve(listener, parent, self._work)
+                _serve(listener, parent, self._work, alive)
             except BaseException:  # noqa: BLE001 - a child must never return into the parent
                 traceback.print_exc()
                 code = 1
             finally:
                 os._exit(code)
         listener.close()
+        os.close(alive)
         self._pid = pid
         self.path = path
         return self
@@ -102,6 +113,8 @@ class ForkServer:
             os.waitpid(self._pid, 0)
         except (ProcessLookupError, ChildProcessError):
             pass
+        finally:
+            os.close(self._alive)
         shutil.rmtree(self._dir, ignore_errors=True)
 
 
@@ -113,15 +126,32 @@ def _stop(signum: int, frame: object) -> None:
     raise _Stop
 
 
-def _serve(listener: socket.socket, parent: int, work: Work) -> None:
+# How long a stopped fork server waits for its workers to end before it ends them: a worker
+# the runner closed has reported its status by then and is only leaving; one still running
+# after this was never closed, and nothing will ever give it work again.
+_GRACE_S = 1.0
+
+
+def _serve(listener: socket.socket, parent: int, work: Work, alive: int) -> None:
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+    workers: set[int] = set()
     try:
-        _accept_loop(listener, parent, work)
+        _accept_loop(listener, parent, work, alive, workers)
     except _Stop:
         pass
     # Wait for the workers (they end when their work does), so that none is left a zombie and
-    # their resource usage counts towards the parent's children.
+    # their resource usage counts towards the parent's children; end those left running.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    deadline = time.monotonic() + _GRACE_S
+    while workers and time.monotonic() < deadline:
+        _reap(workers)
+        time.sleep(0.01)
+    for pid in workers:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
     try:
         while True:
             os.waitpid(-1, 0)
@@ -129,10 +159,10 @@ def _serve(listener: socket.socket, parent: int, work: Work) -> None:
         pass
 
 
-def _accept_loop(listener: socket.socket, parent: int, work: Work) -> None:
+def _accept_loop(listener: socket.socket, parent: int, work: Work, alive: int, workers: set[int]) -> None:
     while os.getppid() == parent:  # gone with the parent, whatever way it ended
         ready, _, _ = select.select([listener], [], [], 0.5)
-        _reap()
+        _reap(workers)
         if not ready:
             continue
         conn, _ = listener.accept()
@@ -140,18 +170,23 @@ def _accept_loop(listener: socket.socket, parent: int, work: Work) -> None:
         if env is None:
             conn.close()
             continue
-        if os.fork() == 0:
+        pid = os.fork()
+        if pid == 0:
             listener.close()
-            _run(conn, env, work)  # never returns
+            _run(conn, env, work, alive)  # never returns
+        workers.add(pid)
         conn.close()
 
 
-def _reap() -> None:
+def _reap(workers: set[int]) -> None:
     try:
-        while os.waitpid(-1, os.WNOHANG)[0]:
-            pass
+        while True:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+            if not pid:
+                return
+            workers.discard(pid)
     except ChildProcessError:
-        pass
+        workers.clear()
 
 
 def _receive_env(conn: socket.socket) -> dict[str, str] | None:
@@ -173,21 +208,41 @@ def _recv_exactly(conn: socket.socket, n: int) -> bytes | None:
     return b"".join(chunks)
 
 
-def _run(conn: socket.socket, env: dict[str, str], work: Work) -> None:
+def _run(conn: socket.socket, env: dict[str, str], work: Work, alive: int) -> None:
     """Runs `work` in this forked worker, reports its status, and leaves without interpreter
-    teardown (the parent's atexit hooks are not this process's)."""
+    teardown (the parent's atexit hooks are not this process's). Quiet once the driver is gone
+    (`alive`: the read end of a pipe only the driver writes to)."""
     status = 1
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the fork server's handler is not ours
+    threading.excepthook = functools.partial(_thread_failed, alive, threading.excepthook)
     try:
         work(env)
         status = 0
     except BaseException:  # noqa: BLE001
-        traceback.print_exc()
+        if not _driver_gone(alive):
+            traceback.print_exc()
     finally:
+        # Flushed before the status is sent: once the runner has it, the fork server may end
+        # this process (above).
+        sys.stdout.flush()
+        sys.stderr.flush()
         try:
             conn.sendall(bytes([status]))
         except OSError:
             pass
-        sys.stdout.flush()
-        sys.stderr.flush()
         os._exit(status)
+
+
+def _driver_gone(alive: int) -> bool:
+    """Whether the driver has died, given what just failed in this worker: its connections
+    break as the kernel closes its files, the pipe among them, so a moment is allowed."""
+    return bool(select.select([alive], [], [], 0.5)[0])
+
+
+def _thread_failed(
+    alive: int, hook: Callable[[threading.ExceptHookArgs], object], args: threading.ExceptHookArgs
+) -> None:
+    """A worker thread's uncaught exception (Beam's data and state threads reading a broken
+    connection), printed unless the driver is gone."""
+    if not _driver_gone(alive):
+        hook(args)

@@ -17,6 +17,7 @@ import apache_beam as beam
 from apache_beam.options.pipeline_options import DirectOptions
 from apache_beam.runners.portability.fn_api_runner import FnApiRunner
 
+from recordforge import crashpoints
 from recordforge.lease import heartbeat_threads
 from recordforge.runners.assumptions import (
     DRY_RUNS,
@@ -268,6 +269,7 @@ def _forked_handler() -> type:
             self._watcher.start()
 
         def stop_worker(self) -> None:
+            crashpoints.reached("workers_closing")
             if self._watcher is not None:
                 self._watcher.join()
 

@@ -183,7 +183,7 @@ def metadata_dict(
 ) -> dict[str, Any]:
     """metadata.json of a version; `previous_version` is the one it replaces (kept until the next)."""
     splits = bool(spec.facts.split_weights)
-    own = [
+    own: list[dict[str, Any]] = [
         {
             "file": layout.relative(s.path, spec.output),
             **({"split": layout.relative(s.path, spec.root).split("/", 1)[0]} if splits else {}),
@@ -195,7 +195,9 @@ def metadata_dict(
         for s in shards
     ]
     base = spec.base
-    listed = sorted([*(base["shards"] if base else []), *own], key=lambda s: s["file"])
+    # An append lists the base's shards first, in the base's order, then its own: version names
+    # have one-second resolution, so a path sort could put the new shards first.
+    listed = [*(base["shards"] if base else []), *sorted(own, key=lambda s: s["file"])]
     records = sum(s["records"] for s in listed)
     # A sequence's record holds many rows: rows_written counts the rows in written sequences.
     written = records

@@ -1,0 +1,121 @@
+"""ForkServer: a stopped server ends the workers nobody closed; a worker whose driver died ends
+quietly. Each case runs in a fresh interpreter (the only kind of process a fork server is made
+in: pytest's own may run threads)."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.e2e  # subprocesses that fork
+
+_PRELUDE = """
+import os, signal, sys, threading, time
+from recordforge.runners.fork_server import ForkServer, request_worker
+"""
+
+
+def _python(code: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-c", _PRELUDE + textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ", 1)[1][0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_a_worker_left_running_is_ended_when_the_server_stops(tmp_path: Path) -> None:
+    """A worker that nothing will ever stop (its runner's close was cut short): the server's exit
+    ends it after a moment instead of waiting for it forever."""
+    pidfile = tmp_path / "worker.pid"
+    proc = _python(
+        f"""
+        def work(env):
+            with open({str(pidfile)!r} + ".tmp", "w") as f:
+                f.write(str(os.getpid()))
+            os.rename({str(pidfile)!r} + ".tmp", {str(pidfile)!r})
+            threading.Event().wait()  # for work that never comes
+
+        with ForkServer(work) as server:
+            conn = request_worker(server.path, {{}})
+            while not os.path.exists({str(pidfile)!r}):
+                time.sleep(0.01)
+            start = time.monotonic()
+        print(round(time.monotonic() - start, 1), list(conn.recv(1)))
+        """
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert float(proc.stdout.split()[0]) < 10, proc.stdout
+    assert proc.stdout.split()[1] == "[]", proc.stdout  # ended without a status: it never finished
+    assert not _alive(int(pidfile.read_text()))
+
+
+def test_a_finished_worker_reports_its_status_and_the_exit_does_not_wait() -> None:
+    proc = _python(
+        """
+        with ForkServer(lambda env: None) as server:
+            conn = request_worker(server.path, {})
+            status = list(conn.recv(1))
+            start = time.monotonic()
+        print(status, round(time.monotonic() - start, 1))
+        """
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split()[0] == "[0]" and float(proc.stdout.split()[1]) < 1.0, proc.stdout
+
+
+_DRIVER_DIES = """
+def work(env):
+    def fail():
+        raise RuntimeError("thread: the driver's stream is gone")
+
+    os.kill(int(env["DRIVER"]), int(env["SIGNAL"]))  # the driver dies (or not) now
+    time.sleep(0.2)
+    t = threading.Thread(target=fail, name="reader")
+    t.start()
+    t.join()
+    raise RuntimeError("main: the driver's stream is gone")
+
+with ForkServer(work) as server:
+    conn = request_worker(server.path, {"DRIVER": str(os.getpid()), "SIGNAL": sys.argv[1]})
+    print("status", list(conn.recv(1)), flush=True)
+"""
+
+
+def test_a_worker_whose_driver_died_ends_quietly() -> None:
+    """Killed outright, the driver leaves its workers' connections broken; what fails in them
+    then (in Beam's threads and in its harness) is not printed: the driver's death says it."""
+    proc = subprocess.run(
+        [sys.executable, "-c", _PRELUDE + _DRIVER_DIES, str(signal.SIGKILL.value)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == -9
+    assert "Traceback" not in proc.stderr and "stream is gone" not in proc.stderr, proc.stderr
+
+
+def test_a_worker_failing_while_its_driver_lives_prints_why() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-c", _PRELUDE + _DRIVER_DIES, "0"],  # signal 0: the driver lives on
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "status [1]" in proc.stdout
+    assert "thread: the driver's stream is gone" in proc.stderr  # Exception in thread reader
+    assert "main: the driver's stream is gone" in proc.stderr
