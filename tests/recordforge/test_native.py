@@ -266,29 +266,12 @@ def test_entries_either_side_of_one_byte_lengths_match_protobuf(key: str) -> Non
 
 
 def test_encoder_names_the_first_bad_row_and_its_first_bad_column() -> None:
-    good = (b"\x0a\x01a", 2, None, 0, None, 0, np.arange(3, dtype=np.int64), 0, None)
-    late = (
-        b"\x0a\x01b",
-        2,
-        None,
-        0,
-        np.array([0, 1, 2, 9], np.int64),
-        0,
-        np.arange(3, dtype=np.int64),
-        0,
-        None,
-    )
-    early = (
-        b"\x0a\x01c",
-        2,
-        None,
-        0,
-        np.array([0, 1, 9, 9], np.int64),
-        0,
-        np.arange(3, dtype=np.int64),
-        0,
-        None,
-    )
+    def int_lists(name: bytes, rows: list[int] | None) -> tuple:
+        """An int64 column over values 0, 1, 2: scalar (rows None) or lists at offsets `rows`."""
+        offsets = None if rows is None else np.array(rows, np.int64)
+        return (b"\x0a\x01" + name, 2, None, 0, offsets, 0, np.arange(3, dtype=np.int64), 0, None)
+
+    good, late, early = int_lists(b"a", None), int_lists(b"b", [0, 1, 2, 9]), int_lists(b"c", [0, 1, 9, 9])
     with pytest.raises(ValueError, match="row 1 of column 2 reaches outside its buffers"):
         _native.encode_examples(3, [good, late, early])
     with pytest.raises(ValueError, match="row 1 of column 1 reaches outside its buffers"):
