@@ -182,9 +182,7 @@ class _ReadCsvFn(SharedItemsFn):
         cursor = _Cursor()
         try:
             try:
-                # Parsed ahead on a thread (Arrow's parser releases the GIL): the next block is
-                # parsed while this one is conformed and encoded, on a core that is otherwise idle
-                # with one worker.
+                # The next blocks are parsed on the read-ahead thread while this one is encoded.
                 yield from self._ahead(self._read(item, first, cursor, empty_is_null=first_nulls))
             except pa.ArrowInvalid as exn:
                 # A cell did not convert, in a block pyarrow does not place in the file.
