@@ -49,9 +49,8 @@ def _is_text(t: pa.DataType) -> bool:
 
 
 def _parsed_later(t: pa.DataType) -> bool:
-    """Types read as text and parsed by the cast: Arrow's CSV reader parses `1e39` as a float32
-    infinity, and the cast then could not tell it from `inf`; a timestamp column may hold cells
-    with and without a zone offset, which no one Arrow type reads."""
+    """Types read as text and parsed by the cast: Arrow's CSV reader reads `1e39` as a float32 infinity
+    (the cast could not tell it from `inf`), and no one Arrow type reads cells with and without a zone."""
     return pa.types.is_floating(t) or pa.types.is_boolean(t) or pa.types.is_timestamp(t)
 
 
