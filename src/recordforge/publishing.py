@@ -138,24 +138,16 @@ class Publication:
             self._lease.release()
         if exc is None or not self._published_is_success:
             return False
+        # An interrupt here left only the runner's teardown (closing its workers): the run is
+        # done, and its exit and closing line say so, not that nothing was published.
         if _interrupted(exc):
-            # Only the runner's teardown was left (closing its workers): the run is done, and
-            # its exit and closing line say so, not that nothing was published.
-            _LOGGER.warning(
-                "%s: version %s is published; the run was interrupted after its commit",
-                self.output,
-                self.version,
-            )
-            return True
-        if isinstance(exc, Exception):
-            _LOGGER.warning(
-                "%s: version %s is published; after its commit the run failed: %s",
-                self.output,
-                self.version,
-                exc,
-            )
-            return True
-        return False
+            what = "the run was interrupted after its commit"
+        elif isinstance(exc, Exception):
+            what = f"after its commit the run failed: {exc}"
+        else:
+            return False
+        _LOGGER.warning("%s: version %s is published; %s", self.output, self.version, what)
+        return True
 
     def _finish(self, version: str, whose: str) -> None:
         """Finishes the top-level copies of the published `version` where its commit did not."""
