@@ -9,7 +9,7 @@ import pytest
 
 import recordforge
 from demo.sampledata import taxi_table
-from recordforge.errors import UsageError
+from recordforge.errors import RecordForgeError, UsageError
 from recordforge.lease import OutputLocked
 from recordforge.tfrecord import iter_records
 
@@ -122,3 +122,24 @@ def test_a_callers_failure_after_the_commit_is_raised_not_swallowed(tmp_path: Pa
             raise ValueError("the caller's own failure")
     # The bundle it committed stands, whole.
     assert conversion.published()["num_records"] == 100 and recordforge.verify(out) == []
+
+
+def test_conversions_leave_nothing_in_the_temporary_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Neither a published run, nor one with nothing to do, nor one that fails leaves a folder
+    behind, Beam's own included (a pipeline made to validate the options is never run)."""
+    import tempfile
+
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
+    pq.write_table(taxi_table(50, seed=2), tmp_path / "t.parquet")
+    out = str(tmp_path / "out")
+    source = str(tmp_path / "t.parquet")
+    assert recordforge.convert(source, out, "examples/taxi.yaml")["num_records"] == 50
+    assert recordforge.convert(source, out, "examples/taxi.yaml", if_changed=True)["skipped"]
+    (tmp_path / "bad.csv").write_text("a\n1\n")
+    with pytest.raises(RecordForgeError):
+        recordforge.convert(str(tmp_path / "bad.csv"), str(tmp_path / "out2"), "examples/taxi.yaml")
+    assert sorted(p.name for p in temp.iterdir()) == []

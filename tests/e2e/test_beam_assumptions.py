@@ -417,3 +417,55 @@ def test_12_beams_runner_lookup_maps_short_names_to_class_paths(name: str) -> No
     path = _RUNNER_MAP.get(name.lower(), _RUNNER_MAP.get(name.lower() + "runner"))
     _check(12, path is not None and "." in path, f"{name!r} maps to {path!r}")
     _check(12, path.rsplit(".", 1)[1].lower().startswith(name.lower()), f"{name!r} maps to {path!r}")
+
+
+class _Counted(beam.DoFn):
+    def process(self, element: int) -> Iterator[int]:
+        yield element
+
+
+def test_22_beam_searches_a_dofn_for_specs_through_userstates_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    from apache_beam.transforms import userstate
+
+    search = userstate.get_dofn_specs
+    specs = search(beam.DoFn())
+    _check(22, isinstance(specs, tuple) and [type(s) for s in specs] == [set, set], specs)
+    searched: dict[str, int] = {}
+    phase = ["build"]
+
+    def counted(dofn: Any) -> Any:
+        if isinstance(dofn, _Counted):
+            searched[phase[0]] = searched.get(phase[0], 0) + 1
+        return search(dofn)
+
+    monkeypatch.setattr(userstate, "get_dofn_specs", counted)
+    for caller in (userstate.is_stateful_dofn, userstate.validate_stateful_dofn):
+        _check(22, "get_dofn_specs" in caller.__code__.co_names, f"{caller.__name__} calls it otherwise")
+    p = beam.Pipeline(runner=FnApiRunner())
+    _ = p | beam.Create([1, 2]) | beam.ParDo(_Counted())  # core.py's ParDo
+    phase[0] = "proto"
+    proto = p.to_runner_api()  # core.py's to_runner_api_parameter
+    phase[0] = "run"
+    beam.Pipeline.from_runner_api(proto, FnApiRunner(), p._options).run().wait_until_finish()  # common.py
+    _check(22, set(searched) == {"build", "proto", "run"}, f"searches seen by phase: {searched}")
+
+
+def test_23_a_pipeline_makes_a_temporary_folder_that_only_its_run_removes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import tempfile
+
+    from recordforge.runners.session import discard
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    ran, unrun = beam.Pipeline(runner=FnApiRunner()), beam.Pipeline(runner=FnApiRunner())
+    for p in (ran, unrun):
+        folder = getattr(p, "local_tempdir", None)
+        _check(23, isinstance(folder, str) and os.path.dirname(folder) == str(tmp_path), folder)
+        _check(23, os.path.isdir(folder), f"{folder} not made")
+    _ = ran | beam.Create([1]) | beam.Map(lambda x: x)
+    ran.run().wait_until_finish()
+    _check(23, not os.path.exists(ran.local_tempdir), "a run left its folder")
+    _check(23, os.path.isdir(unrun.local_tempdir), "a pipeline never run has no folder left to remove")
+    discard(unrun)
+    assert list(tmp_path.iterdir()) == []

@@ -120,7 +120,10 @@ import pyarrow as pa
 # pyarrow behaves as in any process (it gives pandas Timestamps for nanoseconds when it has pandas)
 ns = type(pa.scalar(1, pa.timestamp("ns")).as_py()).__name__
 pool = pa.default_memory_pool().backend_name
-print(json.dumps({"loaded": loaded, "pool": pool, "frozen": frozen > 0, "gc": gc.isenabled(), "ns": ns,
+from apache_beam.transforms import userstate
+memo = type(userstate.get_dofn_specs).__name__ == "_Remembered"
+print(json.dumps({"loaded": loaded, "pool": pool, "memo": memo, "frozen": frozen > 0, "gc": gc.isenabled(),
+                  "ns": ns,
                   "finders": sum(type(f).__module__ == "recordforge.startup" for f in sys.meta_path),
                   "io": all(hasattr(beam.io, n) for n in ("ReadFromParquet", "WriteToTFRecord"))}))
 """
@@ -135,7 +138,8 @@ def test_only_the_commands_own_process_imports_beam_lean_and_freezes(who: str, b
     """The command's process imports Beam without the clients a conversion never uses and
     freezes what the import made; a library caller's process, or any other Beam version, gets
     Beam whole and an untouched heap (the freeze is the command's only). Either way the left-out
-    modules import normally afterwards, and pyarrow behaves as anywhere."""
+    modules import normally afterwards, and pyarrow behaves as anywhere. Only the command's
+    process, on the Beam version checked, searches each DoFn for its specs once."""
     proc = subprocess.run(
         [sys.executable, "-c", _IMPORT_PROBE, who, beam], capture_output=True, text=True, timeout=120
     )
@@ -148,6 +152,7 @@ def test_only_the_commands_own_process_imports_beam_lean_and_freezes(who: str, b
     assert got["gc"] and got["io"] and got["finders"] == 0
     assert got["ns"] == "Timestamp"
     assert (got["pool"] == "system") == (who == "own")
+    assert got["memo"] == lean
 
 
 @pytest.mark.parametrize("given", ["jemalloc", "mimalloc"])

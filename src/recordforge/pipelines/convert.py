@@ -45,7 +45,7 @@ from recordforge.pipelines.resolve import (
     retyped,
 )
 from recordforge.publishing import Publication
-from recordforge.runners.session import session
+from recordforge.runners.session import discard, session
 from recordforge.storage import is_local, list_files
 from recordforge.traits import RunnerTraits
 from recordforge.transforms.bundle import BundleSpec, RunFacts, WriteBundle, rule_of
@@ -371,6 +371,8 @@ def _run_once(pipeline: beam.Pipeline, run: Run) -> dict[str, Any]:
     except BaseException:
         _remove_if_empty(run.root)
         raise
+    finally:
+        discard(pipeline)  # its folder, if it never ran (a run removes its own)
     if publication.published is None:
         raise RecordForgeError(f"{run.output}: the pipeline finished but published nothing")
     return publication.published
@@ -380,7 +382,7 @@ def convert(request: Request) -> tuple[Run | None, dict[str, Any]]:
     """Runs the conversion `request` asks for and publishes it (publishing.py): the run
     as resolved (None for a dry run) and the published metadata, or with --dry_run=True (Dataflow
     only) the summary of the job built offline (runners/dryrun.py), the output untouched."""
-    _pipeline(request.options)  # Beam validates the options first, before the inputs are read
+    discard(_pipeline(request.options))  # Beam validates the options first, before the inputs are read
     if request.dry_run:
         from recordforge.runners.dryrun import dry_run
 

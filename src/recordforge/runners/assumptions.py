@@ -10,9 +10,11 @@ __all__ = [
     "ASSUMPTIONS",
     "BEAM_VERSION",
     "DASK",
+    "DOFN_SPECS",
     "DRY_RUNS",
     "FORKING",
     "LEAN_IMPORT",
+    "PIPELINE_TEMP",
     "PROMPT_ENDS",
     "SHARING",
     "TRAITS",
@@ -26,6 +28,8 @@ DRY_RUNS = "Dataflow dry runs"  # runners/dryrun.py: built, never run, so nothin
 LEAN_IMPORT = "lean Beam import"  # startup.py; off on any other Beam version
 TRAITS = "runner traits"  # runners/session.py
 DASK = "Dask runner"  # runners/dask_runner.py: refuses to start on any other Beam version
+PIPELINE_TEMP = "no temporary folder left"  # runners/session.discard, from convert.py
+DOFN_SPECS = "one search per DoFn"  # runners/dofn_specs.py, from startup.py; off on any other Beam version
 
 
 @dataclass(frozen=True)
@@ -213,6 +217,23 @@ ASSUMPTIONS: tuple[Assumption, ...] = (
         "the pipeline run was called on, and Pipeline.__init__ adds the experiment beam_fn_api to "
         "the options, which no transform's expansion or Beam code outside the FnApiRunner reads.",
         (DASK,),
+    ),
+    Assumption(
+        22,
+        "userstate.get_dofn_specs(dofn) returns (state specs, timer specs), two sets found from the "
+        "DoFn's methods alone; every caller a pipeline's build, translation and run reach looks it "
+        "up in userstate's namespace at each call (userstate.is_stateful_dofn and "
+        "validate_stateful_dofn by their module globals, core.py and runners/common.py as "
+        "userstate.get_dofn_specs / userstate.is_stateful_dofn), so replacing that one name "
+        "answers them all.",
+        (DOFN_SPECS,),
+    ),
+    Assumption(
+        23,
+        "Pipeline.__init__ makes a temporary folder, Pipeline.local_tempdir, under "
+        "tempfile.gettempdir(); only Pipeline.run removes it (whatever the run's outcome), so a "
+        "pipeline that is made and never run leaves it behind unless its maker removes it.",
+        (PIPELINE_TEMP,),
     ),
 )
 

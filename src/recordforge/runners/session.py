@@ -14,10 +14,18 @@ from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions,
 from recordforge.runners.fork_server import private_temp_name
 from recordforge.traits import RunnerTraits
 
-__all__ = ["LOCAL_RUNNER", "runner_name", "runner_traits", "session"]
+__all__ = ["LOCAL_RUNNER", "discard", "runner_name", "runner_traits", "session"]
 
 # RecordForge's local runner, the runner of a run that names none (runners/local_runner.py).
 LOCAL_RUNNER = "recordforge.runners.local_runner.LocalRunner"
+
+
+def discard(pipeline: Any) -> None:
+    """Removes the temporary folder Beam made for `pipeline` (assumption 23), which only its run
+    would remove: for a pipeline that validated the options, or whose build or run never started."""
+    folder = getattr(pipeline, "local_tempdir", None)
+    if isinstance(folder, str):
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def runner_name(runner: Any) -> Any:

@@ -1,0 +1,120 @@
+"""remember_dofn_specs: Beam's search of a DoFn for its state and timer specs, once per DoFn."""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Iterator
+from typing import Any
+
+import apache_beam as beam
+import pytest
+from apache_beam.coders import VarIntCoder
+from apache_beam.testing.test_pipeline import TestPipeline
+from apache_beam.testing.util import assert_that, equal_to
+from apache_beam.transforms import userstate
+from apache_beam.transforms.userstate import BagStateSpec
+
+from recordforge.runners.dofn_specs import _Remembered, remember_dofn_specs
+
+
+class _Stateful(beam.DoFn):
+    """Sums each key's values in its state; emits (key, running sum)."""
+
+    SEEN = BagStateSpec("seen", VarIntCoder())
+
+    def process(self, element: tuple[str, int], seen: Any = beam.DoFn.StateParam(SEEN)) -> Iterator[Any]:  # noqa: B008
+        seen.add(element[1])
+        yield element[0], sum(seen.read())
+
+
+class _Plain(beam.DoFn):
+    def process(self, element: int) -> Iterator[int]:
+        yield element + 1
+
+
+@pytest.fixture
+def searches(monkeypatch: pytest.MonkeyPatch) -> list[tuple[type, int]]:
+    """(type, id) of each DoFn Beam's own search was run on, with the memo in place (undone after
+    the test); not the DoFns themselves, which the list would keep alive."""
+    seen: list[tuple[type, int]] = []
+    search = userstate.get_dofn_specs
+
+    def counted(dofn: Any) -> Any:
+        seen.append((type(dofn), id(dofn)))
+        return search(dofn)
+
+    monkeypatch.setattr(userstate, "get_dofn_specs", counted)
+    remember_dofn_specs()
+    remember_dofn_specs()  # a second call keeps the first memo
+    assert isinstance(userstate.get_dofn_specs, _Remembered)
+    assert userstate.get_dofn_specs.search is counted
+    return seen
+
+
+def test_the_answers_are_beams_and_each_dofn_is_searched_once(searches: list[tuple[type, int]]) -> None:
+    stateful, plain = _Stateful(), _Plain()
+    for _ in range(3):
+        assert userstate.is_stateful_dofn(stateful)
+        assert not userstate.is_stateful_dofn(plain)
+        userstate.validate_stateful_dofn(stateful)
+        states, timers = userstate.get_dofn_specs(stateful)
+        assert states == {_Stateful.SEEN} and timers == set()
+    assert [t for t, _ in searches] == [_Stateful, _Plain]
+
+
+def test_a_caller_changing_its_answer_changes_no_other(searches: list[tuple[type, int]]) -> None:
+    stateful = _Stateful()
+    states, _ = userstate.get_dofn_specs(stateful)
+    states.clear()
+    assert userstate.get_dofn_specs(stateful)[0] == {_Stateful.SEEN}
+
+
+def test_a_dofn_is_forgotten_when_it_goes_and_a_new_one_at_its_address_is_searched(
+    searches: list[tuple[type, int]],
+) -> None:
+    memo = userstate.get_dofn_specs
+    assert isinstance(memo, _Remembered)
+    for _ in range(5):  # a new DoFn often takes a freed one's address
+        userstate.is_stateful_dofn(_Plain())
+        gc.collect()
+    assert memo._known == {}
+    stateful = _Stateful()
+    assert userstate.is_stateful_dofn(stateful)
+    assert searches[-1][1] == id(stateful)
+    assert len(searches) == 6 and searches[-1][0] is _Stateful
+
+
+def test_what_cannot_be_weakly_referenced_is_searched_each_time() -> None:
+    class Slotted:
+        __slots__ = ()
+
+    seen: list[Any] = []
+    memo = _Remembered(lambda dofn: (seen.append(dofn), (set(), set()))[1])
+    thing = Slotted()
+    assert memo(thing) == (set(), set()) and memo(thing) == (set(), set())
+    assert len(seen) == 2
+
+
+def test_a_pipeline_with_state_runs_as_without_the_memo(
+    searches: list[tuple[type, int]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    asked = []
+    memo = userstate.get_dofn_specs
+
+    def counted(dofn: Any) -> Any:
+        asked.append(1)
+        return memo(dofn)
+
+    monkeypatch.setattr(userstate, "get_dofn_specs", counted)
+    with TestPipeline() as p:
+        out = (
+            p
+            | beam.Create([("a", 1), ("a", 2), ("b", 5)], reshuffle=False)
+            | beam.ParDo(_Stateful())
+            | beam.Map(lambda kv: kv[1])
+            | beam.ParDo(_Plain())
+            | beam.Filter(lambda v: v > 3)
+        )
+        assert_that(out, equal_to([4, 6]))
+    # Beam asked about its DoFns many times while it built and ran the pipeline; most were answered.
+    assert searches and len(asked) >= 2 * len(searches)
