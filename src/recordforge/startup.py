@@ -26,9 +26,9 @@ library caller's imports and heap are left as they are.
   system allocator (glibc returns such a block to its arena at once), unless
   ARROW_DEFAULT_MEMORY_POOL names one. Output bytes do not depend on it: the command's and the
   library's writes are compared in tests/e2e/test_startup.py.
-- Beam searches each DoFn for state and timer specs some eight times while it builds, translates
-  and runs a pipeline; on the Beam version checked, the command's process searches each DoFn once
-  (runners/dofn_specs.py).
+- Beam works out some answers about the same object hundreds of times while it builds, translates
+  and runs a pipeline (a DoFn's state and timer specs, a view of the options); on the Beam version
+  checked, the command's process works each out once per object (runners/beam_memos.py).
 """
 
 from __future__ import annotations
@@ -111,7 +111,7 @@ def heavy_imports() -> Iterator[None]:
     try:
         yield
         _system_allocator()
-        _remember_dofn_specs()
+        _remember_beams_answers()
     finally:
         with contextlib.suppress(ValueError):  # already gone: nothing to undo
             if unavailable is not None:
@@ -130,12 +130,12 @@ def _system_allocator() -> None:
     pa.set_memory_pool(pa.system_memory_pool())
 
 
-def _remember_dofn_specs() -> None:
+def _remember_beams_answers() -> None:
     beam = sys.modules.get("apache_beam")
     if beam is not None and getattr(beam, "__version__", "").startswith(BEAM_VERSION + "."):
-        from recordforge.runners.dofn_specs import remember_dofn_specs
+        from recordforge.runners.beam_memos import remember_beams_answers
 
-        remember_dofn_specs()
+        remember_beams_answers()
 
 
 def before_exit() -> None:

@@ -469,3 +469,25 @@ def test_23_a_pipeline_makes_a_temporary_folder_that_only_its_run_removes(
     _check(23, os.path.isdir(unrun.local_tempdir), "a pipeline never run has no folder left to remove")
     discard(unrun)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_24_an_options_view_is_a_window_on_the_options_own_dict() -> None:
+    from apache_beam.options.pipeline_options import DirectOptions, StandardOptions
+
+    def subclasses(cls: type) -> Iterator[type]:
+        for sub in cls.__subclasses__():
+            yield sub
+            yield from subclasses(sub)
+
+    own = [c.__name__ for c in subclasses(PipelineOptions) if "view_as" in vars(c)]
+    _check(24, own == [], f"view_as overridden by {own}")
+    options = PipelineOptions(["--direct_num_workers=3"])
+    view = options.view_as(DirectOptions)
+    _check(24, type(view) is DirectOptions and view.direct_num_workers == 3, view)
+    _check(24, view._all_options is options._all_options, "a view has a dict of its own")
+    _check(24, view._flags is options._flags, "a view has flags of its own")
+    view.direct_num_workers = 4
+    options.view_as(StandardOptions).runner = "FnApiRunner"
+    _check(24, options._all_options["direct_num_workers"] == 4, "a view's write missed the dict")
+    _check(24, options._all_options["runner"] == "FnApiRunner", "a view's write missed the dict")
+    _check(24, vars(view).keys() == {"_flags", "_visible_options", "_all_options"}, vars(view).keys())

@@ -10,7 +10,7 @@ __all__ = [
     "ASSUMPTIONS",
     "BEAM_VERSION",
     "DASK",
-    "DOFN_SPECS",
+    "BEAM_MEMOS",
     "DRY_RUNS",
     "FORKING",
     "LEAN_IMPORT",
@@ -29,7 +29,7 @@ LEAN_IMPORT = "lean Beam import"  # startup.py; off on any other Beam version
 TRAITS = "runner traits"  # runners/session.py
 DASK = "Dask runner"  # runners/dask_runner.py: refuses to start on any other Beam version
 PIPELINE_TEMP = "no temporary folder left"  # runners/session.discard, from convert.py
-DOFN_SPECS = "one search per DoFn"  # runners/dofn_specs.py, from startup.py; off on any other Beam version
+BEAM_MEMOS = "Beam's answers kept"  # runners/beam_memos.py, from startup.py; off on any other Beam version
 
 
 @dataclass(frozen=True)
@@ -226,7 +226,7 @@ ASSUMPTIONS: tuple[Assumption, ...] = (
         "validate_stateful_dofn by their module globals, core.py and runners/common.py as "
         "userstate.get_dofn_specs / userstate.is_stateful_dofn), so replacing that one name "
         "answers them all.",
-        (DOFN_SPECS,),
+        (BEAM_MEMOS,),
     ),
     Assumption(
         23,
@@ -234,6 +234,15 @@ ASSUMPTIONS: tuple[Assumption, ...] = (
         "tempfile.gettempdir(); only Pipeline.run removes it (whatever the run's outcome), so a "
         "pipeline that is made and never run leaves it behind unless its maker removes it.",
         (PIPELINE_TEMP,),
+    ),
+    Assumption(
+        24,
+        "PipelineOptions.view_as(cls) returns cls(self._flags) with its _all_options set to the "
+        "options' own dict (after adding the defaults of the options cls declares that the dict "
+        "lacks); a view reads and writes its options through _all_options only, so two views of "
+        "one class over the same flags and dict answer alike; no PipelineOptions subclass "
+        "overrides view_as.",
+        (BEAM_MEMOS,),
     ),
 )
 
