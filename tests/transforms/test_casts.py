@@ -44,3 +44,16 @@ def test_narrowing_fails_exactly_the_finite_values_float32_cannot_hold(values: l
             assert np.isnan(out[i].as_py())
         else:
             assert out[i].as_py() == float(np.float32(v))
+
+
+def test_a_nulls_slot_holding_a_value_beyond_float32_is_no_failure() -> None:
+    """A null's slot may hold any value (here 1e300, as a writer may leave it), and the array may
+    be a slice: only valid values are judged, at their index in the slice."""
+    values = np.array([7.0, 1e300, 2.0, -1e39, 1e300, 5.0], np.float64)
+    valid = np.packbits(np.array([1, 0, 1, 1, 0, 1], bool), bitorder="little")
+    whole = pa.Array.from_buffers(
+        pa.float64(), 6, [pa.py_buffer(valid.tobytes()), pa.py_buffer(values.tobytes())]
+    )
+    out, failures = cast_values(whole.slice(1), _NARROW, "mem")
+    assert [int(i) for f in failures for i in f.indices] == [2]  # -1e39, the slice's third value
+    assert out.to_pylist() == [None, 2.0, None, None, 5.0]

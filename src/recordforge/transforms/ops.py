@@ -49,10 +49,11 @@ def _hash_bucket(values: pa.Array, buckets: int) -> pa.Array:
 def check_values(values: pa.Array, f: Feature) -> list[Failure]:
     """min/max, allowed values, regex and string length, each as one vectorised mask."""
     out: list[Failure] = []
-    valid = _valid(values)
 
     def add(mask: np.ndarray, rule: str, reason: str) -> None:
-        idx = np.flatnonzero(mask & valid)
+        idx = np.flatnonzero(mask)
+        if idx.size:
+            idx = idx[_valid(values)[idx]]  # a null breaks no rule; looked at only where one broke
         if idx.size:
             out.append(Failure(idx, rule, reason))
 
