@@ -4,6 +4,7 @@ in: pytest's own may run threads)."""
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -119,3 +120,57 @@ def test_a_worker_failing_while_its_driver_lives_prints_why() -> None:
     assert "status [1]" in proc.stdout
     assert "thread: the driver's stream is gone" in proc.stderr  # Exception in thread reader
     assert "main: the driver's stream is gone" in proc.stderr
+
+
+def _dead_pid() -> int:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def test_the_sweep_removes_only_folders_it_named_for_processes_gone(tmp_path: Path) -> None:
+    from recordforge.runners.fork_server import TEMP_KINDS, sweep_temp_folders
+
+    dead, live, hexes = _dead_pid(), os.getpid(), "0123456789abcdef" * 2
+    gone = [f"{kind}{dead}-{hexes}" for kind in TEMP_KINDS]
+    kept = [
+        f"recordforge-claims-{live}-{hexes}",  # its process runs
+        f"recordforge-claims-{dead}-{hexes[:-1]}",  # not a name RecordForge makes
+        f"recordforge-claims-{dead}-{hexes.upper()}",
+        f"recordforge-other-{dead}-{hexes}",
+        f"someone-claims-{dead}-{hexes}",
+    ]
+    for name in gone + kept:
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "inside").write_text("x")
+    (tmp_path / f"recordforge-progress-{dead}-{hexes}x").write_text("a file, not ours")
+    assert sorted(sweep_temp_folders(str(tmp_path))) == sorted(gone)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        [*kept, f"recordforge-progress-{dead}-{hexes}x"]
+    )
+
+
+def test_a_process_looks_through_the_temporary_folder_at_most_once_a_minute(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import tempfile
+
+    from recordforge.runners import fork_server
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    now = [1000.0]
+    monkeypatch.setattr(fork_server.time, "monotonic", lambda: now[0])
+    leftover = tmp_path / f"recordforge-progress-{_dead_pid()}-{'ab' * 16}"
+    leftover.mkdir()
+    name = fork_server.private_temp_name("recordforge-claims-")
+    assert os.path.dirname(name) == str(tmp_path) and not leftover.exists()
+    leftover.mkdir()
+    fork_server.private_temp_name("recordforge-progress-")
+    now[0] += 30
+    fork_server.private_temp_name("recordforge-workers-")
+    assert leftover.exists()  # looked through less than a minute ago
+    now[0] += 31
+    fork_server.private_temp_name("recordforge-claims-")
+    assert not leftover.exists()
+    with pytest.raises(ValueError, match="not a kind"):
+        fork_server.private_temp_name("elsewhere-")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import re
 import select
 import shutil
 import signal
@@ -21,7 +22,14 @@ from collections.abc import Callable
 from recordforge.lease import quiet_heartbeats
 from recordforge.runners.progress import quiet_watches
 
-__all__ = ["ForkServer", "private_temp_dir", "private_temp_name", "request_worker"]
+__all__ = [
+    "TEMP_KINDS",
+    "ForkServer",
+    "private_temp_dir",
+    "private_temp_name",
+    "request_worker",
+    "sweep_temp_folders",
+]
 
 # What a worker runs: given its environment, it returns normally (status 0) or raises (status 1).
 Work = Callable[[dict[str, str]], None]
@@ -34,16 +42,38 @@ def private_temp_dir(prefix: str) -> str:
     return path
 
 
+# The kinds of temporary folder RecordForge's processes make, as `private_temp_name` names them.
+TEMP_KINDS = ("recordforge-claims-", "recordforge-progress-", "recordforge-workers-")
+# A temporary folder may hold thousands of entries; it is looked through at most this often.
+_SWEEP_EVERY_S = 60.0
+_swept: dict[str, float] = {}  # temporary folder -> when this process last looked through it
+_TEMP_NAME = re.compile("(?:" + "|".join(map(re.escape, TEMP_KINDS)) + r")(\d+)-[0-9a-f]{32}")
+
+
 def private_temp_name(prefix: str) -> str:
     """A fresh name for a temporary folder of this process, not made yet: {tmp}/{prefix}{pid}-
-    {random}; first, the folders of this kind that a process killed outright (kill -9 runs no
-    cleanup) left behind are removed."""
+    {random}, `prefix` one of TEMP_KINDS; first, the folders of these kinds that a process killed
+    outright (kill -9 runs no cleanup) left behind are removed (`sweep_temp_folders`)."""
+    if prefix not in TEMP_KINDS:
+        raise ValueError(f"{prefix!r} is not a kind of RecordForge's temporary folders")
     base = tempfile.gettempdir()
-    for name in os.listdir(base):
-        pid = name[len(prefix) :].split("-", 1)[0]
-        if name.startswith(prefix) and pid.isdigit() and not _alive(int(pid)):
-            shutil.rmtree(os.path.join(base, name), ignore_errors=True)
+    last = _swept.get(base)
+    if last is None or time.monotonic() - last >= _SWEEP_EVERY_S:
+        sweep_temp_folders(base)
+        _swept[base] = time.monotonic()
     return os.path.join(base, f"{prefix}{os.getpid()}-{uuid.uuid4().hex}")
+
+
+def sweep_temp_folders(base: str) -> list[str]:
+    """Removes the folders under `base` that `private_temp_name` named for a process no longer
+    running, of every kind, in one listing; returns their names. Nothing else is touched."""
+    removed = []
+    for name in os.listdir(base):
+        found = _TEMP_NAME.fullmatch(name)
+        if found and not _alive(int(found.group(1))):
+            shutil.rmtree(os.path.join(base, name), ignore_errors=True)
+            removed.append(name)
+    return removed
 
 
 def _alive(pid: int) -> bool:
