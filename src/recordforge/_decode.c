@@ -40,9 +40,11 @@ static int grow_to(Grow *g, size_t need) {
     return 0;
 }
 
+static inline void copy_small(void *dst, const void *src, size_t n);
+
 static inline int push(Grow *g, const void *v, size_t n) {
     if (g->len + n > g->cap && grow_to(g, g->len + n) < 0) return -1;
-    memcpy(g->p + g->len, v, n);
+    copy_small(g->p + g->len, v, n);
     g->len += n;
     return 0;
 }
@@ -128,9 +130,27 @@ static uint64_t key_hash(const uint8_t *p, int64_t n) {
     return h;
 }
 
+/* Copies n bytes, small n (a key, one entry's values) in a loop rather than a call: records
+ * are made of thousands of such pieces, most a few bytes long. */
+static inline void copy_small(void *dst, const void *src, size_t n) {
+    if (n > 32) {
+        memcpy(dst, src, n);
+        return;
+    }
+    uint8_t *o = dst;
+    const uint8_t *i = src;
+    for (; n >= 8; n -= 8, o += 8, i += 8) memcpy(o, i, 8);
+    while (n--) *o++ = *i++;
+}
+
 static inline int key_is(const Keys *k, int32_t id, int64_t s, int64_t n) {
     const int64_t *starts = (const int64_t *)k->start.p, *lens = (const int64_t *)k->len.p;
-    return lens[id] == n && memcmp(k->d + starts[id], k->d + s, (size_t)n) == 0;
+    if (lens[id] != n) return 0;
+    const uint8_t *a = k->d + starts[id], *b = k->d + s;
+    if (n > 16) return memcmp(a, b, (size_t)n) == 0;
+    for (int64_t i = 0; i < n; i++)
+        if (a[i] != b[i]) return 0;
+    return 1;
 }
 
 static int rehash(Keys *k, size_t nslots) {
@@ -317,14 +337,14 @@ static int group(const Flat *f, int32_t nkeys, PyObject **out) {
         o_kind[j] = kind[e];
         o_count[j] = c;
         if (kind[e] == INT64) {
-            memcpy(o_ints + a[1], ints + first[e], (size_t)c * 8);
+            copy_small(o_ints + a[1], ints + first[e], (size_t)c * 8);
             a[1] += c;
         } else if (kind[e] == FLOAT) {
-            memcpy(o_floats + 4 * a[2], f->floats.p + 4 * first[e], (size_t)c * 4);
+            copy_small(o_floats + 4 * a[2], f->floats.p + 4 * first[e], (size_t)c * 4);
             a[2] += c;
         } else if (kind[e] == BYTES) {
-            memcpy(o_bs + a[3], bs + first[e], (size_t)c * 8);
-            memcpy(o_be + a[3], be + first[e], (size_t)c * 8);
+            copy_small(o_bs + a[3], bs + first[e], (size_t)c * 8);
+            copy_small(o_be + a[3], be + first[e], (size_t)c * 8);
             a[3] += c;
         }
     }
