@@ -21,12 +21,15 @@ class RecordChunk:
     its payload data[heads[i] + 12 : heads[i] + 12 + lengths[i]]; `offset` is where `data`
     begins in the decompressed stream, `raw_bytes` how many file bytes were read for it."""
 
-    data: bytes
+    data: bytes | memoryview
     offset: int
     heads: np.ndarray
     lengths: np.ndarray
     raw_bytes: int = 0
     first_record: int = 0  # the index in the file of the chunk's first record
+    # `data` followed by zero bytes (at least tools/wire.py's padding) in one array, where the
+    # chunk was handed over in memory laid out so (tools/scan.py); None: `data` alone.
+    padded: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.heads)

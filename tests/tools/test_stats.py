@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 
 import numpy as np
+import pytest
 from PIL import Image
 
 from recordforge.tools._example_pb import Example
@@ -170,3 +171,52 @@ def test_string_counts_once_the_values_stop_changing() -> None:
     flat = [v for b in batches for v in b]
     assert dict(s.top) == {w: flat.count(w) for w in set(flat)}
     assert s.distinct == (5, True)
+
+
+def test_a_shard_read_in_chunks_over_workers_gives_what_one_worker_gives(
+    tmp_path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The chunks of one shard handed to worker processes in shared slots (scan.py) and the
+    whole shard read by one worker give the same statistics: values, strings, samples, images."""
+    import gzip
+
+    import pyarrow as pa
+
+    from recordforge.tfrecord import frame_records
+    from recordforge.tools import scan
+    from recordforge.tools._example_pb import Example
+    from recordforge.tools.stats import stats
+    from recordforge.tools.stats_format import format_stats
+
+    monkeypatch.setattr(scan, "CHUNK_BYTES", 8 << 10)
+    rng = np.random.default_rng(5)
+    png = _encode("PNG", "RGB", (7, 3))
+    records = []
+    for i in range(3000):
+        ex = Example()
+        f = ex.features.feature
+        f["n"].int64_list.value.extend(rng.integers(-50, 50, i % 4).tolist())
+        f["x"].float_list.value.append(float(rng.normal()))
+        f["s"].bytes_list.value.append(b"v%d" % rng.integers(0, 40))
+        if i % 9 == 0:
+            f["img"].bytes_list.value.append(png)
+        records.append(ex.SerializeToString())
+    path = tmp_path / "data.tfrecord.gz"
+    path.write_bytes(gzip.compress(b"".join(frame_records(pa.array(records, pa.binary())).to_pylist())))
+    one, spread = stats(str(path), workers=1), stats(str(path), workers=3)
+    assert one["records"] == spread["records"] == 3000
+    assert format_stats(one) == format_stats(spread)
+    assert one["features"].keys() == spread["features"].keys() == {"n", "x", "s", "img"}
+    for name, a in one["features"].items():
+        b = spread["features"][name]
+        assert (a.kinds, a.lengths, a.formats, a.thumbs, a.long_values) == (
+            b.kinds,
+            b.lengths,
+            b.formats,
+            b.thumbs,
+            b.long_values,
+        )
+        # The same values sampled (all of them here), merged in whichever order workers finished.
+        assert sorted(zip(a.sample.tolist(), a.sample_pos.tolist(), strict=True)) == sorted(
+            zip(b.sample.tolist(), b.sample_pos.tolist(), strict=True)
+        )

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import ctypes
+import mmap
 import multiprocessing
 import os
 import posixpath
@@ -12,13 +13,16 @@ import threading
 import traceback
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
+
+import numpy as np
 
 from recordforge.record_chunks import RecordChunk, read_record_chunks
 from recordforge.storage import exists
 from recordforge.tfrecord import CorruptRecord, FileDigest
 from recordforge.tools.progress import Progress
+from recordforge.tools.wire import PAD
 
 __all__ = ["Accumulator", "ShardResult", "scan_shards"]
 
@@ -135,7 +139,49 @@ def _by_shard(
     return [r for r in results if r is not None]
 
 
-def _chunk_worker(inbox: Any, outbox: Any, make: Callable[[], Accumulator], counters: Any) -> None:
+class _Slots:
+    """Buffers in memory shared with the forked worker processes (an anonymous shared mapping
+    made before they are forked), through which a chunk's bytes are handed over: written once
+    by the reader, read in place by the worker, with the zero bytes after them that decoding
+    needs. A pipe would copy them four times (pickled, written, read, unpickled), and the
+    worker once more to pad them. A slot is taken from `free` (so at most `count` chunks are in
+    flight) and put back by the worker once its accumulator has seen the chunk; accumulators
+    keep copies of what they keep, never views of a chunk's bytes."""
+
+    def __init__(self, context: Any, count: int, size: int) -> None:
+        self.size = size
+        self.memory = mmap.mmap(-1, count * size)  # MAP_SHARED: the same pages in the workers
+        self.free = context.Queue()
+        for slot in range(count):
+            self.free.put(slot)
+
+    def fits(self, chunk: RecordChunk) -> bool:
+        return len(chunk.data) + PAD <= self.size
+
+    def put(self, slot: int, chunk: RecordChunk) -> _InSlot:
+        at, n = slot * self.size, len(chunk.data)
+        self.memory[at : at + n] = chunk.data
+        self.memory[at + n : at + n + PAD] = bytes(PAD)
+        return _InSlot(slot, n, replace(chunk, data=b""))
+
+    def open(self, held: _InSlot) -> RecordChunk:
+        at = held.slot * self.size
+        padded = np.frombuffer(self.memory, np.uint8, held.size + PAD, at)
+        return replace(held.chunk, data=memoryview(self.memory)[at : at + held.size], padded=padded)
+
+
+@dataclass(frozen=True)
+class _InSlot:
+    """A chunk whose bytes wait in a slot (`_Slots`): the rest of it travels as usual."""
+
+    slot: int
+    size: int
+    chunk: RecordChunk
+
+
+def _chunk_worker(
+    inbox: Any, outbox: Any, make: Callable[[], Accumulator], counters: Any, slots: _Slots | None = None
+) -> None:
     """A worker process of _by_chunk: one accumulator per shard for every chunk it is handed,
     sent back once at the end (a fresh accumulator per chunk would send back, and have the
     parent merge, a whole summary per chunk: a stats sample alone is 20,000 values a feature)."""
@@ -145,10 +191,17 @@ def _chunk_worker(inbox: Any, outbox: Any, make: Callable[[], Accumulator], coun
     try:
         while (item := inbox.get()) is not None:
             i, name, chunk = item
+            held = None
+            if isinstance(chunk, _InSlot):
+                assert slots is not None
+                held, chunk = chunk.slot, slots.open(chunk)
             if i not in accs:
                 accs[i] = make()
             accs[i].add(chunk, name)
             _count(len(chunk), chunk.raw_bytes)
+            if held is not None and slots is not None:
+                del chunk  # its views of the slot go before the slot is handed out again
+                slots.free.put(held)
         outbox.put((True, accs))
     except BaseException as exn:  # the parent raises it; a worker must not die silently
         outbox.put((False, f"{type(exn).__name__}: {exn}\n{traceback.format_exc()}"))
@@ -177,8 +230,14 @@ def _by_chunk(
     """Threads of this process read the shards and hand chunks to `workers` processes through
     one bounded queue (at most two chunks waiting per worker: bounded memory)."""
     inbox, outbox = context.Queue(2 * workers), context.Queue()
+    # A chunk waiting in the queue or being read by each worker, and one being filled per reader.
+    slots = (
+        _Slots(context, 3 * workers + len(shards), CHUNK_BYTES * 3 // 2 + PAD)
+        if context.get_start_method() == "fork"
+        else None
+    )
     procs = [
-        context.Process(target=_chunk_worker, args=(inbox, outbox, make, counters), daemon=True)
+        context.Process(target=_chunk_worker, args=(inbox, outbox, make, counters, slots), daemon=True)
         for _ in range(workers)
     ]
     for proc in procs:
@@ -187,6 +246,8 @@ def _by_chunk(
     failed: list[str] = []
 
     def hand(item: Any) -> None:
+        if item is not None and slots is not None and slots.fits(item[2]):
+            item = (item[0], item[1], slots.put(free_slot(), item[2]))
         while True:
             if failed:
                 raise RuntimeError("stopped: the scan failed elsewhere")
@@ -194,6 +255,16 @@ def _by_chunk(
                 inbox.put(item, timeout=0.25)
                 return
             except queue.Full:
+                continue
+
+    def free_slot() -> int:
+        assert slots is not None
+        while True:
+            if failed:
+                raise RuntimeError("stopped: the scan failed elsewhere")
+            try:
+                return int(slots.free.get(timeout=0.25))
+            except queue.Empty:
                 continue
 
     reading = [len(shards)]

@@ -293,7 +293,7 @@ class _Summary:
     def add(self, chunk: RecordChunk, shard: str) -> None:
         rng = np.random.default_rng([chunk.first_record, len(chunk), hash(shard) & 0xFFFF])
         self.corrupt += len(data_crc_mismatches(chunk))
-        batch = decode_batch(chunk.data, chunk.starts, chunk.ends, self._keys)
+        batch = decode_batch(chunk.data, chunk.starts, chunk.ends, self._keys, padded=chunk.padded)
         self.records += batch.size
         self.not_examples += len(batch.not_examples)
         for name, col in batch.columns.items():

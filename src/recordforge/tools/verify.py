@@ -50,7 +50,7 @@ class _Checks:
             offset = chunk.offset + int(chunk.heads[crc_bad[0]])
             if self.corrupt is None or offset < self.corrupt[0]:
                 self.corrupt = (offset, "corrupt data (CRC mismatch)")
-        batch = decode_batch(chunk.data, chunk.starts, chunk.ends, self.keys)
+        batch = decode_batch(chunk.data, chunk.starts, chunk.ends, self.keys, padded=chunk.padded)
         why = _spec_problems(batch, self.spec)
         for r, text in batch.errors.items():
             why.setdefault(r, []).insert(0, text)

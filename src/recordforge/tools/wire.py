@@ -27,7 +27,7 @@ NONE, BYTES, FLOAT, INT64 = 0, 1, 2, 3
 _KIND_NAMES = {NONE: "none", BYTES: "bytes", FLOAT: "float", INT64: "int64"}
 # Zero bytes after the data: a read a little past a span never leaves the array (stats reads
 # short strings as words up to 96 bytes past a value's start, and then need not copy the chunk).
-_PAD = 128
+_PAD = PAD = 128
 
 
 @dataclass
@@ -57,10 +57,21 @@ def _empty_column(blob: np.ndarray) -> Column:
     return Column(z, np.zeros(0, np.int8), z, z, np.zeros(0, np.float32), blob, z, z)
 
 
-def decode_batch(data: bytes, starts: np.ndarray, ends: np.ndarray, keys: KeyTable) -> Batch:
-    """Columns of every feature of the records data[starts[i]:ends[i]]."""
+def decode_batch(
+    data: bytes | memoryview,
+    starts: np.ndarray,
+    ends: np.ndarray,
+    keys: KeyTable,
+    *,
+    padded: np.ndarray | None = None,
+) -> Batch:
+    """Columns of every feature of the records data[starts[i]:ends[i]]; `padded`, where the
+    caller has it: `data` followed by at least PAD zero bytes, as one uint8 array."""
     n = len(starts)
-    buf = np.frombuffer(data + b"\0" * _PAD, np.uint8)
+    if padded is not None and len(padded) >= len(data) + PAD:
+        buf = padded
+    else:
+        buf = np.frombuffer(bytes(data) + b"\0" * _PAD, np.uint8)
     # One C pass over the records' map entries, grouped by name (_decode.c); a record outside
     # the canonical layout is `slow`, none of its entries kept, and goes to protobuf below.
     out = _native.decode_examples(
@@ -92,7 +103,7 @@ def decode_batch(data: bytes, starts: np.ndarray, ends: np.ndarray, keys: KeyTab
         )
     batch = Batch(n, columns)
     for r in np.flatnonzero(slow).tolist():
-        _merge_slow(batch, r, data[int(starts[r]) : int(ends[r])], buf)
+        _merge_slow(batch, r, bytes(data[int(starts[r]) : int(ends[r])]), buf)
     return batch
 
 
