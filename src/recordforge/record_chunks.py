@@ -21,7 +21,7 @@ class RecordChunk:
     its payload data[heads[i] + 12 : heads[i] + 12 + lengths[i]]; `offset` is where `data`
     begins in the decompressed stream, `raw_bytes` how many file bytes were read for it."""
 
-    data: bytes | memoryview
+    data: bytes | memoryview  # a view of a larger buffer, as read_record_chunks gives it
     offset: int
     heads: np.ndarray
     lengths: np.ndarray
@@ -62,7 +62,8 @@ def _frame(
             problem = "corrupt length (CRC mismatch)"  # else a garbage length would keep it waiting
         elif final:
             problem = "truncated record header" if len(tail) < 12 else "truncated record"
-    chunk = RecordChunk(data[:used], base, heads, lengths, raw_bytes)
+    # The chunk is a view of `data` (its pieces, its readers' views: one copy of the bytes in all).
+    chunk = RecordChunk(memoryview(data)[:used], base, heads, lengths, raw_bytes)
     return chunk, data[used:], problem
 
 
@@ -82,7 +83,6 @@ def read_record_chunks(
     if compression == array_records.ARRAY_RECORD:
         yield from _array_record_chunks(path, on_raw, chunk_bytes)
         return
-    pending = b""
     base = 0
     records = 0
     raw_seen = 0
@@ -94,11 +94,15 @@ def read_record_chunks(
         if on_raw is not None:
             on_raw(raw)
 
+    pieces: list[bytes] = []
+    size = 0
     for piece in decompressed_chunks(path, compression or detect_compression(path), count_raw):
-        pending = pending + piece if pending else piece
-        if len(pending) < chunk_bytes:
+        pieces.append(piece)
+        size += len(piece)
+        if size < chunk_bytes:
             continue
-        chunk, pending, problem = _frame(path, pending, base, raw_seen - raw_at_last, False)
+        chunk, pending, problem = _frame(path, b"".join(pieces), base, raw_seen - raw_at_last, False)
+        pieces, size = [pending], len(pending)
         raw_at_last = raw_seen
         chunk.first_record = records
         records += len(chunk)
@@ -107,7 +111,7 @@ def read_record_chunks(
         if problem:
             raise CorruptRecord(path, base + len(chunk.data), problem)
         base += len(chunk.data)
-    chunk, pending, problem = _frame(path, pending, base, raw_seen - raw_at_last, True)
+    chunk, pending, problem = _frame(path, b"".join(pieces), base, raw_seen - raw_at_last, True)
     chunk.first_record = records
     if len(chunk) or chunk.raw_bytes:
         yield from _split(chunk, chunk_bytes)

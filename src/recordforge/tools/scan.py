@@ -248,6 +248,8 @@ def _by_chunk(
     def hand(item: Any) -> None:
         if item is not None and slots is not None and slots.fits(item[2]):
             item = (item[0], item[1], slots.put(free_slot(), item[2]))
+        elif item is not None:  # through the pipe: pickled, so its bytes and not a view of them
+            item = (item[0], item[1], replace(item[2], data=bytes(item[2].data)))
         while True:
             if failed:
                 raise RuntimeError("stopped: the scan failed elsewhere")

@@ -71,7 +71,8 @@ def decode_batch(
     if padded is not None and len(padded) >= len(data) + PAD:
         buf = padded
     else:
-        buf = np.frombuffer(bytes(data) + b"\0" * _PAD, np.uint8)
+        buf = np.zeros(len(data) + _PAD, np.uint8)
+        buf[: len(data)] = np.frombuffer(data, np.uint8)
     # One C pass over the records' map entries, grouped by name (_decode.c); a record outside
     # the canonical layout is `slow`, none of its entries kept, and goes to protobuf below.
     out = _native.decode_examples(
