@@ -34,15 +34,17 @@ from typing import Any
 
 from recordforge import layout
 from recordforge.placed_pieces import PlacedKeep, kept_placed, placed_batches
-from recordforge.storage import exists, is_local, list_files, open_read, read_bytes, write_atomically
+from recordforge.storage import exists, list_files, open_read, read_bytes, write_atomically
 
 __all__ = ["BatchLedger", "Reuse", "part_record", "reusable", "write_part_record"]
 
 _LOGGER = logging.getLogger("recordforge.pipelines.convert")  # the name users see
-# On an object store, a ledger file every this many seconds of a worker's batches (and at its
-# end): a write per batch would cost more than the batch. On a local disk one per batch, not
-# synced (a synced write per batch cost a run about 5%): a killed process's writes survive it, and
-# a record a power cut loses or garbles is not read (its batch is converted again).
+# A ledger file every this many seconds of a worker's batches, at its end, and before a part's
+# record (write_part_record), not synced: a file per batch would cost more than the batch on an
+# object store, and on a local disk it was two file creations per batch with the claims. A batch
+# is skipped only where kept parts hold its records, and a part's record is written after its
+# batches', so a later ledger file loses a rerun nothing; a record a power cut loses or garbles
+# is not read (its batch is converted again).
 _FLUSH_S = 2.0
 
 Batch = tuple[str, int]  # (file, first_row)
@@ -59,13 +61,12 @@ class BatchLedger:
         self._pending: list[list[Any]] = []
         self._lock = threading.Lock()  # a part closed in another thread flushes it (below)
         self._since = time.monotonic()
-        self._every = 0.0 if is_local(folder) else _FLUSH_S
         _LEDGERS.add(self)
 
     def add(self, file: str, first_row: int, rows: int, records: dict[str, int]) -> None:
         with self._lock:
             self._pending.append([file, first_row, rows, records])
-        if time.monotonic() - self._since >= self._every:
+        if time.monotonic() - self._since >= _FLUSH_S:
             self.flush()
 
     def flush(self) -> None:

@@ -177,7 +177,7 @@ def _warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
 @pytest.mark.parametrize(
     ("broken", "expected"),
     [
-        (None, (20, True)),  # every feature: one in-process worker has a claims folder too
+        (None, (20, True)),  # every feature: a run of two workers has a claims folder they see
         ("version", (200, False)),  # another Beam: Beam's FnApiRunner as it is
         ("sampler", (200, True)),  # assumption 5 broken: Beam's own sampler, the rest kept
         ("repeat", (20, False)),  # bundles replayed before they run: no claims (assumption 6)
@@ -201,7 +201,10 @@ def test_a_feature_whose_assumption_fails_is_left_to_beam_with_one_log_line(
     elif broken == "repeat":
         flags = ["--direct_runner_bundle_repeat=1"]
     with caplog.at_level("INFO", logger="recordforge.runners.local_runner"):
-        traits = runner_traits(PipelineOptions([f"--runner={LOCAL_RUNNER}", *flags]))
+        # Traits of two workers (one has no one to share with); the pipeline runs in process.
+        traits = runner_traits(
+            PipelineOptions([f"--runner={LOCAL_RUNNER}", "--direct_num_workers=2", *flags])
+        )
         with session(traits), beam.Pipeline(runner=LocalRunner(), options=PipelineOptions(flags)) as p:
             seen = p | beam.Create([0]) | beam.Map(_seen_by_a_worker, traits.claims)
             assert_that(seen, equal_to([expected]))

@@ -20,7 +20,7 @@ LOCAL = f"--runner={LOCAL_RUNNER}"
 @pytest.mark.parametrize(
     ("flags", "local", "workers", "claims", "spill"),
     [
-        ([LOCAL], True, 1, True, True),  # RecordForge's local runner, one worker
+        ([LOCAL], True, 1, False, True),  # RecordForge's local runner, one worker: nothing to share
         ([LOCAL, "--direct_num_workers=2", "--direct_running_mode=multi_processing"], True, 2, True, True),
         ([LOCAL, "--direct_num_workers=2", "--direct_runner_bundle_repeat=1"], True, 2, False, True),
         ([], False, 0, False, True),  # no runner named: Beam's default, as beam.Pipeline makes it
@@ -47,7 +47,8 @@ def test_traits_follow_from_the_options(
 
 
 def test_each_run_gets_folders_of_its_own() -> None:
-    a, b = runner_traits(PipelineOptions([LOCAL])), runner_traits(PipelineOptions([LOCAL]))
+    two = [LOCAL, "--direct_num_workers=2"]
+    a, b = runner_traits(PipelineOptions(two)), runner_traits(PipelineOptions(two))
     assert len({a.claims, a.progress, b.claims, b.progress}) == 4
 
 

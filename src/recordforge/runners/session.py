@@ -55,10 +55,12 @@ def runner_traits(options: PipelineOptions) -> RunnerTraits:
     in_memory = runner is not None and issubclass(runner, FnApiRunner | DirectRunner)
     if runner is None or not issubclass(runner, LocalRunner):
         return RunnerTraits(spill=in_memory)
+    workers = options.view_as(DirectOptions).direct_num_workers
     return RunnerTraits(
         local=True,
-        workers=options.view_as(DirectOptions).direct_num_workers,
-        claims=private_temp_name("recordforge-claims-") if shares_work(options) else None,
+        workers=workers,
+        # One worker has no one to share with: it reads every item, as it would claiming each.
+        claims=private_temp_name("recordforge-claims-") if workers != 1 and shares_work(options) else None,
         spill=True,
         progress=private_temp_name("recordforge-progress-"),
     )
