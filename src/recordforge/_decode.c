@@ -40,8 +40,6 @@ static int grow_to(Grow *g, size_t need) {
     return 0;
 }
 
-static inline void copy_small(void *dst, const void *src, size_t n);
-
 static inline int push(Grow *g, const void *v, size_t n) {
     if (g->len + n > g->cap && grow_to(g, g->len + n) < 0) return -1;
     copy_small(g->p + g->len, v, n);
@@ -128,19 +126,6 @@ static uint64_t key_hash(const uint8_t *p, int64_t n) {
     uint64_t h = 0xCBF29CE484222325ull; /* FNV-1a */
     for (int64_t i = 0; i < n; i++) h = (h ^ p[i]) * 0x100000001B3ull;
     return h;
-}
-
-/* Copies n bytes, small n (a key, one entry's values) in a loop rather than a call: records
- * are made of thousands of such pieces, most a few bytes long. */
-static inline void copy_small(void *dst, const void *src, size_t n) {
-    if (n > 32) {
-        memcpy(dst, src, n);
-        return;
-    }
-    uint8_t *o = dst;
-    const uint8_t *i = src;
-    for (; n >= 8; n -= 8, o += 8, i += 8) memcpy(o, i, 8);
-    while (n--) *o++ = *i++;
 }
 
 static inline int key_is(const Keys *k, int32_t id, int64_t s, int64_t n) {

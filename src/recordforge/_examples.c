@@ -92,11 +92,12 @@ static inline int64_t entry_len(const Column *c, int64_t payload) {
     return c->key_len + 1 + varint_len((uint64_t)feature) + feature;
 }
 
-/* Where an entry is under 128 bytes, every length in it is one byte: the common case, written
- * without varint loops. */
+/* Where an entry is under 128 bytes, every length in it is one byte: the common case, its
+ * bytes before the values tabled by payload (Heads). */
 enum { SMALL = 128 };
 
-static inline uint8_t *write_values(uint8_t *p, const Column *c, Py_ssize_t i, int64_t payload) {
+/* Row i's values as its List holds them, after any packed field's tag and length. */
+static inline uint8_t *write_body(uint8_t *p, const Column *c, Py_ssize_t i, int64_t payload) {
     int64_t lo, hi;
     value_range(c, i, &lo, &hi);
     if (c->kind == KIND_BYTES) {
@@ -104,17 +105,14 @@ static inline uint8_t *write_values(uint8_t *p, const Column *c, Py_ssize_t i, i
             int64_t a = byte_offset(c, j), b = byte_offset(c, j + 1);
             *p++ = 0x0A;
             p = put_varint(p, (uint64_t)(b - a));
-            memcpy(p, c->data + a, (size_t)(b - a));
+            copy_small(p, c->data + a, (size_t)(b - a));
             p += b - a;
         }
         return p;
     }
-    if (!payload) return p;
-    *p++ = 0x0A; /* the packed repeated field */
-    p = put_varint(p, (uint64_t)payload);
     if (c->kind == KIND_FLOAT) {
 #if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
-        memcpy(p, c->values + 4 * (c->first_value + lo), (size_t)payload);
+        copy_small(p, c->values + 4 * (c->first_value + lo), (size_t)payload);
         p += payload;
 #else
         for (int64_t j = lo; j < hi; j++) {
@@ -129,21 +127,53 @@ static inline uint8_t *write_values(uint8_t *p, const Column *c, Py_ssize_t i, i
     return p;
 }
 
+static inline uint8_t *write_values(uint8_t *p, const Column *c, Py_ssize_t i, int64_t payload) {
+    if (c->kind != KIND_BYTES) {
+        if (!payload) return p;
+        *p++ = 0x0A; /* the packed repeated field */
+        p = put_varint(p, (uint64_t)payload);
+    }
+    return write_body(p, c, i, payload);
+}
+
+/* An entry's bytes before its values, for each payload under SMALL whose whole entry is under
+ * SMALL too (every length one byte): made once per column and batch, copied once per row. */
+enum { HEAD_MAX = 3 * SMALL / 2 };
+typedef struct {
+    uint8_t len[SMALL]; /* 0: not tabled (the entry is not small) */
+    uint8_t bytes[SMALL][HEAD_MAX];
+} Heads;
+
+static void make_heads(const Column *c, Heads *h) {
+    for (int64_t payload = 0; payload < SMALL; payload++) {
+        int64_t list = list_len(c->kind, payload);
+        int64_t feature = 1 + varint_len((uint64_t)list) + list;
+        int64_t entry = c->key_len + 1 + varint_len((uint64_t)feature) + feature;
+        h->len[payload] = 0;
+        if (entry >= SMALL) continue;
+        uint8_t *p = h->bytes[payload];
+        *p++ = 0x0A;
+        *p++ = (uint8_t)entry;
+        memcpy(p, c->key, (size_t)c->key_len);
+        p += c->key_len;
+        *p++ = 0x12;
+        *p++ = (uint8_t)feature;
+        *p++ = FEATURE_TAG[c->kind];
+        *p++ = (uint8_t)list;
+        if (c->kind != KIND_BYTES && payload) {
+            *p++ = 0x0A;
+            *p++ = (uint8_t)payload;
+        }
+        h->len[payload] = (uint8_t)(p - h->bytes[payload]);
+    }
+}
+
+/* An entry that is not small (Heads has it otherwise), lengths as varints. */
 static uint8_t *write_entry(uint8_t *p, const Column *c, Py_ssize_t i, int64_t payload) {
     int64_t list = list_len(c->kind, payload);
     int64_t feature = 1 + varint_len((uint64_t)list) + list;
     int64_t entry = c->key_len + 1 + varint_len((uint64_t)feature) + feature;
     *p++ = 0x0A; /* Features.feature: a map entry */
-    if (entry < SMALL) {
-        *p++ = (uint8_t)entry;
-        memcpy(p, c->key, (size_t)c->key_len);
-        p += c->key_len;
-        p[0] = 0x12; /* MapEntry.value */
-        p[1] = (uint8_t)feature;
-        p[2] = FEATURE_TAG[c->kind];
-        p[3] = (uint8_t)list;
-        return write_values(p + 4, c, i, payload);
-    }
     p = put_varint(p, (uint64_t)entry);
     memcpy(p, c->key, (size_t)c->key_len);
     p += c->key_len;
@@ -267,6 +297,7 @@ PyObject *encode_examples(PyObject *self, PyObject *args) {
     /* Each row's payload per column (-1: absent), then each row's Features length. */
     int64_t *lens = PyMem_Malloc((size_t)(n * nc + n + 1) * sizeof(int64_t));
     PyObject *offsets = NULL, *data = NULL, *result = NULL;
+    Heads *heads = NULL;
     if (!cols || !views || !lens) {
         PyErr_NoMemory();
         goto done;
@@ -295,16 +326,28 @@ PyObject *encode_examples(PyObject *self, PyObject *args) {
         goto done;
     }
     data = PyByteArray_FromStringAndSize(NULL, (Py_ssize_t)off[n]);
-    if (!data) goto done;
+    heads = PyMem_Malloc((size_t)(nc ? nc : 1) * sizeof(Heads));
+    if (!data || !heads) {
+        if (!PyErr_Occurred()) PyErr_NoMemory();
+        goto done;
+    }
     uint8_t *out = (uint8_t *)PyByteArray_AS_STRING(data);
     Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t k = 0; k < nc; k++) make_heads(&cols[k], &heads[k]);
     for (Py_ssize_t i = 0; i < n; i++) {
         uint8_t *p = out + off[i];
         *p++ = 0x0A; /* Example.features */
         p = put_varint(p, (uint64_t)lens[n * nc + i]);
         for (Py_ssize_t k = 0; k < nc; k++) {
             int64_t payload = lens[i * nc + k];
-            if (payload >= 0) p = write_entry(p, &cols[k], i, payload);
+            if (payload < 0) continue;
+            const Heads *h = &heads[k];
+            if (payload < SMALL && h->len[payload]) {
+                copy_small(p, h->bytes[payload], h->len[payload]);
+                p = write_body(p + h->len[payload], &cols[k], i, payload);
+            } else {
+                p = write_entry(p, &cols[k], i, payload);
+            }
         }
     }
     Py_END_ALLOW_THREADS
@@ -317,6 +360,7 @@ done:
     PyMem_Free(cols);
     PyMem_Free(views);
     PyMem_Free(lens);
+    PyMem_Free(heads);
     return result;
 }
 

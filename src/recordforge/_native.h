@@ -46,6 +46,19 @@ static inline uint8_t *put_le64(uint8_t *p, uint64_t v) {
     return p + 8;
 }
 
+/* Copies n bytes, small n (a key, a header, one entry's values) in a loop rather than a libc
+   call: records are made of thousands of such pieces, most a few bytes long. */
+static inline void copy_small(void *dst, const void *src, size_t n) {
+    if (n > 32) {
+        memcpy(dst, src, n);
+        return;
+    }
+    uint8_t *o = dst;
+    const uint8_t *i = src;
+    for (; n >= 8; n -= 8, o += 8, i += 8) memcpy(o, i, 8);
+    while (n--) *o++ = *i++;
+}
+
 /* encode_examples(n, columns) -> (offsets, data), in _examples.c. */
 PyObject *encode_examples(PyObject *self, PyObject *args);
 
