@@ -39,14 +39,6 @@ def _valid(arr: pa.Array) -> np.ndarray:
     return pc.is_valid(arr).to_numpy(zero_copy_only=False)
 
 
-def _values(arr: pa.Array, dtype: type) -> np.ndarray:
-    """A primitive array's values buffer as numpy, without a copy (a null's slot: any value)."""
-    buf = arr.buffers()[1]
-    if buf is None:  # no values at all (every one null, say)
-        return np.zeros(len(arr), dtype=dtype)
-    return np.frombuffer(buf, dtype=dtype)[arr.offset : arr.offset + len(arr)]
-
-
 def _null_out(arr: pa.Array, indices: np.ndarray) -> pa.Array:
     if not len(indices):
         return arr
@@ -169,11 +161,11 @@ def _is_inf_word(text: object) -> bool:
 def _narrowed(wide: pa.Array, failures: list[Failure]) -> pa.Array:
     """float64 values as float32; a finite value beyond float32's range fails (rule `range`)."""
     narrow = pc.cast(wide, pa.float32(), safe=False)
-    # On the values buffers as they are (a null's slot holds any value): nulls are dropped from
-    # the few values found, not converted to NaN in every value first.
-    idx = np.flatnonzero(np.isfinite(_values(wide, np.float64)) & np.isinf(_values(narrow, np.float32)))
-    idx = idx[_valid(wide)[idx]] if idx.size else idx
-    if idx.size:
+    overflow = np.isfinite(wide.to_numpy(zero_copy_only=False)) & ~np.isfinite(
+        narrow.to_numpy(zero_copy_only=False)
+    )
+    if overflow.any():
+        idx = np.flatnonzero(overflow)
         failures.append(Failure(idx, "range", "float64 value is outside float32 range"))
         narrow = _null_out(narrow, idx)
     return narrow
