@@ -147,3 +147,13 @@ def test_chunks_handed_over_in_shared_slots_arrive_whole_however_often_slots_are
     acc = results[0].acc
     assert acc.chunks > 3 * (3 * 3 + 2)  # far more chunks than slots
     assert 0 < acc.padded < acc.chunks  # the big record's chunk came through the pipe
+
+
+@pytest.mark.parametrize("workers", [1, 3])
+def test_a_scan_without_hashes_counts_the_same_bytes(tmp_path: Path, workers: int) -> None:
+    shards = _shards(tmp_path)
+    hashed = scan_shards(shards, _Sum, what="test", workers=workers)
+    counted = scan_shards(shards, _Sum, what="test", workers=workers, hashed=False)
+    for a, b in zip(hashed, counted, strict=True):
+        assert len(a.sha256) == 64 and b.sha256 == ""
+        assert (a.size, a.records, a.acc.bytes) == (b.size, b.records, b.acc.bytes) and b.size > 0

@@ -64,12 +64,25 @@ def _count(records: int, raw: int) -> None:
             _COUNTERS[1] += raw
 
 
-def _read(path: str, compression: str, each: Callable[[RecordChunk], None]) -> ShardResult:
+class _Size:
+    """A FileDigest that only counts the bytes (a scan whose caller needs no sha256)."""
+
+    def __init__(self) -> None:
+        self.size = 0
+
+    def __call__(self, raw: bytes) -> None:
+        self.size += len(raw)
+
+    def hexdigest(self) -> str:
+        return ""
+
+
+def _read(path: str, compression: str, each: Callable[[RecordChunk], None], hashed: bool) -> ShardResult:
     result = ShardResult(path)
     if not exists(path):
         result.missing = True
         return result
-    digest = FileDigest()
+    digest = FileDigest() if hashed else _Size()
     try:
         for chunk in read_record_chunks(path, compression, on_raw=digest, chunk_bytes=CHUNK_BYTES):
             result.records += len(chunk)
@@ -82,7 +95,7 @@ def _read(path: str, compression: str, each: Callable[[RecordChunk], None]) -> S
     return result
 
 
-def _whole_shard(path: str, compression: str, make: Callable[[], Accumulator]) -> ShardResult:
+def _whole_shard(path: str, compression: str, make: Callable[[], Accumulator], hashed: bool) -> ShardResult:
     acc = make()
     name = posixpath.basename(path)
 
@@ -90,7 +103,7 @@ def _whole_shard(path: str, compression: str, make: Callable[[], Accumulator]) -
         acc.add(chunk, name)
         _count(len(chunk), chunk.raw_bytes)
 
-    result = _read(path, compression, each)
+    result = _read(path, compression, each, hashed)
     result.acc = acc
     return result
 
@@ -102,8 +115,11 @@ def scan_shards(
     what: str,
     total_bytes: int | None = None,
     workers: int | None = None,
+    hashed: bool = True,
 ) -> list[ShardResult]:
-    """(path, compression) shards through `make()`'s accumulators, merged per shard."""
+    """(path, compression) shards through `make()`'s accumulators, merged per shard; each shard's
+    size, and with `hashed` its sha256 (the reading of a shard is one thread's, so a caller that
+    needs no sha256 saves it there)."""
     workers = workers or os.cpu_count() or 1
     progress = Progress(what, len(shards), total_bytes=total_bytes)
     context = multiprocessing.get_context(
@@ -114,9 +130,9 @@ def scan_shards(
         with ProcessPoolExecutor(
             workers, mp_context=context, initializer=_init, initargs=(counters,)
         ) as pool:
-            results = _by_shard(pool, shards, make, progress, counters)
+            results = _by_shard(pool, shards, make, progress, counters, hashed)
     else:
-        results = _by_chunk(context, shards, make, progress, workers, counters)
+        results = _by_chunk(context, shards, make, progress, workers, counters, hashed)
     progress.done()
     return results
 
@@ -127,8 +143,11 @@ def _by_shard(
     make: Callable[[], Accumulator],
     progress: Progress,
     counters: Any,
+    hashed: bool,
 ) -> list[ShardResult]:
-    futures = {pool.submit(_whole_shard, path, comp, make): i for i, (path, comp) in enumerate(shards)}
+    futures = {
+        pool.submit(_whole_shard, path, comp, make, hashed): i for i, (path, comp) in enumerate(shards)
+    }
     results: list[ShardResult | None] = [None] * len(shards)
     pending = set(futures)
     while pending:
@@ -226,6 +245,7 @@ def _by_chunk(
     progress: Progress,
     workers: int,
     counters: Any,
+    hashed: bool,
 ) -> list[ShardResult]:
     """Threads of this process read the shards and hand chunks to `workers` processes through
     one bounded queue (at most two chunks waiting per worker: bounded memory)."""
@@ -276,7 +296,7 @@ def _by_chunk(
         path, compression = shards[i]
         name = posixpath.basename(path)
         try:
-            results[i] = _read(path, compression, lambda chunk: hand((i, name, chunk)))
+            results[i] = _read(path, compression, lambda chunk: hand((i, name, chunk)), hashed)
         finally:
             with lock:
                 reading[0] -= 1

@@ -328,7 +328,7 @@ def _spec(path: str) -> dict[str, Any]:
 def stats(path: str, *, workers: int | None = None) -> dict[str, Any]:
     """Statistics of every record of a bundle (all shards) or of one TFRecord file."""
     files = record_files(path)
-    results = scan_shards(files, _Summary, what="stats", workers=workers)
+    results = scan_shards(files, _Summary, what="stats", workers=workers, hashed=False)  # no sha256 shown
     total = _Summary()
     for r in results:
         if r.missing:
