@@ -388,7 +388,8 @@ def main() -> None:
     ref = worktree(args.against, Path(w)) if args.against else None
     compared = [key for key, (_, cmd) in runs.items() if cmd[0] == "recordforge"] if ref else []
     against: dict[str, list[dict]] = {key: [] for key in compared}
-    digests: dict[str, set[str]] = {key: set() for key in compared}
+    # Per round, (this tree's, the other's) shard digest: a difference names its tree and round.
+    digests: dict[str, list[tuple[str, str]]] = {key: [] for key in compared}
     for round_ in range(max(args.repeats, args.scaling_repeats)):
         for key, (_, cmd) in runs.items():
             if round_ >= args.repeats and key not in paired:
@@ -405,7 +406,7 @@ def main() -> None:
             else:
                 samples[key].append(_run_child(cmd))
                 against[key].append(_run_child(theirs, ref[1]))
-            digests[key] |= {shard_digest(cmd[2]), shard_digest(theirs[2])}
+            digests[key].append((shard_digest(cmd[2]), shard_digest(theirs[2])))
     results = {key: (label, _summary(samples[key])) for key, (label, _) in runs.items()}
     base = results["tutorial"][1]["rows_per_s"]
     print(
@@ -431,13 +432,16 @@ def main() -> None:
         print(f"Against {ref[0]} (its time / this tree's; same rows, same round):")
         for key, theirs in against.items():
             rounds = [_rate(a) / _rate(b) for a, b in zip(samples[key], theirs, strict=True)]
-            same = "same" if len(digests[key]) == 1 else "DIFFERENT"
+            same = "same" if len({d for pair in digests[key] for d in pair}) == 1 else "DIFFERENT"
             print(
                 f"  {key:14} {statistics.median(rounds):.2f}x ({_summary(theirs)['rows_per_s']:.0f} -> "
                 f"{results[key][1]['rows_per_s']:.0f} rows/s; per round: "
                 f"{', '.join(f'{r:.2f}' for r in rounds)}; peak RSS {_summary(theirs)['peak_rss_mb']:.0f} -> "
                 f"{results[key][1]['peak_rss_mb']:.0f} MB; {same} output bytes)"
             )
+            if same != "same":
+                for i, (ours, other) in enumerate(digests[key]):
+                    print(f"    round {i + 1}: this tree {ours[:16]}, {ref[0]} {other[:16]}")
         print()
     ratio("rf_2w", "rf", "2 workers vs 1")
     ratio("rf_default", "rf", "the default (every core) vs 1 worker")
