@@ -245,18 +245,20 @@ class ShardInfo:
 
 
 class FileDigest:
-    """Size and sha256 of a file's bytes, fed chunk by chunk (as `read_records`' `on_raw`)."""
+    """Size and sha256 of a file's bytes, fed chunk by chunk (as `read_records`' `on_raw`);
+    `hashed=False`: the size alone (hexdigest "")."""
 
-    def __init__(self) -> None:
-        self._sha = hashlib.sha256()
+    def __init__(self, hashed: bool = True) -> None:
+        self._sha = hashlib.sha256() if hashed else None
         self.size = 0
 
     def __call__(self, raw: bytes) -> None:
-        self._sha.update(raw)
+        if self._sha is not None:
+            self._sha.update(raw)
         self.size += len(raw)
 
     def hexdigest(self) -> str:
-        return self._sha.hexdigest()
+        return self._sha.hexdigest() if self._sha is not None else ""
 
 
 def describe_shard(path: str, compression: str) -> ShardInfo:

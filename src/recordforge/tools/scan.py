@@ -64,25 +64,12 @@ def _count(records: int, raw: int) -> None:
             _COUNTERS[1] += raw
 
 
-class _Size:
-    """A FileDigest that only counts the bytes (a scan whose caller needs no sha256)."""
-
-    def __init__(self) -> None:
-        self.size = 0
-
-    def __call__(self, raw: bytes) -> None:
-        self.size += len(raw)
-
-    def hexdigest(self) -> str:
-        return ""
-
-
 def _read(path: str, compression: str, each: Callable[[RecordChunk], None], hashed: bool) -> ShardResult:
     result = ShardResult(path)
     if not exists(path):
         result.missing = True
         return result
-    digest = FileDigest() if hashed else _Size()
+    digest = FileDigest(hashed)
     try:
         for chunk in read_record_chunks(path, compression, on_raw=digest, chunk_bytes=CHUNK_BYTES):
             result.records += len(chunk)
