@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import dask_profiler
 import pyarrow.parquet as pq
 import pytest
 import yaml
@@ -96,7 +97,7 @@ class Cluster:
 def cluster(gcs_emulator: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     """A Dask scheduler and two workers, subprocesses with the GCS emulator's environment."""
     root = tmp_path_factory.mktemp("dask-cluster")
-    c = Cluster(root, root / "scheduler.json", {**os.environ, **gcs_emulator.env})
+    c = Cluster(root, root / "scheduler.json", {**os.environ, **gcs_emulator.env, **dask_profiler.ENV})
     c.start(
         "scheduler",
         [

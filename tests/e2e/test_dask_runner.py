@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import apache_beam as beam
+import dask_profiler
 import pyarrow as pa
 import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
@@ -56,11 +57,15 @@ SHIPPED_RACY_FAILURES = frozenset(
 @pytest.fixture(scope="module")
 def scheduler() -> Iterator[str]:
     """A LocalCluster of two worker processes (one thread each) on 127.0.0.1, for the module."""
+    import dask
     from distributed import LocalCluster
 
-    with LocalCluster(
-        processes=True, n_workers=2, threads_per_worker=1, host="127.0.0.1", dashboard_address=None
-    ) as cluster:
+    with (
+        dask.config.set(dask_profiler.CONFIG),
+        LocalCluster(
+            processes=True, n_workers=2, threads_per_worker=1, host="127.0.0.1", dashboard_address=None
+        ) as cluster,
+    ):
         yield cluster.scheduler_address
 
 

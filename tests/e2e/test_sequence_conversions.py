@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import dask_profiler
 import numpy as np
 import pandas as pd
 import pyarrow as pa
@@ -359,15 +360,19 @@ def test_shuffle_permutes_whole_sequences_deterministically(tmp_path: Path) -> N
 
 
 def test_a_dask_run_writes_what_a_local_run_writes(tmp_path: Path) -> None:
+    import dask
     from distributed import LocalCluster
 
     frame = clickstream(4_000, 300, seed=13)
     source = write_parquet(frame, tmp_path / "parquet", files=3)
     flags = ["--source", source, "--schema", _schema_file(tmp_path), "--deterministic", "--num_shards", "3"]
     run([*flags, "--output", str(tmp_path / "local")])
-    with LocalCluster(
-        processes=True, n_workers=2, threads_per_worker=1, host="127.0.0.1", dashboard_address=None
-    ) as cluster:
+    with (
+        dask.config.set(dask_profiler.CONFIG),
+        LocalCluster(
+            processes=True, n_workers=2, threads_per_worker=1, host="127.0.0.1", dashboard_address=None
+        ) as cluster,
+    ):
         dask = ["--runner", "DaskRunner", "--dask_client_address", cluster.scheduler_address]
         run([*flags, "--output", str(tmp_path / "dask"), *dask])
     assert _records(tmp_path / "dask") == _records(tmp_path / "local")
