@@ -14,7 +14,8 @@ def traits_case(case: str, tmp_path: Path) -> RunnerTraits:
     """The traits of `case`, with its claims folder made in `tmp_path` as `runners.session` would."""
     if case == "spread":
         return ANY_RUNNER
+    if case == "one":  # as runners.session gives it: no one to share items with, so no claims
+        return RunnerTraits(local=True, workers=1, claims=None, spill=True)
     claims = tmp_path / "claims"
     claims.mkdir(exist_ok=True)
-    workers = 1 if case == "one" else 2
-    return RunnerTraits(local=True, workers=workers, claims=str(claims), spill=True)
+    return RunnerTraits(local=True, workers=2, claims=str(claims), spill=True)
