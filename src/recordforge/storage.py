@@ -8,11 +8,17 @@ patterns) and `open_input` (decompression chosen by the file's suffix)."""
 from __future__ import annotations
 
 import contextlib
+import errno
+import fcntl
 import glob
+import io
+import mmap
 import os
 import shutil
 from dataclasses import dataclass
-from typing import IO, TYPE_CHECKING
+from typing import IO, TYPE_CHECKING, BinaryIO
+
+import numpy as np
 
 from recordforge import layout
 
@@ -160,10 +166,18 @@ def open_input(path: str) -> IO[bytes]:
     return _fs().open(path)
 
 
-def open_write(path: str) -> IO[bytes]:
-    """A new file at `path`, its bytes written as given; local folders on the way are made."""
+def open_write(path: str, *, direct: bool = False) -> IO[bytes]:
+    """A new file at `path`, its bytes written as given; local folders on the way are made.
+    `direct`: a long write nothing reads back soon (a shard): on a local disk that allows it, its
+    bytes reach the disk without a copy in the page cache (`_DirectWriter`)."""
     if is_local(path):
         os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        if direct and _O_DIRECT:
+            try:
+                return _DirectWriter(path)
+            except OSError as exn:
+                if exn.errno != errno.EINVAL:  # EINVAL: the filesystem refuses O_DIRECT
+                    raise
         return open(path, "wb")  # noqa: SIM115 - the caller closes it
     from apache_beam.io.filesystem import CompressionTypes
 
@@ -221,3 +235,99 @@ def write_atomically(path: str, data: bytes, *, sync: bool = True) -> None:
 def join(base: str, *names: str) -> str:
     """`names` below the folder `base`, local or on an object store."""
     return os.path.join(base, *names) if is_local(base) else _fs().join(base, *names)
+
+
+_O_DIRECT = getattr(os, "O_DIRECT", 0)  # Linux and some BSDs; elsewhere every write is buffered
+# O_DIRECT needs the memory, the file offset and the length aligned to the device's block, at
+# most a page on the disks and filesystems met; a write refused for alignment is written again
+# through the page cache.
+_ALIGN = 4096
+_DIRECT_BUFFER = 4 << 20
+
+
+class _DirectWriter(io.BufferedIOBase, BinaryIO):  # type: ignore[misc]  # BufferedWriter's bases
+    """A new local file written with O_DIRECT: bytes gather in a page-aligned buffer of `buffer`
+    bytes, written whole to the disk each time it fills; the last, unaligned bytes go through the
+    page cache at `close`.
+
+    Why: writing a shard through the page cache copies every byte into pages the kernel must
+    first find (on a VM, often fresh from the host), and makes the kernel write them again later
+    on its own threads; a conversion writes bytes no one reads soon. Where the filesystem refuses
+    O_DIRECT at open (`open_write` falls back to a plain file) or a write for its alignment
+    (EINVAL), the rest is written through the page cache. What reaches the disk is the same bytes
+    either way, and as before nothing is synced: a killed run's partial file is never used (a
+    shard counts once its writer is closed)."""
+
+    def __init__(self, path: str, buffer: int = _DIRECT_BUFFER) -> None:
+        if buffer <= 0 or buffer % _ALIGN:
+            raise ValueError(f"buffer must be a positive multiple of {_ALIGN}, not {buffer}")
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | _O_DIRECT
+        self._fd = os.open(path, flags, 0o666)
+        try:
+            self._map = mmap.mmap(-1, buffer)  # page-aligned, as O_DIRECT needs
+        except BaseException:
+            os.close(self._fd)
+            raise
+        self._buffer = np.frombuffer(self._map, dtype=np.uint8)
+        self._fill = 0
+        self.direct = True  # while O_DIRECT is set: False once writes go through the page cache
+
+    def writable(self) -> bool:
+        return True
+
+    def fileno(self) -> int:
+        return self._fd
+
+    def write(self, data: bytes | bytearray | memoryview) -> int:  # type: ignore[override]
+        if self.closed:
+            raise ValueError("write to a closed file")
+        src = np.frombuffer(data, dtype=np.uint8)
+        size, at = len(src), 0
+        while at < size:
+            take = min(size - at, len(self._buffer) - self._fill)
+            # numpy copies with the GIL released: the encoder's thread keeps running meanwhile.
+            self._buffer[self._fill : self._fill + take] = src[at : at + take]
+            self._fill += take
+            at += take
+            if self._fill == len(self._buffer):
+                self._write_out(0, self._fill)
+                self._fill = 0
+        return size
+
+    def _write_out(self, start: int, end: int) -> None:
+        view = memoryview(self._map)[start:end]
+        try:
+            while view:
+                try:
+                    written = os.write(self._fd, view)
+                except OSError as exn:
+                    if exn.errno != errno.EINVAL or not self.direct:
+                        raise
+                    self._buffered()  # refused for its alignment: nothing of it was written
+                    continue
+                view = view[written:]
+                if view and self.direct and written % _ALIGN:
+                    self._buffered()  # a short write left the offset unaligned
+        finally:
+            view.release()
+
+    def _buffered(self) -> None:
+        fcntl.fcntl(self._fd, fcntl.F_SETFL, fcntl.fcntl(self._fd, fcntl.F_GETFL) & ~_O_DIRECT)
+        self.direct = False
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        try:
+            whole = self._fill - self._fill % _ALIGN
+            if whole:
+                self._write_out(0, whole)
+            if self._fill > whole:
+                if self.direct:
+                    self._buffered()  # the tail is not a whole block
+                self._write_out(whole, self._fill)
+        finally:
+            del self._buffer
+            self._map.close()
+            os.close(self._fd)
+            super().close()

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import gzip
 import os
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from recordforge import layout, storage
@@ -154,3 +157,118 @@ def test_stage_local_writes_beside_the_name_and_leaves_nothing_on_failure(
     with pytest.raises(OSError, match="No space left"):
         storage.stage_local(path, b"{}")
     assert sorted(p.name for p in tmp_path.iterdir()) == [os.path.basename(tmp)]
+
+
+def _pieces() -> list[bytes]:
+    """Writes of awkward sizes: empty, one byte, either side of a block, across the buffer."""
+    rng = np.random.default_rng(7)
+    sizes = [0, 1, 4095, 4096, 4097, 3 << 20, 0, 2 << 20, 12345, 1]
+    return [rng.integers(0, 256, size, dtype=np.uint8).tobytes() for size in sizes]
+
+
+def test_a_direct_write_makes_a_file_of_exactly_its_bytes(root: str) -> None:
+    path = layout.join(root, "new", "folder", "shard.part")
+    pieces = _pieces()
+    with storage.open_write(path, direct=True) as f:
+        for piece in pieces:
+            assert f.write(memoryview(piece)) == len(piece)
+    assert storage.read_bytes(path) == b"".join(pieces)
+    with storage.open_write(path, direct=True) as f:  # replaces what was there
+        f.write(b"short")
+    assert storage.read_bytes(path) == b"short"
+
+
+def _refuses_direct(folder: Path) -> bool:
+    try:
+        fd = os.open(folder / "probe", os.O_WRONLY | os.O_CREAT | os.O_DIRECT, 0o644)
+    except OSError:
+        return True
+    os.close(fd)
+    return False
+
+
+def _recorded_writes(monkeypatch: pytest.MonkeyPatch) -> list[tuple[bool, int, int]]:
+    """(O_DIRECT set, file offset, length) of every os.write from here on."""
+    calls: list[tuple[bool, int, int]] = []
+    write = os.write
+
+    def recorded(fd: int, data: bytes) -> int:
+        direct = bool(fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_DIRECT)
+        calls.append((direct, os.lseek(fd, 0, os.SEEK_CUR), len(data)))
+        return write(fd, data)
+
+    monkeypatch.setattr(os, "write", recorded)
+    return calls
+
+
+def test_a_direct_write_reaches_the_disk_in_whole_blocks_and_only_its_tail_is_buffered(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = str(tmp_path / "shard.part")
+    pieces = _pieces()
+    if _refuses_direct(tmp_path):  # a filesystem without O_DIRECT: a plain buffered file
+        f = storage.open_write(path, direct=True)
+        assert not isinstance(f, storage._DirectWriter)
+        f.close()
+        return
+    calls = _recorded_writes(monkeypatch)
+    with storage._DirectWriter(path, buffer=1 << 20) as f:
+        for piece in pieces:
+            f.write(piece)
+    data = b"".join(pieces)
+    assert Path(path).read_bytes() == data
+    *whole, tail = calls
+    assert whole and all(direct and at % 4096 == 0 and size % 4096 == 0 for direct, at, size in whole)
+    assert sum(size for _, _, size in whole) == len(data) - len(data) % 4096
+    assert tail == (False, len(data) - len(data) % 4096, len(data) % 4096)
+
+
+def test_direct_writes_refused_go_through_the_page_cache_and_other_errors_are_raised(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    data = b"".join(_pieces())
+    # Refused at open: a plain file.
+    real_open = os.open
+
+    def no_direct(path: str, flags: int, mode: int = 0o777) -> int:
+        if flags & os.O_DIRECT:
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real_open(path, flags, mode)
+
+    monkeypatch.setattr(os, "open", no_direct)
+    with storage.open_write(str(tmp_path / "a.part"), direct=True) as f:
+        assert not isinstance(f, storage._DirectWriter)
+        f.write(data)
+    assert (tmp_path / "a.part").read_bytes() == data
+    monkeypatch.setattr(os, "open", real_open)
+    if _refuses_direct(tmp_path):
+        return  # the rest needs a filesystem that opens files with O_DIRECT
+
+    # Refused at a write (an alignment the device does not take): that block again, buffered.
+    real_write = os.write
+
+    def refuse_direct(fd: int, view: bytes) -> int:
+        if fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_DIRECT:
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real_write(fd, view)
+
+    monkeypatch.setattr(os, "write", refuse_direct)
+    f = storage._DirectWriter(str(tmp_path / "b.part"), buffer=1 << 20)
+    f.write(data)
+    f.close()
+    assert not f.direct and (tmp_path / "b.part").read_bytes() == data
+
+    # A full disk is raised, at the write that meets it or at close, and the file is closed.
+    def full(fd: int, view: bytes) -> int:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "write", full)
+    f = storage._DirectWriter(str(tmp_path / "c.part"), buffer=1 << 20)
+    fd = f.fileno()
+    with pytest.raises(OSError, match="No space left"):
+        f.write(data)  # the first full buffer meets it
+    with pytest.raises(OSError, match="No space left"):
+        f.close()  # what is left meets it too; the file is closed all the same
+    assert f.closed
+    with pytest.raises(OSError):
+        os.fstat(fd)  # closed

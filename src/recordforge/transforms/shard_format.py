@@ -119,7 +119,7 @@ class _TFRecordWriter:
     def __init__(self, path: str, compression: str, level: int, index: bool) -> None:
         self._path = path
         self._index_path = layout.temp_index(path) if index else None
-        handle = open_write(path)
+        handle = open_write(path, direct=True)
         try:
             self._stream = StreamWriter(HashingFile(handle), compression, level)  # writes the header
             self._index = open_write(self._index_path) if self._index_path else None
