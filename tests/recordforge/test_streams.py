@@ -70,6 +70,19 @@ def test_a_written_stream_is_one_valid_stream_and_its_segments_decode_alone(
 
 
 @pytest.mark.parametrize("compression", ["gzip", "zlib", "none"])
+def test_a_segments_bytes_are_those_a_stream_starting_there_writes(tmp_path: Path, compression: str) -> None:
+    """What a splice, a resumed run and an appended run rely on: a segment's compressed bytes
+    depend on its own records, not on the segments written before it in the same stream."""
+    chunks = [sample_records(400, seed) for seed in range(5)]
+    whole = _write(tmp_path / "whole", compression, chunks)
+    data = (tmp_path / "whole").read_bytes()
+    for i, seg in enumerate(whole):
+        alone = _write(tmp_path / f"alone{i}", compression, [chunks[i]])
+        (only,) = alone
+        assert data[seg.start : seg.end] == (tmp_path / f"alone{i}").read_bytes()[only.start : only.end]
+
+
+@pytest.mark.parametrize("compression", ["gzip", "zlib", "none"])
 def test_spliced_segments_of_several_files_are_one_valid_stream(tmp_path: Path, compression: str) -> None:
     files = []
     for f in range(3):
