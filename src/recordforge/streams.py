@@ -162,7 +162,6 @@ class StreamWriter:
             from isal import isal_zlib
 
             self._deflate = isal_zlib.compressobj(level, isal_zlib.DEFLATED, -15)  # raw deflate
-        self._level = level
         file.write(_header(compression))
         self._segments: list[Segment] = []
         self._check = self._seg_check = _EMPTY_CHECK[compression]
@@ -214,12 +213,6 @@ class StreamWriter:
             from isal import isal_zlib
 
             self.file.write(self._deflate.flush(isal_zlib.Z_FULL_FLUSH))
-            # A fresh compressor for each segment: a segment's bytes then depend on its own
-            # records only, by construction, whether its run went on past it or started there
-            # (a resumed or appended run, a join), not on ISA-L keeping nothing of the last
-            # segment in its state after a full flush (docs/performance.md: a GZIP shard's bytes
-            # once differed between two runs of one conversion, decoding the same).
-            self._deflate = isal_zlib.compressobj(self._level, isal_zlib.DEFLATED, -15)
         self._segments.append(
             Segment(self._seg_start, self.file.bytes, self._seg_raw, self._seg_check, self._seg_records)
         )
