@@ -17,9 +17,8 @@ import os
 import shutil
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from typing import IO, TYPE_CHECKING, BinaryIO
-
-import numpy as np
 
 from recordforge import layout
 
@@ -271,7 +270,10 @@ class _DirectWriter(io.BufferedIOBase, BinaryIO):  # type: ignore[misc]  # Buffe
         except BaseException:
             os.close(self._fd)
             raise
-        self._buffers = [np.frombuffer(m, dtype=np.uint8) for m in self._maps]
+        import numpy as np  # here: storage's other users (head, inspect) never need it
+
+        self._bytes = partial(np.frombuffer, dtype=np.uint8)
+        self._buffers = [self._bytes(m) for m in self._maps]
         self._size = buffer
         self._current = self._fill = 0
         self._disk = ThreadPoolExecutor(1, thread_name_prefix="recordforge-direct-write")
@@ -287,7 +289,7 @@ class _DirectWriter(io.BufferedIOBase, BinaryIO):  # type: ignore[misc]  # Buffe
     def write(self, data: bytes | bytearray | memoryview) -> int:  # type: ignore[override]
         if self.closed:
             raise ValueError("write to a closed file")
-        src = np.frombuffer(data, dtype=np.uint8)
+        src = self._bytes(data)
         size, at = len(src), 0
         while at < size:
             take = min(size - at, self._size - self._fill)
