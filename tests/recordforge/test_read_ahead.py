@@ -7,10 +7,10 @@ import inspect
 import os
 import pickle
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import pytest
+from waiting import wait_until
 
 from recordforge.read_ahead import THREAD_NAME, ReadAhead
 
@@ -138,22 +138,13 @@ def _named(made: list[str], name: str, n: int, closed: list[str] | None = None) 
             closed.append(name)
 
 
-def _wait_for(condition: Callable[[], bool]) -> bool:
-    deadline = time.monotonic() + 10
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.001)
-    return True
-
-
 def test_the_next_iterator_named_starts_as_soon_as_the_one_before_ends() -> None:
     made: list[str] = []
     closed: list[str] = []
     ahead = ReadAhead()
     assert list(ahead(_named(made, "a", 3), key="a", then=("b", _named(made, "b", 2)))) == ["a0", "a1", "a2"]
     # b's first item is made on the thread while the consumer is still between the two.
-    assert _wait_for(lambda: "b0" in made)
+    assert wait_until(lambda: "b0" in made)
     assert made == ["a0", "a1", "a2", "b0"]
     # The consumer asks for b: it reads the iterator started for it, the one it gives goes unread.
     unread = _named(made, "b-unread", 2, closed)
@@ -168,7 +159,7 @@ def test_a_next_iterator_not_read_next_is_closed_and_never_given() -> None:
     closed: list[str] = []
     ahead = ReadAhead(depth=2)
     assert list(ahead(iter("xy"), key="x", then=("b", _named(made, "b", 5, closed)))) == ["x", "y"]
-    assert _wait_for(lambda: "b0" in made)
+    assert wait_until(lambda: "b0" in made)
     # Another item comes instead: b, one item made, is closed unread; c is read.
     assert list(ahead(_named(made, "c", 2), key="c")) == ["c0", "c1"]
     assert closed == ["b"] and made.count("b0") == 1 and "b1" not in made
@@ -182,7 +173,7 @@ def test_a_next_iterator_not_read_next_is_closed_and_never_given() -> None:
     assert inspect.getgeneratorstate(e) == inspect.GEN_CLOSED and "e0" not in made
     g = _named(made, "g", 2)
     assert list(ahead(_named(made, "f", 1), key="f", then=("g", g))) == ["f0"]
-    assert _wait_for(lambda: "g0" in made)
+    assert wait_until(lambda: "g0" in made)
     ahead.close()
     assert inspect.getgeneratorstate(g) == inspect.GEN_CLOSED and "g1" not in made
 

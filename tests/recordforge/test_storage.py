@@ -8,11 +8,11 @@ import gzip
 import os
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import pytest
+from waiting import wait_until
 
 from recordforge import layout, storage
 
@@ -296,17 +296,8 @@ def test_a_full_buffer_is_written_on_the_writers_own_thread_while_the_caller_goe
     f = storage._DirectWriter(str(tmp_path / "shard.part"), buffer=1 << 20)
     first = b"\x01" * (1 << 20)
     assert f.write(first) == len(first)  # returns with the disk still busy
-    assert _wait_until(lambda: len(on) == 1) and on[0] != threading.current_thread().name
+    assert wait_until(lambda: len(on) == 1) and on[0] != threading.current_thread().name
     f.write(b"\x02" * 100)  # the other buffer fills meanwhile
     disk_free.set()
     f.close()
     assert (tmp_path / "shard.part").read_bytes() == first + b"\x02" * 100
-
-
-def _wait_until(condition: Callable[[], bool]) -> bool:
-    deadline = time.monotonic() + 10
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.001)
-    return True

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,6 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 from apache_beam.testing.util import assert_that, equal_to
 from traits_cases import CASES, traits_case
+from waiting import wait_until
 
 from recordforge.transforms import parquet_source, row_groups
 from recordforge.transforms.parquet_source import ReadParquet
@@ -130,10 +130,7 @@ def test_a_worker_alone_decodes_the_next_items_first_batch_before_it_asks(
         assert rows(fn, item) == list(range(first, first + count))
         if n + 1 < len(items):  # the next item's first batch, decoded before it is asked for
             after = (items[n + 1][0], items[n + 1][1])
-            deadline = time.monotonic() + 10
-            while after not in decoded and time.monotonic() < deadline:
-                time.sleep(0.001)
-            assert decoded[-1] == after
+            assert wait_until(lambda after=after: after in decoded) and decoded[-1] == after
     # Every batch decoded once: groups of 200, 200 and 100 rows in batches of 128.
     own = Counter({(p, g): n for p in paths for g, n in ((0, 2), (1, 2), (2, 1))})
     assert Counter(decoded) == own
