@@ -15,7 +15,6 @@ import io
 import mmap
 import os
 import shutil
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
 from typing import IO, TYPE_CHECKING, BinaryIO
@@ -246,19 +245,17 @@ _DIRECT_BUFFER = 4 << 20
 
 
 class _DirectWriter(io.BufferedIOBase, BinaryIO):  # type: ignore[misc]  # BufferedWriter's bases
-    """A new local file written with O_DIRECT: bytes gather in one of two page-aligned buffers of
-    `buffer` bytes; a full one is written whole to the disk on a thread of the writer's own while
-    the other fills. The last, unaligned bytes go through the page cache at `close`.
+    """A new local file written with O_DIRECT: bytes gather in a page-aligned buffer of `buffer`
+    bytes, written whole to the disk each time it fills; the last, unaligned bytes go through the
+    page cache at `close`.
 
     Why: writing a shard through the page cache copies every byte into pages the kernel must
     first find (on a VM, often fresh from the host), and makes the kernel write them again later
-    on its own threads; a conversion writes bytes no one reads soon. The disk's time is spent on
-    the writer's thread, so the caller (a shard's stream, deflating) does not wait for it. Where
-    the filesystem refuses O_DIRECT at open (`open_write` falls back to a plain file) or a write
-    for its alignment (EINVAL), the rest is written through the page cache. What reaches the
-    disk is the same bytes either way, and as before nothing is synced: a killed run's partial
-    file is never used (a shard counts once its writer is closed). An error writing is raised by
-    the next `write` or by `close`."""
+    on its own threads; a conversion writes bytes no one reads soon. Where the filesystem refuses
+    O_DIRECT at open (`open_write` falls back to a plain file) or a write for its alignment
+    (EINVAL), the rest is written through the page cache. What reaches the disk is the same bytes
+    either way, and as before nothing is synced: a killed run's partial file is never used (a
+    shard counts once its writer is closed)."""
 
     def __init__(self, path: str, buffer: int = _DIRECT_BUFFER) -> None:
         if buffer <= 0 or buffer % _ALIGN:
@@ -266,18 +263,15 @@ class _DirectWriter(io.BufferedIOBase, BinaryIO):  # type: ignore[misc]  # Buffe
         flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | _O_DIRECT
         self._fd = os.open(path, flags, 0o666)
         try:
-            self._maps = [mmap.mmap(-1, buffer) for _ in range(2)]  # page-aligned, as O_DIRECT needs
+            self._map = mmap.mmap(-1, buffer)  # page-aligned, as O_DIRECT needs
         except BaseException:
             os.close(self._fd)
             raise
         import numpy as np  # here: storage's other users (head, inspect) never need it
 
         self._bytes = partial(np.frombuffer, dtype=np.uint8)
-        self._buffers = [self._bytes(m) for m in self._maps]
-        self._size = buffer
-        self._current = self._fill = 0
-        self._disk = ThreadPoolExecutor(1, thread_name_prefix="recordforge-direct-write")
-        self._writing: Future[None] | None = None  # the other buffer's write, at most one
+        self._buffer = self._bytes(self._map)
+        self._fill = 0
         self.direct = True  # while O_DIRECT is set: False once writes go through the page cache
 
     def writable(self) -> bool:
@@ -292,25 +286,18 @@ class _DirectWriter(io.BufferedIOBase, BinaryIO):  # type: ignore[misc]  # Buffe
         src = self._bytes(data)
         size, at = len(src), 0
         while at < size:
-            take = min(size - at, self._size - self._fill)
+            take = min(size - at, len(self._buffer) - self._fill)
             # numpy copies with the GIL released: the encoder's thread keeps running meanwhile.
-            self._buffers[self._current][self._fill : self._fill + take] = src[at : at + take]
+            self._buffer[self._fill : self._fill + take] = src[at : at + take]
             self._fill += take
             at += take
-            if self._fill == self._size:
-                self._wait()  # the other buffer is free once its write is done
-                self._writing = self._disk.submit(self._write_out, self._maps[self._current], 0, self._size)
-                self._current ^= 1
+            if self._fill == len(self._buffer):
+                self._write_out(0, self._fill)
                 self._fill = 0
         return size
 
-    def _wait(self) -> None:
-        writing, self._writing = self._writing, None
-        if writing is not None:
-            writing.result()
-
-    def _write_out(self, buffer: mmap.mmap, start: int, end: int) -> None:
-        view = memoryview(buffer)[start:end]
+    def _write_out(self, start: int, end: int) -> None:
+        view = memoryview(self._map)[start:end]
         try:
             while view:
                 try:
@@ -334,19 +321,15 @@ class _DirectWriter(io.BufferedIOBase, BinaryIO):  # type: ignore[misc]  # Buffe
         if self.closed:
             return
         try:
-            self._wait()
-            buffer = self._maps[self._current]
             whole = self._fill - self._fill % _ALIGN
             if whole:
-                self._write_out(buffer, 0, whole)
+                self._write_out(0, whole)
             if self._fill > whole:
                 if self.direct:
                     self._buffered()  # the tail is not a whole block
-                self._write_out(buffer, whole, self._fill)
+                self._write_out(whole, self._fill)
         finally:
-            self._disk.shutdown(wait=True)  # a write still running (after an error) ends first
-            del self._buffers
-            for m in self._maps:
-                m.close()
+            del self._buffer
+            self._map.close()
             os.close(self._fd)
             super().close()

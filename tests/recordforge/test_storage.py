@@ -6,13 +6,11 @@ import errno
 import fcntl
 import gzip
 import os
-import threading
 import time
 from pathlib import Path
 
 import numpy as np
 import pytest
-from waiting import wait_until
 
 from recordforge import layout, storage
 
@@ -274,30 +272,3 @@ def test_direct_writes_refused_go_through_the_page_cache_and_other_errors_are_ra
     assert f.closed
     with pytest.raises(OSError):
         os.fstat(fd)  # closed
-
-
-def test_a_full_buffer_is_written_on_the_writers_own_thread_while_the_caller_goes_on(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    if _refuses_direct(tmp_path):  # no O_DIRECT: a plain file, written by the caller's thread
-        with storage.open_write(str(tmp_path / "plain.part"), direct=True) as plain:
-            assert not isinstance(plain, storage._DirectWriter)
-        return
-    disk_free = threading.Event()
-    on: list[str] = []
-    write = os.write
-
-    def slow_disk(fd: int, data: bytes) -> int:
-        on.append(threading.current_thread().name)
-        assert disk_free.wait(10)
-        return write(fd, data)
-
-    monkeypatch.setattr(os, "write", slow_disk)
-    f = storage._DirectWriter(str(tmp_path / "shard.part"), buffer=1 << 20)
-    first = b"\x01" * (1 << 20)
-    assert f.write(first) == len(first)  # returns with the disk still busy
-    assert wait_until(lambda: len(on) == 1) and on[0] != threading.current_thread().name
-    f.write(b"\x02" * 100)  # the other buffer fills meanwhile
-    disk_free.set()
-    f.close()
-    assert (tmp_path / "shard.part").read_bytes() == first + b"\x02" * 100
