@@ -241,7 +241,7 @@ def splice(
 ) -> tuple[int, int, str, tuple[Segment, ...]]:
     """Writes the segments `pieces` ((file, segment), in order) as one new stream at `path`.
     Returns its records, bytes, sha256 and segments."""
-    out = HashingFile(open_write(path, direct=True))
+    out = HashingFile(open_write(path, direct=compression == "none"))
     out.write(_header(compression))
     check, raw, records, segments = _EMPTY_CHECK[compression], 0, 0, []
     runs: list[tuple[str, int, int]] = []  # contiguous byte ranges to copy, file by file

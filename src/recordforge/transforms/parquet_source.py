@@ -108,12 +108,8 @@ class _ReadParquetFn(SharedItemsFn):
         name = self.name(element)
         rows = 0
         try:
-            # The next batch decodes on the read-ahead thread while this one is encoded downstream;
-            # a worker that claims nothing reads the items in their order, so the next item's
-            # first batch decodes while this item's last is encoded.
-            after = self.following(element) if claims is None else None
-            then = (after, self._batches(after)) if after is not None and after[1] >= 0 else None
-            for batch in self._ahead(self._batches(element), key=element, then=then):
+            # The next batch decodes on the read-ahead thread while this one is encoded downstream.
+            for batch in self._ahead(self._batches(element)):
                 if claims is not None and not claims.claim(f"{name}@{batch.first_row}"):
                     break
                 yield batch

@@ -127,7 +127,6 @@ class SharedItemsFn(beam.DoFn):
         # file, by two transforms, claim apart.
         self._scope = uuid.uuid4().hex
         self._known: list[Any] | None = None
-        self._after: tuple[list[Any], dict[Any, Any]] | None = None
 
     def share(self, items: list[Any]) -> SharedItemsFn:
         """Every item, listed at construction: the reading stage then needs no side input (a
@@ -163,19 +162,6 @@ class SharedItemsFn(beam.DoFn):
                 yield from _windowed(self.read(item, claims))
         for item in reversed(items):
             yield from _windowed(self.steal(item, claims))
-
-    def following(self, item: Any) -> Any | None:
-        """The item listed after `item`: the one a worker that claims nothing reads next (a reader
-        may start on it early); None when it is the last, or the items are not known here."""
-        items = self._items
-        if items is None:
-            return None
-        if self._after is None or self._after[0] is not items:
-            try:
-                self._after = (items, dict(zip(items, items[1:], strict=False)))
-            except TypeError:  # items that do not hash: no guess
-                self._after = (items, {})
-        return self._after[1].get(item)
 
     def name(self, item: Any) -> str:
         """The item's claim name: unique among this transform's items, the same in every worker."""
