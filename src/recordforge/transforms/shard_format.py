@@ -17,7 +17,7 @@ import pyarrow as pa
 from recordforge import array_records, layout
 from recordforge.arrays import binary_parts
 from recordforge.storage import delete_files, exists, is_local, open_read, open_write
-from recordforge.streams import HashingFile, Segment, StreamWriter, splice
+from recordforge.streams import Segment, StreamWriter, splice, stream_file
 from recordforge.tfrecord import Compression, FileDigest, framed, iter_records
 from recordforge.transforms.shard_spec import ShardSpec
 
@@ -119,12 +119,9 @@ class _TFRecordWriter:
     def __init__(self, path: str, compression: str, level: int, index: bool) -> None:
         self._path = path
         self._index_path = layout.temp_index(path) if index else None
-        # Uncompressed shards bypass the page cache (storage._DirectWriter): copying them into it
-        # was the largest cost left beside encoding; a deflated stream is ~2.4x smaller, its
-        # thread busy deflating, and measured no faster that way (docs/performance.md).
-        handle = open_write(path, direct=compression == "none")
+        handle = stream_file(path, compression)
         try:
-            self._stream = StreamWriter(HashingFile(handle), compression, level)  # writes the header
+            self._stream = StreamWriter(handle, compression, level)  # writes the header
             self._index = open_write(self._index_path) if self._index_path else None
         except BaseException:
             with contextlib.suppress(Exception):
