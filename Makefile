@@ -24,6 +24,7 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/ruff check src tests bench demo
 	$(BIN)/mypy
+	$(BIN)/lint-imports --no-cache
 	$(BIN)/python -m pytest -q -n auto --dist loadfile tests
 
 # The unit tier, for the edit loop: every test outside tests/e2e/.
@@ -40,11 +41,13 @@ coverage: $(STAMP)
 stress: $(STAMP)
 	$(BIN)/python -m pytest -q -m stress tests
 
-# mypy reads its files (src) and settings from [tool.mypy] in pyproject.toml.
+# mypy reads its files (src) and settings from [tool.mypy] in pyproject.toml; lint-imports its
+# layer contract from [tool.importlinter].
 lint: $(STAMP)
 	$(BIN)/ruff check src tests bench demo
 	$(BIN)/ruff format --check src tests bench demo
 	$(BIN)/mypy
+	$(BIN)/lint-imports --no-cache
 
 bench: $(STAMP)
 	$(BIN)/python -m bench.run $(BENCH_ARGS)

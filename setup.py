@@ -1,6 +1,6 @@
 """Stub so that Dataflow's `--setup_file` can build the package; metadata lives in pyproject.toml.
 
-The one extension, recordforge._native (encoding, decoding and framing records: _native.c,
+The one extension, recordforge.records._native (encoding, decoding and framing records: _native.c,
 _examples.c, _decode.c), is plain C against Python's own headers: building it needs only a C
 compiler."""
 
@@ -9,9 +9,9 @@ import setuptools
 setuptools.setup(
     ext_modules=[
         setuptools.Extension(
-            "recordforge._native",
-            ["src/recordforge/_native.c", "src/recordforge/_examples.c", "src/recordforge/_decode.c"],
-            depends=["src/recordforge/_native.h"],
+            "recordforge.records._native",
+            ["src/recordforge/records/_native.c", "src/recordforge/records/_examples.c", "src/recordforge/records/_decode.c"],
+            depends=["src/recordforge/records/_native.h"],
             extra_compile_args=["-O3", "-std=c99", "-Wall", "-Wextra", "-Wno-unused-parameter"],
         )
     ]

@@ -190,7 +190,7 @@ def tft_census(source: str, output: str, rows: int) -> dict:
 def recordforge(source: str, output: str, rows: int, *extra: str) -> dict:
     """The real CLI path: `recordforge convert` on the local default runner, one worker, in a
     process that, like the command's own, imports Beam lean and freezes its heap (startup.py)."""
-    from recordforge import startup
+    from recordforge.runners import startup
 
     startup.own_process()
     with startup.heavy_imports():
@@ -217,7 +217,7 @@ def beam_sink(source: str, output: str, rows: int, schema: str) -> dict:
     from recordforge.pipelines.config import ConvertConfig
     from recordforge.pipelines.convert import DEFAULT_RUNNER
     from recordforge.pipelines.inputs import resolve_inputs
-    from recordforge.traits import RunnerTraits
+    from recordforge.runners.traits import RunnerTraits
     from recordforge.transforms.examples import ToExamples
     from recordforge.transforms.parquet_source import ReadParquet
 
@@ -280,8 +280,8 @@ def random_reads(source: str, output: str, rows: int) -> dict:
     import random
 
     import recordforge
-    from recordforge.array_records import reading
-    from recordforge.tfrecord import iter_records
+    from recordforge.records.array_records import reading
+    from recordforge.records.tfrecord import iter_records
 
     ds = recordforge.data_source(source)
     meta = recordforge.load_bundle(source)

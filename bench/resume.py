@@ -26,7 +26,7 @@ import sys
 import time
 from pathlib import Path
 
-from recordforge import crashpoints
+from recordforge.output import crashpoints
 
 _ROOT = Path(__file__).resolve().parent.parent
 
@@ -49,7 +49,7 @@ def _run(argv: list[str], env: dict[str, str] | None = None) -> tuple[float, flo
 def _convert(argv: list[str]) -> None:
     """`recordforge convert ARGV` timed inside the process, as the command runs it (lean Beam
     imports, a frozen heap: startup.py); prints {"seconds": ...}."""
-    from recordforge import startup
+    from recordforge.runners import startup
 
     startup.own_process()
     with startup.heavy_imports():

@@ -42,10 +42,10 @@ def main() -> None:
 
     from isal import isal_zlib
 
-    from recordforge import tfrecord
-    from recordforge.encoding import ExampleEncoder
+    from recordforge.conforming.conform import conform_batch
+    from recordforge.records import tfrecord
+    from recordforge.records.encoding import ExampleEncoder
     from recordforge.schemas import compile_schema, load_schema
-    from recordforge.transforms.conform import conform_batch
 
     w = os.path.abspath(args.workdir)
     source = ensure_table(os.path.join(w, "table-1000000.parquet"), 1_000_000)

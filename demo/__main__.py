@@ -24,7 +24,7 @@ def main() -> None:
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     if not os.environ.get("RECORDFORGE_DEBUG"):
-        from recordforge.quiet import silence_tensorflow_import
+        from recordforge.runners.quiet import silence_tensorflow_import
 
         silence_tensorflow_import()
 

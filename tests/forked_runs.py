@@ -85,7 +85,8 @@ def _child(run: dict[str, Any], env: dict[str, str], out: str, err: str) -> None
         os.environ.update(env)
         os.environ.update(run["env"])
         time.sleep(run["delay"])
-        from recordforge import cli, startup
+        from recordforge.cli import main as cli
+        from recordforge.runners import startup
 
         code = cli.main(run["argv"])
         startup.before_exit()
@@ -100,11 +101,11 @@ def _child(run: dict[str, Any], env: dict[str, str], out: str, err: str) -> None
 def _serve() -> None:
     import threading
 
-    from recordforge import startup
+    from recordforge.runners import startup
 
     startup.own_process()
     with startup.heavy_imports():
-        import recordforge.cli  # noqa: F401
+        import recordforge.cli.main  # noqa: F401
         import recordforge.pipelines.convert  # noqa: F401
     # fork() copies only the calling thread: another one could hold a lock the children need.
     assert threading.active_count() == 1, threading.enumerate()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from recordforge.traits import ANY_RUNNER, RunnerTraits
+from recordforge.runners.traits import ANY_RUNNER, RunnerTraits
 
 # Workers spread by Reshuffles; local workers sharing items through claims; one local worker.
 CASES = ("spread", "shared", "one")

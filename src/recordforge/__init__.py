@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING, Any
 # Off unless the user's environment sets it.
 os.environ.setdefault("DISABLE_GCS_PYTHON_CLIENT_OTEL_BUCKET_METADATA", "1")
 
-__version__ = "0.1.0"
+from recordforge.version import __version__
+
 __all__ = [
     "__version__",
     "add_conversion",
@@ -33,7 +34,7 @@ if TYPE_CHECKING:
     import tensorflow as tf
 
     from recordforge.pipelines.embedding import Conversion
-    from recordforge.random_access import DataSource
+    from recordforge.reading.random_access import DataSource
 
 
 def convert(
@@ -82,7 +83,7 @@ def read(
 ) -> tf.data.Dataset:
     """A tf.data.Dataset of parsed feature dicts from a RecordForge output folder (imports TF);
     `decode_images=True` gives image features as uint8 [height, width, channels] tensors."""
-    from recordforge.reader import read as _read
+    from recordforge.reading.tf_data import read as _read
 
     return _read(path, batch_size=batch_size, decode_images=decode_images, split=split)
 
@@ -91,14 +92,14 @@ def data_source(path: str, split: str | None = None, *, cache_dir: str | None = 
     """Random access to a bundle's records (ArrayRecord or indexed TFRecord shards): `len()`,
     `[i]` and `__getitems__` give serialized tf.train.Examples in the order of a sequential read,
     as Grain's RandomAccessDataSource; `.parse(record)` gives numpy arrays. No TensorFlow."""
-    from recordforge.random_access import DataSource as _DataSource
+    from recordforge.reading.random_access import DataSource as _DataSource
 
     return _DataSource(path, split, cache_dir=cache_dir)
 
 
 def load_bundle(path: str) -> dict[str, Any]:
     """The bundle's metadata and feature spec; no TensorFlow needed."""
-    from recordforge.reader import load_bundle as _load
+    from recordforge.reading.tf_data import load_bundle as _load
 
     return _load(path)
 
@@ -140,6 +141,6 @@ def image_grid(path: str, png_path: str, *, n: int = 16) -> dict[str, Any]:
 
 def version_path(path: str) -> str:
     """The folder of an output's published version (`transform_fn/` and the shards are there)."""
-    from recordforge.reader import version_path as _version_path
+    from recordforge.reading.tf_data import version_path as _version_path
 
     return _version_path(path)

@@ -1,5 +1,5 @@
 """`python -m recordforge`: the same CLI as the `recordforge` console script."""
 
-from recordforge.cli import console
+from recordforge.cli.main import console
 
 console()

@@ -10,8 +10,8 @@ import pytest
 import recordforge
 from demo.sampledata import taxi_table
 from recordforge.errors import RecordForgeError, UsageError
-from recordforge.lease import OutputLocked
-from recordforge.tfrecord import iter_records
+from recordforge.output.lease import OutputLocked
+from recordforge.records.tfrecord import iter_records
 
 
 def test_convert_from_python_publishes_and_reads_back(tmp_path: Path) -> None:

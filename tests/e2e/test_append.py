@@ -16,8 +16,9 @@ from forked_runs import ForkedRuns
 
 import recordforge
 from demo.sampledata import taxi_table
-from recordforge import crashpoints, layout
 from recordforge.errors import RecordForgeError
+from recordforge.files import layout
+from recordforge.output import crashpoints
 from recordforge.tools.verify import verify
 
 SCHEMA = "examples/taxi.yaml"
@@ -120,7 +121,7 @@ def test_append_converts_only_the_new_file_and_keeps_the_old_shards(
     else:
         assert _records(out) == _records(full)
     # RecordForge's own reader lists every shard, old and new.
-    from recordforge.reader import load_bundle
+    from recordforge.reading.tf_data import load_bundle
 
     assert load_bundle(str(out))["files"] == [str(out / s["file"]) for s in day2["shards"]]
 
@@ -132,8 +133,8 @@ def test_append_converts_only_the_new_file_and_keeps_the_old_shards(
 def _split_records(out: Path, split: str) -> list[dict]:
     from conftest import example_to_dict
 
-    from recordforge.reader import load_bundle
-    from recordforge.tfrecord import iter_records
+    from recordforge.reading.tf_data import load_bundle
+    from recordforge.records.tfrecord import iter_records
 
     bundle = load_bundle(str(out), split=split)
     comp = bundle["metadata"]["compression"]

@@ -181,7 +181,7 @@ _FAILING_FORKED_RUN = textwrap.dedent(
     from apache_beam.options.pipeline_options import PipelineOptions
     from recordforge.runners.local_runner import LocalRunner
 
-    from recordforge.cli_errors import configure_logging
+    from recordforge.cli.errors import configure_logging
 
     configure_logging(debug=False)  # as the CLI: Beam's error logs dropped, the driver reports
     logging.getLogger("recordforge").setLevel(logging.INFO)
@@ -384,7 +384,7 @@ def test_10_a_dataflow_dry_run_keeps_its_job_and_pipeline() -> None:
 
 _LEAN_PROBE = """
 import json, sys
-from recordforge import startup
+from recordforge.runners import startup
 startup.own_process()
 try:
     with startup.heavy_imports():

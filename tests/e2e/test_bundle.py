@@ -14,8 +14,8 @@ from apache_beam.metrics.metric import MetricsFilter
 
 from demo.sampledata import taxi_table
 from recordforge import add_conversion
-from recordforge.encoding import ExampleEncoder
 from recordforge.pipelines.convert import run
+from recordforge.records.encoding import ExampleEncoder
 
 
 def test_a_run_that_loses_a_row_refuses_to_publish(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -97,7 +97,7 @@ def test_user_errors_are_one_clear_line(tmp_path: Any) -> None:
 def test_infer_schema_prints_the_schema_convert_infers(tmp_path: Any, monkeypatch: Any) -> None:
     """One inference for both: the same files matched (a pattern without a folder part too), the
     same first file, the same dense columns (no null in any file) and CSV types from every row."""
-    from recordforge import cli
+    from recordforge.cli import main as cli
 
     monkeypatch.chdir(tmp_path)
     pq.write_table(pa.table({"a": [1, 2], "b": [None, "x"]}), "p-1.parquet")

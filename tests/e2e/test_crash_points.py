@@ -14,8 +14,9 @@ import pytest
 from forked_runs import ForkedRuns
 
 from demo.sampledata import taxi_table
-from recordforge import crashpoints, layout
-from recordforge.tfrecord import iter_records
+from recordforge.files import layout
+from recordforge.output import crashpoints
+from recordforge.records.tfrecord import iter_records
 from recordforge.tools.verify import verify
 
 WRITERS = {

@@ -18,15 +18,15 @@ import pytest
 import yaml
 from conftest import example_to_dict, published_root
 
+from recordforge.conforming.casts import cast_values
 from recordforge.errors import SchemaError, SourceError
 from recordforge.pipelines.convert import run
+from recordforge.records.tfrecord import iter_records
 from recordforge.schemas.infer import infer_schema
 from recordforge.schemas.kinds import DType
 from recordforge.schemas.loader import load_schema
 from recordforge.schemas.model import Feature
-from recordforge.tfrecord import iter_records
 from recordforge.transforms import csv_ranges, csv_source
-from recordforge.transforms.casts import cast_values
 from recordforge.transforms.rejects import decode_value
 
 FEATURES: list[dict[str, Any]] = [

@@ -22,8 +22,8 @@ from apache_beam.testing.util import assert_that, equal_to
 from conftest import published_root
 
 from recordforge.pipelines.convert import DEFAULT_RUNNER, run
+from recordforge.records.tfrecord import iter_records
 from recordforge.runners.session import runner_traits
-from recordforge.tfrecord import iter_records
 from recordforge.transforms import csv_ranges
 from recordforge.transforms.csv_ranges import CsvRange, chunks, header_names, plan_ranges, scan_chunk, whole
 from recordforge.transforms.csv_source import ReadCsv, _ReadCsvFn

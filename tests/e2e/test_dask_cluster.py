@@ -28,11 +28,12 @@ from apache_beam.io.filesystems import FileSystems
 
 import recordforge
 from demo.sampledata import taxi_table
-from recordforge import crashpoints, layout
+from recordforge.files import layout
+from recordforge.files.storage import list_files, read_bytes
+from recordforge.output import crashpoints
 from recordforge.pipelines.convert import run
+from recordforge.records.tfrecord import iter_records
 from recordforge.runners.dask_runner import RUNNER
-from recordforge.storage import list_files, read_bytes
-from recordforge.tfrecord import iter_records
 from recordforge.tools.verify import verify
 from recordforge.transforms import csv_ranges
 
@@ -409,7 +410,7 @@ def test_array_record_and_indexed_shards_on_gcs_read_at_random(cluster: Cluster,
     TFRecords, all on gs://: verified, and read at random through data_source."""
     import random
 
-    from recordforge.array_records import reading
+    from recordforge.records.array_records import reading
 
     parquet = _parquet_inputs(f"{gcs_bucket}/in/random")
     base = ["--source", parquet, "--schema", "examples/taxi.yaml", "--shard_size", "30KB"]

@@ -26,9 +26,9 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.transforms.window import FixedWindows, GlobalWindows, TimestampedValue
 
 from recordforge.errors import RecordForgeError
+from recordforge.records.tfrecord import iter_records
 from recordforge.runners import dask_runner
 from recordforge.runners.dask_runner import RUNNER, _slots, _Translator, resolve_runner
-from recordforge.tfrecord import iter_records
 
 BEAM_RUNNER = "apache_beam.runners.dask.dask_runner.DaskRunner"
 # The probes Beam 2.77.0's own DaskRunner fails (test_beams_own_runner_still_fails), every time.

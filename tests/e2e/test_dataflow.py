@@ -25,8 +25,8 @@ from recordforge.pipelines.flags import FLAGS
 from recordforge.pipelines.options import ConvertOptions
 from recordforge.pipelines.resolve import resolve
 from recordforge.pipelines.template import template_metadata
+from recordforge.records.tfrecord import iter_records
 from recordforge.runners.dryrun import dataflow_preflight
-from recordforge.tfrecord import iter_records
 from recordforge.transforms.source_types import expand_patterns
 
 IMPULSE = "beam:transform:impulse:v1"
@@ -136,7 +136,7 @@ def test_dataflow_dry_run_with_tensorflow_transform(parquet_source: str, tmp_pat
     """The TFT stages (decode, analyze on the train split, transform, encode) build into the
     Dataflow job graph; the preprocessing_fn is traced at construction, not on workers."""
     from recordforge.schemas import dump_schema, infer_schema, schema_from_dict
-    from recordforge.source_probe import read_arrow_schema
+    from recordforge.sources.probe import read_arrow_schema
 
     first = expand_patterns([parquet_source])[0].path
     doc = infer_schema(read_arrow_schema(first, "parquet")).to_dict()
@@ -202,7 +202,9 @@ def test_sdist_carries_the_package(tmp_path: Path) -> None:
     names = tarfile.open(sdist).getnames()
     for module in [
         "pipelines/convert.py",
-        "encoding.py",
+        "records/encoding.py",
+        "records/_native.c",
+        "records/_native.pyi",
         "schemas/model.py",
         "py.typed",
         "transforms/sinks.py",
@@ -212,14 +214,14 @@ def test_sdist_carries_the_package(tmp_path: Path) -> None:
 
 def test_dataflow_preflight_refuses_what_workers_cannot_use(parquet_source: str) -> None:
     files = expand_patterns([parquet_source])
-    local = ConvertConfig(sources=(parquet_source,), output="/tmp/out")
+    local = (parquet_source, "/tmp/out")
     with pytest.raises(RecordForgeError, match="cannot read or write local paths"):
         dataflow_preflight(PipelineOptions(DATAFLOW), local, files)
     dataflow_preflight(PipelineOptions([*DATAFLOW, "--dry_run=True"]), local, files)
     bad_temp = [*DATAFLOW[:-1], "--temp_location=/tmp/x"]
     with pytest.raises(RecordForgeError, match="--temp_location must be a gs:// path"):
         dataflow_preflight(
-            PipelineOptions(bad_temp), ConvertConfig(sources=("gs://b/*.parquet",), output="gs://b/o"), files
+            PipelineOptions(bad_temp), ("gs://b/*.parquet", "gs://b/o"), files
         )
     # Not Dataflow: nothing to check.
     dataflow_preflight(PipelineOptions([]), local, files)
@@ -257,7 +259,8 @@ def test_portable_runner_output_is_byte_identical(parquet_source: str, tmp_path:
 def test_batches_and_records_get_coders_that_size_them_without_pickling(
     tmp_path: Path, parquet_source: str, type_check: bool
 ) -> None:
-    from recordforge.transforms.coders import ArrowCoder, SourceBatchCoder
+    from recordforge.transforms.coders import ArrowCoder
+    from recordforge.transforms.source_types import SourceBatchCoder
 
     p = beam.Pipeline(options=PipelineOptions(pipeline_type_check=type_check))
     build(
@@ -283,8 +286,8 @@ def test_batches_and_records_get_coders_that_size_them_without_pickling(
 def test_batch_coders_round_trip_and_size_from_buffers() -> None:
     import pyarrow as pa
 
-    from recordforge.transforms.coders import ArrowCoder, SourceBatchCoder
-    from recordforge.transforms.source_types import SourceBatch
+    from recordforge.transforms.coders import ArrowCoder
+    from recordforge.transforms.source_types import SourceBatch, SourceBatchCoder
 
     batch = pa.record_batch({"x": pa.array([1, None, 3]), "s": pa.array([b"", b"\x00\xff", None])})
     element = SourceBatch("gs://b/f.parquet", 7, batch, text_lists=True)
@@ -402,7 +405,7 @@ def test_dry_run_with_tensorflow_transform_deletes_what_building_wrote(
     """TFT's analyzers write temporary assets into the run's version folder while the graph is
     built: a local dry run deletes that folder again; on gs:// it is refused before building."""
     from recordforge.schemas import dump_schema, infer_schema, schema_from_dict
-    from recordforge.source_probe import read_arrow_schema
+    from recordforge.sources.probe import read_arrow_schema
 
     first = expand_patterns([parquet_source])[0].path
     doc = infer_schema(read_arrow_schema(first, "parquet")).to_dict()

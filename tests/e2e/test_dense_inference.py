@@ -67,7 +67,7 @@ def test_without_statistics_or_with_a_null_a_column_stays_nullable(tmp_path: Pat
 def test_infer_schema_says_what_convert_infers(tmp_path: Path, capsys: object) -> None:
     import yaml
 
-    from recordforge.cli import main
+    from recordforge.cli.main import main
 
     for i, table in enumerate(_tables()):
         pq.write_table(table, tmp_path / f"t{i}.parquet")
@@ -82,7 +82,7 @@ def test_csv_columns_of_json_arrays_are_inferred_as_lists(tmp_path: Path, capsys
     list of its elements' type, by convert and infer-schema alike; read back by tf.data and TFXIO."""
     import yaml
 
-    from recordforge.cli import main
+    from recordforge.cli.main import main
 
     src = tmp_path / "t.csv"
     src.write_text(

@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 import recordforge
-from recordforge import cli
+from recordforge.cli import main as cli
 from recordforge.errors import DataError, UsageError
 from recordforge.pipelines.convert import run
 

@@ -18,8 +18,9 @@ import pytest
 import yaml
 
 import recordforge
-from recordforge import cli, cli_errors
 from recordforge import errors as rf_errors
+from recordforge.cli import errors as cli_errors
+from recordforge.cli import main as cli
 from recordforge.errors import (
     DataError,
     Interrupted,
@@ -30,8 +31,8 @@ from recordforge.errors import (
     UsageError,
 )
 from recordforge.pipelines.options import check_flags
+from recordforge.records.tfrecord import CorruptRecord
 from recordforge.schemas import load_schema
-from recordforge.tfrecord import CorruptRecord
 
 COMMANDS = ("convert", "infer-schema", "inspect", "head", "verify", "stats")
 
@@ -394,7 +395,7 @@ def test_sigterm_in_a_real_process_is_one_line() -> None:
     script = textwrap.dedent(
         """
         import os, signal, sys, time
-        from recordforge import cli
+        from recordforge.cli import main as cli
 
         def convert(argv):
             os.kill(os.getpid(), signal.SIGTERM)

@@ -15,7 +15,7 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 import pytest
 
-from recordforge import layout
+from recordforge.files import layout
 from recordforge.pipelines.convert import run
 from recordforge.pipelines.flags import FLAGS
 

@@ -415,7 +415,7 @@ def test_a_column_of_images_loads_as_process_image_loads_each(tmp_path: Path) ->
     time: the same bytes, header values, format and reason, for every kind of row."""
     import pyarrow as pa
 
-    from recordforge.images import ImageOptions, load_image_column, process_image
+    from recordforge.images.columns import ImageOptions, load_image_column, process_image
 
     rng = np.random.default_rng(1)
     variants: dict[str, bytes] = {}
@@ -622,7 +622,7 @@ def test_a_png_is_kept_exactly_when_tensorflow_decodes_it() -> None:
     by one (`process_image`) alike."""
     import pyarrow as pa
 
-    from recordforge.images import ImageOptions, load_image_column, process_image
+    from recordforge.images.columns import ImageOptions, load_image_column, process_image
 
     pngs = _pngs_good_and_corrupt()
     got = load_image_column(pa.array(list(pngs.values()), pa.binary()), "", ImageOptions())
@@ -661,8 +661,8 @@ def test_a_large_png_has_its_chunk_crcs_checked() -> None:
     encoder wrote wrong (with right CRCs) only by inflating it."""
     import zlib
 
-    from recordforge.image_checks import png_problem
-    from recordforge.images import ImageOptions, process_image
+    from recordforge.images.checks import png_problem
+    from recordforge.images.columns import ImageOptions, process_image
 
     rgb = np.random.default_rng(2).integers(0, 256, (60, 50, 3), dtype=np.uint8)
     lines = b"".join(b"\0" + row.tobytes() for row in rgb)

@@ -17,8 +17,8 @@ import yaml
 from conftest import example_to_dict
 
 from recordforge.pipelines.convert import run
+from recordforge.records.tfrecord import iter_records
 from recordforge.schemas import load_schema
-from recordforge.tfrecord import iter_records
 
 
 def _every_type_table() -> pa.Table:

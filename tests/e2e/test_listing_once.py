@@ -19,7 +19,7 @@ from apache_beam.testing.util import assert_that, equal_to
 
 from demo.sampledata import mnist_folder, taxi_table
 from recordforge.pipelines.convert import run
-from recordforge.traits import ANY_RUNNER
+from recordforge.runners.traits import ANY_RUNNER
 from recordforge.transforms import image_folder
 
 # Beam's own local runner, which shares no work: the graph Dataflow and Dask run (chunks and row

@@ -464,12 +464,12 @@ def test_tft_input_equals_tfx_bsl_decoding_the_encoded_records() -> None:
     from tensorflow_transform.tf_metadata import schema_utils
     from tfx_bsl.coders import example_coder
 
-    from recordforge.encoding import ExampleEncoder
+    from recordforge.conforming.conform import conform_batch
+    from recordforge.records.encoding import ExampleEncoder
     from recordforge.schemas.loader import schema_from_dict
     from recordforge.schemas.plan import compile_schema
     from recordforge.schemas.preprocessing_fn import raw_tf_spec
     from recordforge.transforms.analyze_transform import _absentable, _TftInputFn
-    from recordforge.transforms.conform import conform_batch
 
     plan = compile_schema(schema_from_dict(yaml.safe_load(KINDS_SCHEMA)))
     table = _kinds_table(300, seed=3)

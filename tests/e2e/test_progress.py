@@ -16,8 +16,8 @@ from pathlib import Path
 import pyarrow.parquet as pq
 
 from demo.sampledata import taxi_table
-from recordforge import progress_counts
-from recordforge.runners import progress
+from recordforge.progress import counts as progress_counts
+from recordforge.progress import live as progress
 
 
 def test_the_line_says_rows_share_rate_and_eta() -> None:

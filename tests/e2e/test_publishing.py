@@ -300,8 +300,8 @@ def test_a_flipped_byte_in_a_checksummed_parquet_page_fails_the_run(tmp_path: Pa
 
 _HOLD = """
 import os, socket, sys, time
-from recordforge import layout
-from recordforge.lease import Lease
+from recordforge.files import layout
+from recordforge.output.lease import Lease
 owner = {"run_id": "v-20260101T000000Z-0000beef", "pid": os.getpid(), "host": socket.gethostname()}
 lease = Lease.acquire(layout.lock_path(sys.argv[1]), owner)
 print("held", flush=True)
@@ -472,9 +472,9 @@ def test_an_interrupted_rebuild_says_so_in_one_line_and_cleans_up(
 
 
 def test_publishing_the_shards_twice_is_harmless(tmp_path: Path) -> None:
+    from recordforge.output.shard_plans import Limits, Part
+    from recordforge.records.shard_format import TFRecordFormat
     from recordforge.transforms.rolling import _publish
-    from recordforge.transforms.shard_format import TFRecordFormat
-    from recordforge.transforms.shard_plans import Limits, Part
 
     tmp = tmp_path / "_tmp-x"
     tmp.mkdir()

@@ -16,12 +16,12 @@ from apache_beam.io.filesystems import FileSystems
 
 import recordforge
 from demo.sampledata import taxi_table
-from recordforge import layout
 from recordforge.errors import RecordForgeError
-from recordforge.lease import Lease
+from recordforge.files import layout
+from recordforge.files.storage import list_files, read_bytes
+from recordforge.output.lease import Lease
 from recordforge.pipelines.convert import run
-from recordforge.storage import list_files, read_bytes
-from recordforge.tfrecord import iter_records
+from recordforge.records.tfrecord import iter_records
 
 
 def _put_parquet(path: str, table: pa.Table) -> None:

@@ -14,10 +14,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from recordforge import layout, publishing
-from recordforge.lease import Lease
+from recordforge.files import layout
+from recordforge.output import publishing
+from recordforge.output.lease import Lease
 from recordforge.pipelines.convert import run
-from recordforge.tfrecord import iter_records
+from recordforge.records.tfrecord import iter_records
 from recordforge.tools.verify import verify
 
 

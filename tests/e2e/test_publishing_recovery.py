@@ -14,8 +14,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from recordforge import layout
 from recordforge.errors import RecordForgeError
+from recordforge.files import layout
 from recordforge.pipelines.convert import run
 from recordforge.tools.verify import verify
 

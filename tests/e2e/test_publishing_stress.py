@@ -16,9 +16,9 @@ import pyarrow.parquet as pq
 import pytest
 from forked_runs import ForkedRuns, Outcome
 
-from recordforge import layout
-from recordforge.storage import list_files, read_bytes
-from recordforge.tfrecord import iter_records
+from recordforge.files import layout
+from recordforge.files.storage import list_files, read_bytes
+from recordforge.records.tfrecord import iter_records
 from recordforge.tools.verify import verify
 
 _ROWS = 20

@@ -21,7 +21,7 @@ import yaml
 from conftest import published_root
 from conftest import tf_records as records
 
-from recordforge.cli import main as cli_main
+from recordforge.cli.main import main as cli_main
 from recordforge.pipelines.convert import run
 
 _UTC = dt.timezone.utc

@@ -12,7 +12,7 @@ from conftest import example_to_dict
 
 from demo.sampledata import taxi_table
 from recordforge.pipelines.convert import run
-from recordforge.tfrecord import iter_records
+from recordforge.records.tfrecord import iter_records
 
 TWO_WORKERS = ["--direct_running_mode", "multi_processing", "--direct_num_workers", "2"]
 

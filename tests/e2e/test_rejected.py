@@ -15,7 +15,7 @@ from conftest import canonical, example_to_dict, published_root
 
 from recordforge.errors import RecordForgeError
 from recordforge.pipelines.convert import run
-from recordforge.tfrecord import iter_records
+from recordforge.records.tfrecord import iter_records
 from recordforge.transforms.rejects import decode_value
 
 SCHEMA = {

@@ -21,9 +21,10 @@ from forked_runs import ForkedRuns
 
 import recordforge
 from demo.sampledata import taxi_table
-from recordforge import crashpoints, layout
-from recordforge.storage import exists, list_files, read_bytes
-from recordforge.tfrecord import iter_records
+from recordforge.files import layout
+from recordforge.files.storage import exists, list_files, read_bytes
+from recordforge.output import crashpoints
+from recordforge.records.tfrecord import iter_records
 from recordforge.tools.verify import verify
 
 ROWS, FILES = 400_000, 6

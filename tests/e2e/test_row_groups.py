@@ -18,10 +18,10 @@ from apache_beam.testing.util import assert_that, equal_to
 from conftest import published_root
 
 from recordforge.pipelines.convert import DEFAULT_RUNNER, run
+from recordforge.records.tfrecord import iter_records
 from recordforge.runners.session import runner_traits
-from recordforge.tfrecord import iter_records
+from recordforge.sources.row_groups import MAX_PIECES, piece_rows, pieces, read_rows
 from recordforge.transforms.parquet_source import ReadParquet
-from recordforge.transforms.row_groups import MAX_PIECES, piece_rows, pieces, read_rows
 from recordforge.transforms.source_types import expand_patterns
 
 # Beam's own local runner, which shares no work: the graph Dataflow and Dask run (row groups listed

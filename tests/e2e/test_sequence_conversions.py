@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from recordforge.pipelines.convert import run
-from recordforge.tfrecord import iter_records
+from recordforge.records.tfrecord import iter_records
 from recordforge.tools.describe import format_inspect, inspect
 from recordforge.tools.stats import stats
 
@@ -335,7 +335,7 @@ def test_million_events_in_fifty_thousand_sessions(tmp_path: Path) -> None:
 def test_infer_schema_prints_a_sequence_block_convert_takes(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from recordforge.cli import main
+    from recordforge.cli.main import main
 
     source = write_parquet(clickstream(500, 20, seed=5), tmp_path / "parquet", files=2)
     assert main(["infer-schema", "--sequence_key", "session", "--sequence_order", "ts", source]) == 0

@@ -14,7 +14,7 @@ from demo.sampledata import taxi_table
 from recordforge.errors import RecordForgeError
 from recordforge.pipelines import resolve
 from recordforge.pipelines.convert import run
-from recordforge.tfrecord import iter_records
+from recordforge.records.tfrecord import iter_records
 
 
 @pytest.fixture

@@ -24,8 +24,8 @@ from apache_beam.utils.windowed_value import WindowedValue
 from recordforge.pipelines.config import ConvertConfig
 from recordforge.pipelines.convert import build, run
 from recordforge.pipelines.resolve import request_from_argv, resolve
+from recordforge.records.tfrecord import detect_compression, iter_records
 from recordforge.runners.session import runner_traits
-from recordforge.tfrecord import detect_compression, iter_records
 from recordforge.transforms.csv_ranges import whole
 from recordforge.transforms.csv_source import _ReadCsvFn
 from recordforge.transforms.image_folder import ImageFolder, _carried, _LocalChunkFn

@@ -18,9 +18,10 @@ from demo.sampledata import taxi_table
 from recordforge.errors import RecordForgeError
 from recordforge.pipelines import resolve
 from recordforge.pipelines.convert import run
-from recordforge.tfrecord import iter_records
-from recordforge.tools.records import parse_example
-from recordforge.transforms.shuffle import DEFAULT_SEED, Permutation
+from recordforge.records.example_pb import parse_example
+from recordforge.records.shard_spec import DEFAULT_SEED
+from recordforge.records.tfrecord import iter_records
+from recordforge.transforms.shuffle import Permutation
 
 ROWS = 4000
 

@@ -14,7 +14,7 @@ from conftest import example_to_dict, published_root
 import recordforge
 from recordforge.errors import RecordForgeError
 from recordforge.pipelines.convert import run
-from recordforge.tfrecord import iter_records
+from recordforge.records.tfrecord import iter_records
 
 
 @pytest.fixture(scope="module")

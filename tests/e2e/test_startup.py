@@ -18,7 +18,7 @@ from recordforge.pipelines.convert import run
 
 _PROBE = """
 import sys
-from recordforge.cli import main
+from recordforge.cli.main import main
 try:
     code = main(sys.argv[1:])
 except SystemExit as exn:
@@ -61,7 +61,7 @@ def test_read_only_commands_do_not_import_beam_or_tensorflow(bundle: Path, comma
 def test_compression_names_are_beams() -> None:
     from apache_beam.io.filesystem import CompressionTypes
 
-    from recordforge.tfrecord import Compression
+    from recordforge.records.tfrecord import Compression
 
     assert [Compression.beam(c) for c in ("gzip", "zlib", "none")] == [
         CompressionTypes.GZIP,
@@ -105,7 +105,7 @@ def test_a_transform_run_prints_no_tensorflow_noise(tmp_path: Path) -> None:
 
 _IMPORT_PROBE = """
 import gc, json, sys
-from recordforge import startup
+from recordforge.runners import startup
 if sys.argv[1] == "own":
     startup.own_process()
 if sys.argv[2] != "checked":
@@ -125,7 +125,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 memo = [type(userstate.get_dofn_specs).__name__, type(vars(PipelineOptions)["view_as"]).__name__]
 print(json.dumps({"loaded": loaded, "pool": pool, "memo": memo, "frozen": frozen > 0, "gc": gc.isenabled(),
                   "ns": ns,
-                  "finders": sum(type(f).__module__ == "recordforge.startup" for f in sys.meta_path),
+                  "finders": sum(type(f).__module__ == "recordforge.runners.startup" for f in sys.meta_path),
                   "io": all(hasattr(beam.io, n) for n in ("ReadFromParquet", "WriteToTFRecord"))}))
 """
 
@@ -146,7 +146,7 @@ def test_only_the_commands_own_process_imports_beam_lean_and_freezes(who: str, b
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = json.loads(proc.stdout.strip().splitlines()[-1])
-    from recordforge.startup import UNUSED_BY_CONVERSIONS
+    from recordforge.runners.startup import UNUSED_BY_CONVERSIONS
 
     assert got["loaded"] == ([] if lean else list(UNUSED_BY_CONVERSIONS))
     assert got["frozen"] == (who == "own")
@@ -171,7 +171,7 @@ def test_an_arrow_allocator_the_user_names_is_kept(given: str) -> None:
 
 _FAILING_IMPORT_PROBE = """
 import gc, sys
-from recordforge import startup
+from recordforge.runners import startup
 startup.own_process()
 try:
     with startup.heavy_imports():
@@ -179,7 +179,7 @@ try:
         raise KeyboardInterrupt
 except KeyboardInterrupt:
     pass
-assert gc.isenabled() and not any(type(f).__module__ == "recordforge.startup" for f in sys.meta_path)
+assert gc.isenabled() and not any(type(f).__module__ == "recordforge.runners.startup" for f in sys.meta_path)
 class Cycle:
     def __init__(self, path):
         self.me, self.path = self, path
@@ -237,6 +237,6 @@ def test_the_command_rejects_rows_with_nanosecond_timestamps_as_the_library_does
 def test_the_installed_beam_version_is_read_without_importing_beam() -> None:
     import apache_beam
 
-    from recordforge.startup import _installed_beam_version
+    from recordforge.runners.startup import _installed_beam_version
 
     assert _installed_beam_version() == apache_beam.__version__

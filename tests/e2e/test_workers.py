@@ -16,10 +16,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from recordforge import crashpoints
+from recordforge.output import crashpoints
 from recordforge.pipelines.convert import run
+from recordforge.records.tfrecord import iter_records
 from recordforge.runners.local_runner import LocalRunner
-from recordforge.tfrecord import iter_records
 from recordforge.tools.verify import verify
 
 TWO_WORKERS = ["--direct_running_mode=multi_processing", "--direct_num_workers=2"]

@@ -8,8 +8,9 @@ from typing import Any
 import pytest
 
 from recordforge.errors import RecordForgeError
-from recordforge.pipelines.config import ConvertConfig, shard_spec
-from recordforge.transforms.shard_spec import DEFAULT_SHARD_SIZE, ShardSpec, Sizing
+from recordforge.pipelines.config import ConvertConfig
+from recordforge.pipelines.resolve import shard_spec
+from recordforge.records.shard_spec import DEFAULT_SHARD_SIZE, ShardSpec, Sizing
 
 # 3 files, 10 MB of input in all (one not sized: it counts for nothing).
 FILES = SimpleNamespace(

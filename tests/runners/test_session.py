@@ -11,7 +11,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 
 from recordforge.runners.dask_runner import RUNNER as DASK_RUNNER
 from recordforge.runners.session import LOCAL_RUNNER, runner_name, runner_traits, session
-from recordforge.traits import RunnerTraits
+from recordforge.runners.traits import RunnerTraits
 
 STOCK = "--runner=apache_beam.runners.portability.fn_api_runner.FnApiRunner"
 LOCAL = f"--runner={LOCAL_RUNNER}"

@@ -8,14 +8,8 @@ import yaml
 from recordforge.errors import SchemaError
 from recordforge.schemas import dump_schema, schema_from_dict
 from recordforge.schemas.loader import _LineLoader
-from recordforge.schemas.sequence import (
-    CHUNK_FEATURE,
-    Longer,
-    SequenceSpec,
-    sequence_feature_spec,
-    sequence_plans,
-    sequence_tfmd_text,
-)
+from recordforge.schemas.sequence import sequence_feature_spec, sequence_plans, sequence_tfmd_text
+from recordforge.schemas.sequence_spec import CHUNK_FEATURE, Longer, SequenceSpec
 
 FEATURES = [
     {"name": "user", "type": "string", "nulls": "required"},

@@ -10,8 +10,8 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from recordforge.record_chunks import RecordChunk
-from recordforge.tfrecord import frame_records, read_records
+from recordforge.records.chunks import RecordChunk
+from recordforge.records.tfrecord import frame_records, read_records
 from recordforge.tools.scan import scan_shards
 
 
@@ -85,7 +85,7 @@ def test_a_failing_worker_stops_the_scan(tmp_path: Path) -> None:
 def test_chunks_split_into_whole_records(tmp_path: Path, chunk_bytes: int) -> None:
     """Chunks of any size hold whole records: their offsets, first record indices and
     payloads are read_records', and their raw bytes add up to the file's size."""
-    from recordforge.record_chunks import read_record_chunks
+    from recordforge.records.chunks import read_record_chunks
 
     path, comp = _shards(tmp_path)[0]
     want = list(read_records(path, comp))

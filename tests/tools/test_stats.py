@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from recordforge.tools._example_pb import Example
+from recordforge.records.example_pb import Example
+from recordforge.records.wire import Column, decode_batch
+from recordforge.records.wire_keys import KeyTable
 from recordforge.tools.stats import DISTINCT_EXACT, FeatureStats
-from recordforge.tools.wire import Column, decode_batch
-from recordforge.tools.wire_keys import KeyTable
 
 
 def _column(values: list[bytes], name: str = "x") -> Column:
@@ -182,9 +182,9 @@ def test_a_shard_read_in_chunks_over_workers_gives_what_one_worker_gives(
 
     import pyarrow as pa
 
-    from recordforge.tfrecord import frame_records
+    from recordforge.records.example_pb import Example
+    from recordforge.records.tfrecord import frame_records
     from recordforge.tools import scan
-    from recordforge.tools._example_pb import Example
     from recordforge.tools.stats import stats
     from recordforge.tools.stats_format import format_stats
 

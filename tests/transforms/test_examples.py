@@ -13,7 +13,7 @@ import pytest
 from apache_beam.testing.util import assert_that, equal_to
 from conftest import example_to_dict
 
-from recordforge import progress_counts
+from recordforge.progress import counts as progress_counts
 from recordforge.schemas import compile_schema, schema_from_dict
 from recordforge.transforms import examples
 from recordforge.transforms.examples import ToExamples

@@ -16,11 +16,11 @@ from apache_beam.testing.util import BeamAssertException, assert_that
 from conftest import DEFAULT_RUNNER
 
 from recordforge.errors import RecordForgeError
-from recordforge.placed_pieces import PlacedKeep, layout_digest
-from recordforge.tfrecord import ShardInfo, iter_records
-from recordforge.transforms.shard_files import write_shard
-from recordforge.transforms.shard_format import TFRecordFormat
-from recordforge.transforms.shard_spec import ShardSpec, Sizing
+from recordforge.output.placed_pieces import PlacedKeep, layout_digest
+from recordforge.output.shard_files import write_shard
+from recordforge.records.shard_format import TFRecordFormat
+from recordforge.records.shard_spec import ShardSpec, Sizing
+from recordforge.records.tfrecord import ShardInfo, iter_records
 from recordforge.transforms.sinks import WriteTFRecords
 
 # Two files of 4 batches of 100 records, created out of order; records name their position.
@@ -96,8 +96,8 @@ def test_by_seed_the_records_are_a_balanced_permutation_and_the_same_bytes_spill
 
 
 def test_the_placed_writer_refuses_a_rolling_spec(tmp_path: Path) -> None:
+    from recordforge.output.shard_files import ShardFiles
     from recordforge.transforms.placed import write_placed
-    from recordforge.transforms.shard_files import ShardFiles
 
     files = ShardFiles.beside(str(tmp_path / "data"), TFRecordFormat("none"))
     with test_pipeline.TestPipeline(runner=DEFAULT_RUNNER) as p, pytest.raises(ValueError, match="not count"):

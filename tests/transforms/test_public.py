@@ -14,12 +14,12 @@ from apache_beam.testing.util import assert_that, equal_to
 from conftest import example_to_dict
 
 import recordforge.transforms as rt
+from recordforge.records.tfrecord import iter_records
 from recordforge.schemas import compile_schema, load_schema
-from recordforge.tfrecord import iter_records
 
 
 def test_every_export_resolves_to_the_class_it_names() -> None:
-    from recordforge.traits import ANY_RUNNER, RunnerTraits
+    from recordforge.runners.traits import ANY_RUNNER, RunnerTraits
 
     assert rt.ANY_RUNNER is ANY_RUNNER and rt.RunnerTraits is RunnerTraits
     for name in set(rt.__all__) - {"ANY_RUNNER"}:

@@ -15,11 +15,11 @@ from apache_beam.testing.util import BeamAssertException, assert_that
 from conftest import DEFAULT_RUNNER
 from record_cases import sample_records
 
-from recordforge.tfrecord import ShardInfo, iter_records
+from recordforge.output.shard_plans import FULL_FRACTION, Limits, Part, plan
+from recordforge.records.shard_format import TFRecordFormat
+from recordforge.records.shard_spec import ShardSpec, Sizing
+from recordforge.records.tfrecord import ShardInfo, iter_records
 from recordforge.transforms.rolling import _join, _publish, _Roller, _RollingWriteFn
-from recordforge.transforms.shard_format import TFRecordFormat
-from recordforge.transforms.shard_plans import FULL_FRACTION, Limits, Part, plan
-from recordforge.transforms.shard_spec import ShardSpec, Sizing
 from recordforge.transforms.sinks import WriteTFRecords
 
 # Parts and the planners, step by step: parts as a runner's bundles would leave them.
@@ -225,8 +225,8 @@ def test_the_writer_by_count_makes_that_many_shards_in_input_order(tmp_path: Pat
 
 
 def test_the_rolling_writer_refuses_a_placed_spec(tmp_path: Path) -> None:
+    from recordforge.output.shard_files import ShardFiles
     from recordforge.transforms.rolling import WriteRollingShards
-    from recordforge.transforms.shard_files import ShardFiles
 
     files = ShardFiles.beside(str(tmp_path / "data"), TFRecordFormat("none"))
     with pytest.raises(ValueError, match="not placed"):

@@ -13,14 +13,14 @@ from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.util import assert_that, equal_to
 from tensorflow.core.example import example_pb2
 
+from recordforge.conforming.splits import SplitSpec
 from recordforge.errors import DataError
+from recordforge.runners.unwrap import from_worker
 from recordforge.schemas import compile_schema, schema_from_dict
 from recordforge.transforms.examples import REJECTED
 from recordforge.transforms.sequence_keys import partitions_for
 from recordforge.transforms.sequences import COUNTS, ToSequences
 from recordforge.transforms.source_types import SourceBatch
-from recordforge.transforms.splits import SplitSpec
-from recordforge.unwrap import from_worker
 
 FEATURES = [
     {"name": "user", "type": "string", "nulls": "required"},

@@ -7,8 +7,8 @@ import dataclasses
 import json
 from typing import Any
 
-from recordforge import layout
 from recordforge.errors import RecordForgeError
+from recordforge.files import layout
 from recordforge.pipelines.config import ConvertConfig
 from recordforge.pipelines.inputs import Inputs
 from recordforge.schemas import Plan, load_schema

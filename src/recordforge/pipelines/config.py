@@ -2,31 +2,25 @@
 
 from __future__ import annotations
 
-import math
 import re
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-from recordforge.array_records import ARRAY_RECORD
-from recordforge.array_records import COMPRESSIONS as ARRAY_RECORD_COMPRESSIONS
+from recordforge.conforming.splits import SplitSpec
 from recordforge.errors import RecordForgeError
+from recordforge.output.publishing import Target
 from recordforge.pipelines.flags import COMPRESSIONS, FLAGS, FORMATS, default
 from recordforge.pipelines.options import ConvertOptions
-from recordforge.schemas.plan import Plan
-from recordforge.tfrecord import Compression
-from recordforge.transforms.shard_spec import (
+from recordforge.records.array_records import ARRAY_RECORD
+from recordforge.records.array_records import COMPRESSIONS as ARRAY_RECORD_COMPRESSIONS
+from recordforge.records.shard_spec import (
     DEFAULT_SHARD_SIZE,
     OUTPUT_FORMATS,
-    ShardSpec,
-    Sizing,
     parse_size,
 )
-from recordforge.transforms.splits import SplitSpec
+from recordforge.records.tfrecord import Compression
+from recordforge.schemas.plan import Plan
 
-if TYPE_CHECKING:  # inputs.py imports this module
-    from recordforge.pipelines.inputs import Inputs
-
-__all__ = ["ConvertConfig", "parse_splits", "shard_spec"]
+__all__ = ["ConvertConfig", "parse_splits"]
 
 
 def parse_splits(text: str, *, weighted: bool = True) -> tuple[tuple[str, int], ...]:
@@ -164,6 +158,11 @@ class ConvertConfig:
             raise RecordForgeError("; ".join(problems))
 
     @property
+    def target(self) -> Target:
+        """What the publication needs of the flags: the output and what it may do to it."""
+        return Target(self.output, self.command, self.overwrite, self.if_changed, self.append)
+
+    @property
     def fixed_shards(self) -> bool:
         """A shard count fixed before the run, each shard written whole by one worker: the
         deterministic writers (--shuffle is one)."""
@@ -222,44 +221,3 @@ class ConvertConfig:
                 f"({', '.join(splits.names)}); name one with --analyze_split"
             )
         return name
-
-
-def shard_spec(
-    config: ConvertConfig, inputs: Inputs, *, name: str, compression: str, share: float
-) -> ShardSpec:
-    """How the writer of one split (`name`, `share` of the input) sizes its shards, from the
-    flags already checked: by --records_per_shard, by --num_shards, or by --shard_size; placed
-    (--deterministic, --shuffle) into --num_shards shards, or without it a shard per
-    --shard_size of input (per 1,024 images of a folder whose listing gave no sizes), a
-    function of the input and the flags alone, as the output's bytes must be."""
-    level = config.compression_level
-    fmt, index = config.output_format, config.record_index
-    if config.fixed_shards:
-        count = config.num_shards
-        if not count and inputs.folder is not None and inputs.folder.sizes is None:
-            count = max(1, math.ceil(inputs.folder.count * share / 1024))
-        elif not count:
-            size = sum(f.size for f in inputs.files if f.size is not None)
-            count = max(1, math.ceil(size * share / config.shard_bytes))
-        seed = config.seed if config.shuffle else None
-        return ShardSpec(
-            Sizing.PLACED, compression, level, name, count=count, seed=seed, format=fmt, index=index
-        )
-    if config.num_shards:
-        return ShardSpec(
-            Sizing.COUNT, compression, level, name, count=config.num_shards, format=fmt, index=index
-        )
-    if config.records_per_shard:
-        return ShardSpec(
-            Sizing.RECORDS,
-            compression,
-            level,
-            name,
-            max_bytes=config.shard_bytes,
-            max_records=config.records_per_shard,
-            format=fmt,
-            index=index,
-        )
-    return ShardSpec(
-        Sizing.BYTES, compression, level, name, max_bytes=config.shard_bytes, format=fmt, index=index
-    )

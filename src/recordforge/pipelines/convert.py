@@ -33,8 +33,14 @@ import apache_beam as beam
 import pyarrow as pa
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from recordforge import layout, startup
+from recordforge.conforming.splits import in_split
 from recordforge.errors import RecordForgeError, TypesChanged, UsageError
+from recordforge.files import layout
+from recordforge.files.layout import new_version
+from recordforge.files.storage import is_local, list_files
+from recordforge.output.publishing import Publication, finish_interrupted_commit
+from recordforge.output.state import OutputState, check_output_path, read_state
+from recordforge.pipelines.config import ConvertConfig
 from recordforge.pipelines.inputs import Inputs
 from recordforge.pipelines.resolve import (
     DEFAULT_RUNNER,
@@ -44,10 +50,10 @@ from recordforge.pipelines.resolve import (
     resolve,
     retyped,
 )
-from recordforge.publishing import Publication
+from recordforge.runners import startup
 from recordforge.runners.session import discard, session
-from recordforge.storage import is_local, list_files
-from recordforge.traits import RunnerTraits
+from recordforge.runners.traits import RunnerTraits
+from recordforge.runners.unwrap import from_worker
 from recordforge.transforms.bundle import BundleSpec, RunFacts, WriteBundle, rule_of
 from recordforge.transforms.coders import declare_element_type
 from recordforge.transforms.csv_source import ReadCsv
@@ -58,8 +64,6 @@ from recordforge.transforms.rejects import WriteRejected
 from recordforge.transforms.sequences import COUNTS, ToSequences
 from recordforge.transforms.sinks import WriteTFRecords
 from recordforge.transforms.source_types import UNREADABLE, SourceBatch
-from recordforge.transforms.splits import in_split
-from recordforge.unwrap import from_worker
 
 if TYPE_CHECKING:  # tensorflow-transform is imported only by runs that preprocess
     from recordforge.transforms.analyze_transform import Transformed
@@ -341,7 +345,7 @@ def _run_once(pipeline: beam.Pipeline, run: Run) -> dict[str, Any]:
         build(pipeline, run)
         with (
             Publication(
-                run.config,
+                run.config.target,
                 run.version,
                 published_is_success=True,
                 resume=run.resuming.journal() if run.resuming is not None else None,
@@ -378,6 +382,19 @@ def _run_once(pipeline: beam.Pipeline, run: Run) -> dict[str, Any]:
     return publication.published
 
 
+def _finish_killed_commit(config: ConvertConfig, state: OutputState | None) -> None:
+    """A run that will not publish (refused, up to date) still leaves the output whole: a version
+    committed by a run killed before its top-level copies is finished here, under the lock. A run
+    that publishes does it under its own lock (`Publication`): resolving only reads."""
+    if state is None:
+        try:
+            check_output_path(config.output)
+            state = read_state(config.output)
+        except (RecordForgeError, OSError):
+            return  # the run's own error says what is wrong with the output
+    finish_interrupted_commit(state, new_version(), config.target)
+
+
 def convert(request: Request) -> tuple[Run | None, dict[str, Any]]:
     """Runs the conversion `request` asks for and publishes it (publishing.py): the run
     as resolved (None for a dry run) and the published metadata, or with --dry_run=True (Dataflow
@@ -389,9 +406,20 @@ def convert(request: Request) -> tuple[Run | None, dict[str, Any]]:
         # The job is built offline and summarised; the output is not looked at (on gs:// even a
         # listing would need credentials), so --overwrite and --if_changed are not checked.
         run = resolve(request.options, request.config, look_at_output=False, every_core=request.every_core)
-        return None, dry_run(_pipeline(run.options), run, build)
-    run = resolve(request.options, request.config, every_core=request.every_core)
+        return None, dry_run(
+            _pipeline(run.options),
+            lambda p: build(p, run),
+            output=run.config.output,
+            version=run.version,
+            preprocessing=run.preprocessing,
+        )
+    try:
+        run = resolve(request.options, request.config, every_core=request.every_core)
+    except RecordForgeError:
+        _finish_killed_commit(request.config, None)
+        raise
     if run.up_to_date is not None:
+        _finish_killed_commit(run.config, run.state)
         return run, _up_to_date(run, run.up_to_date)
     try:
         # A pipeline of the options as resolved (Beam copies them: resolve may size the workers).

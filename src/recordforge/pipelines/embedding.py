@@ -25,9 +25,9 @@ from typing import Any
 import apache_beam as beam
 
 from recordforge.errors import RecordForgeError, UsageError
-from recordforge.output_state import read_state
+from recordforge.output.publishing import Publication
+from recordforge.output.state import read_state
 from recordforge.pipelines.resolve import Run, request_from_kwargs, resolve
-from recordforge.publishing import Publication
 from recordforge.runners.session import session
 
 __all__ = ["Conversion", "add_conversion"]
@@ -51,7 +51,7 @@ class Conversion:
     def publishing(self) -> Iterator[None]:
         """Hold it around the pipeline's run: without it, the pipeline still commits the bundle,
         but with no lock against another run and no cleanup if it fails."""
-        publication = Publication(self.resolved.config, self.resolved.version)
+        publication = Publication(self.resolved.config.target, self.resolved.version)
         try:
             with publication, session(self.resolved.traits):
                 yield

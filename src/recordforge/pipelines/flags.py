@@ -8,9 +8,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from recordforge.tfrecord import Compression
-from recordforge.transforms.shard_spec import DEFAULT_LEVEL, DEFAULT_SHARD_SIZE, OUTPUT_FORMATS
-from recordforge.transforms.shuffle import DEFAULT_SEED
+from recordforge.records.shard_spec import DEFAULT_LEVEL, DEFAULT_SEED, DEFAULT_SHARD_SIZE, OUTPUT_FORMATS
+from recordforge.records.tfrecord import Compression
 
 __all__ = ["add_flags", "COMPRESSIONS", "default", "Flag", "FLAGS", "FORMATS", "parse_bool", "readme_table"]
 

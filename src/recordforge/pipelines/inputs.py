@@ -12,12 +12,12 @@ from collections.abc import Mapping
 import pyarrow.parquet as pq
 
 from recordforge.errors import RecordForgeError
+from recordforge.files.storage import is_local, open_input
 from recordforge.pipelines.config import ConvertConfig
 from recordforge.schemas import Plan, compile_schema, load_schema
 from recordforge.schemas.infer import inferred_schema
 from recordforge.schemas.loader import dump_schema
-from recordforge.source_probe import format_from_path, parquet_footers
-from recordforge.storage import is_local, open_input
+from recordforge.sources.probe import format_from_path, parquet_footers
 from recordforge.transforms.image_folder import ImageFolder, folder_schema, list_image_folder
 from recordforge.transforms.source_types import FileInfo, expand_patterns
 

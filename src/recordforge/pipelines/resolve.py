@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import logging
+import math
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -19,25 +20,24 @@ from apache_beam.options.pipeline_options import (
     TypeOptions,
 )
 
-from recordforge import layout
+from recordforge.conforming.splits import SplitSpec
 from recordforge.errors import RecordForgeError, UsageError
-from recordforge.layout import new_version, version_root
-from recordforge.output_state import OutputState, check_not_inside, check_output_path, check_state, read_state
+from recordforge.files import layout
+from recordforge.files.layout import new_version, version_root
+from recordforge.output.state import OutputState, check_not_inside, check_output_path, check_state, read_state
 from recordforge.pipelines.appending import Appending, plan_append
-from recordforge.pipelines.config import ConvertConfig, shard_spec
+from recordforge.pipelines.config import ConvertConfig
 from recordforge.pipelines.flags import FLAGS, Flag
 from recordforge.pipelines.inputs import Inputs, resolve_inputs
 from recordforge.pipelines.options import ConvertOptions, beam_flag_names, check_flags
 from recordforge.pipelines.resuming import Resuming, plan_resume
 from recordforge.pipelines.workers import given, one_worker, small_input, use_every_core
-from recordforge.publishing import finish_interrupted_commit
+from recordforge.records.shard_spec import ShardSpec, Sizing
 from recordforge.runners.dryrun import dataflow_preflight
 from recordforge.runners.session import LOCAL_RUNNER, runner_name, runner_traits
+from recordforge.runners.traits import RunnerTraits
 from recordforge.schemas import Plan
-from recordforge.traits import RunnerTraits
 from recordforge.transforms.sequence_keys import partitions_for
-from recordforge.transforms.shard_spec import ShardSpec
-from recordforge.transforms.splits import SplitSpec
 
 __all__ = [
     "DEFAULT_RUNNER",
@@ -257,7 +257,7 @@ def resolve(
     """The run `config` asks for, checked top to bottom before anything is written.
 
     `look_at_output`: read the output's state (refusing to replace a published bundle unless
-    asked to, finishing a commit a killed run left, deciding --if_changed); a dry run and a test
+    asked to, deciding --if_changed); a dry run and a test
     of the graph alone do not. `inputs`: already resolved (a run converted again with every row's
     types). `every_core`: the local workers were left to RecordForge (`Request.every_core`): a
     small conversion keeps one."""
@@ -267,7 +267,6 @@ def resolve(
         # Read before the lock, so that a refused or up-to-date run touches nothing and a mistake
         # is found before building; the publication reads the state again under the lock.
         state = read_state(config.output)
-        finish_interrupted_commit(state, new_version(), config)
         if not config.if_changed:
             check_state(state, overwrite=config.overwrite, if_changed=False, append=config.append)
     # CSV types from the first rows, checked as the run converts: a file whose types hold (most)
@@ -311,7 +310,7 @@ def _run(
     check_not_inside(config.output, [f.path for f in files], "the input")
     if config.schema_path:
         check_not_inside(config.output, [config.schema_path], "--schema")
-    dataflow_preflight(options, config, files)
+    dataflow_preflight(options, (*config.sources, config.output), files)
     splits = config.split_spec(plan)
     if plan.schema.sequence is not None and (
         config.split_key or config.split_column or config.preprocessing_fn
@@ -375,4 +374,45 @@ def _run(
         sequence_spill_dir=spill_dir,
         appending=appending,
         resuming=resuming,
+    )
+
+
+def shard_spec(
+    config: ConvertConfig, inputs: Inputs, *, name: str, compression: str, share: float
+) -> ShardSpec:
+    """How the writer of one split (`name`, `share` of the input) sizes its shards, from the
+    flags already checked: by --records_per_shard, by --num_shards, or by --shard_size; placed
+    (--deterministic, --shuffle) into --num_shards shards, or without it a shard per
+    --shard_size of input (per 1,024 images of a folder whose listing gave no sizes), a
+    function of the input and the flags alone, as the output's bytes must be."""
+    level = config.compression_level
+    fmt, index = config.output_format, config.record_index
+    if config.fixed_shards:
+        count = config.num_shards
+        if not count and inputs.folder is not None and inputs.folder.sizes is None:
+            count = max(1, math.ceil(inputs.folder.count * share / 1024))
+        elif not count:
+            size = sum(f.size for f in inputs.files if f.size is not None)
+            count = max(1, math.ceil(size * share / config.shard_bytes))
+        seed = config.seed if config.shuffle else None
+        return ShardSpec(
+            Sizing.PLACED, compression, level, name, count=count, seed=seed, format=fmt, index=index
+        )
+    if config.num_shards:
+        return ShardSpec(
+            Sizing.COUNT, compression, level, name, count=config.num_shards, format=fmt, index=index
+        )
+    if config.records_per_shard:
+        return ShardSpec(
+            Sizing.RECORDS,
+            compression,
+            level,
+            name,
+            max_bytes=config.shard_bytes,
+            max_records=config.records_per_shard,
+            format=fmt,
+            index=index,
+        )
+    return ShardSpec(
+        Sizing.BYTES, compression, level, name, max_bytes=config.shard_bytes, format=fmt, index=index
     )

@@ -9,13 +9,13 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from recordforge import layout
-from recordforge.output_state import OutputState
-from recordforge.pieces import Reuse, reusable
+from recordforge.files import layout
+from recordforge.files.storage import exists, read_bytes
+from recordforge.output.pieces import Reuse, reusable
+from recordforge.output.run_report import kept_files
+from recordforge.output.state import OutputState
 from recordforge.pipelines.config import ConvertConfig
 from recordforge.pipelines.inputs import Inputs
-from recordforge.run_report import kept_files
-from recordforge.storage import exists, read_bytes
 
 __all__ = ["Resuming", "plan_resume"]
 

@@ -8,7 +8,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from recordforge.errors import SourceError
-from recordforge.storage import match
+from recordforge.files.storage import match
 
 __all__ = ["Span", "has_tokens", "resolve_span", "substitute"]
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from recordforge.startup import BEAM_VERSION
+from recordforge.runners.startup import BEAM_VERSION
 
 __all__ = [
     "ASSUMPTIONS",

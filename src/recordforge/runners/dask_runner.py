@@ -22,7 +22,7 @@ from apache_beam.transforms.window import GlobalWindows
 from apache_beam.typehints import trivial_inference
 
 from recordforge.errors import RecordForgeError
-from recordforge.startup import BEAM_VERSION
+from recordforge.runners.startup import BEAM_VERSION
 
 __all__ = ["BEAM_VERSION", "RUNNER", "DaskRunner", "resolve_runner"]
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import apache_beam as beam
 from apache_beam.options.pipeline_options import (
@@ -17,13 +17,9 @@ from apache_beam.options.pipeline_options import (
 from apache_beam.portability import common_urns
 
 from recordforge.errors import RecordForgeError, UsageError
-from recordforge.pipelines.config import ConvertConfig
-from recordforge.publishing import first_missing, undo_dry_run
+from recordforge.files.storage import is_local
+from recordforge.output.publishing import first_missing, undo_dry_run
 from recordforge.runners.local_runner import dry_run_job, fused_stages
-from recordforge.storage import is_local
-
-if TYPE_CHECKING:  # resolve.py calls dataflow_preflight
-    from recordforge.pipelines.resolve import Run
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -42,28 +38,35 @@ def _kind(urn: str) -> str:
     return _KINDS.get(urn) or (urn.split(":")[-2] if urn.count(":") >= 2 else urn)
 
 
-def dry_run(pipeline: beam.Pipeline, run: Run, build: Callable[[beam.Pipeline, Run], Any]) -> dict[str, Any]:
-    """Builds the Dataflow job for `run` on `pipeline` (whose options say DataflowRunner and
-    --dry_run=True) and returns its summary (`job_summary`, with "dry_run": True, the output and
-    the job's name). Inputs and schema are resolved as for a run; the output is not looked at:
-    no listing, no lock, and what building writes (tensorflow-transform's analyzers write
-    temporary assets into the run's version folder) is deleted again."""
-    config, output = run.config, run.output
-    if not is_local(output) and run.preprocessing:
+def dry_run(
+    pipeline: beam.Pipeline,
+    build: Callable[[beam.Pipeline], Any],
+    *,
+    output: str,
+    version: str,
+    preprocessing: bool,
+) -> dict[str, Any]:
+    """Builds the Dataflow job on `pipeline` (whose options say DataflowRunner and --dry_run=True)
+    with `build`, which adds a run's steps writing `version` under `output`, and returns its
+    summary (`job_summary`, with "dry_run": True, the output and the job's name). The output is not
+    looked at: no listing, no lock, and what building writes (tensorflow-transform's analyzers
+    write temporary assets into the run's version folder, with `preprocessing`) is deleted again."""
+    shown, output = output, output.rstrip("/")
+    if not is_local(output) and preprocessing:
         raise UsageError(
             "a dry run with tensorflow-transform writes the analyzers' temporary assets under "
             "--output while the job is built: give a local --output for the dry run"
         )
     made = first_missing(output) if is_local(output) else None
     try:
-        build(pipeline, run)
+        build(pipeline)
         result = pipeline.run()
     finally:
         if is_local(output):
-            undo_dry_run(output, run.version, made)
+            undo_dry_run(output, version, made)
     proto, job_name = dry_run_job(pipeline, result)
     summary = job_summary(proto)
-    summary.update(dry_run=True, output=config.output, job_name=job_name)
+    summary.update(dry_run=True, output=shown, job_name=job_name)
     return summary
 
 
@@ -109,9 +112,10 @@ def format_summary(summary: dict[str, Any]) -> list[str]:
     return lines
 
 
-def dataflow_preflight(options: PipelineOptions, config: ConvertConfig, files: list[Any]) -> None:
+def dataflow_preflight(options: PipelineOptions, paths: Sequence[str], files: list[Any]) -> None:
     """What can be checked before a Dataflow job is submitted: workers can reach the paths, the
-    temp location is on GCS; and it says how much input the job will read."""
+    temp location is on GCS; and it says how much input the job will read. `paths`: the run's
+    input patterns and its output."""
     runner = options.view_as(StandardOptions).runner or ""
     if "dataflow" not in str(runner).lower():
         return
@@ -119,7 +123,7 @@ def dataflow_preflight(options: PipelineOptions, config: ConvertConfig, files: l
     gcp = options.view_as(GoogleCloudOptions)
     if not (gcp.temp_location or "").startswith("gs://"):
         problems.append(f"--temp_location must be a gs:// path, not {gcp.temp_location!r}")
-    remote = [p for p in (*config.sources, config.output) if is_local(p)]
+    remote = [p for p in paths if is_local(p)]
     if remote and not options.view_as(TestOptions).dry_run:
         problems.append(f"Dataflow workers cannot read or write local paths: {', '.join(remote)}")
     if problems:

@@ -19,8 +19,8 @@ import traceback
 import uuid
 from collections.abc import Callable
 
-from recordforge.lease import quiet_heartbeats
-from recordforge.runners.progress import quiet_watches
+from recordforge.output.lease import quiet_heartbeats
+from recordforge.progress.live import quiet_watches
 
 __all__ = [
     "TEMP_KINDS",

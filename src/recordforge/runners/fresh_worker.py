@@ -12,7 +12,7 @@ def main(argv: list[str]) -> None:
     debug = "--debug" in argv
     if not debug:
         # Before TensorFlow is imported (a TFT stage's worker imports it): its start-up lines.
-        from recordforge.quiet import silence_tensorflow_import
+        from recordforge.runners.quiet import silence_tensorflow_import
 
         silence_tensorflow_import()
     from recordforge.runners.worker_logs import quiet_worker

@@ -17,8 +17,9 @@ import apache_beam as beam
 from apache_beam.options.pipeline_options import DirectOptions
 from apache_beam.runners.portability.fn_api_runner import FnApiRunner
 
-from recordforge import crashpoints
-from recordforge.lease import heartbeat_threads
+from recordforge.output import crashpoints
+from recordforge.output.lease import heartbeat_threads
+from recordforge.progress.live import watch_threads
 from recordforge.runners.assumptions import (
     DRY_RUNS,
     FORKING,
@@ -28,9 +29,8 @@ from recordforge.runners.assumptions import (
     needs,
 )
 from recordforge.runners.fork_server import ForkServer, request_worker
-from recordforge.runners.progress import watch_threads
+from recordforge.runners.startup import BEAM_VERSION
 from recordforge.runners.worker_logs import quiet_worker
-from recordforge.startup import BEAM_VERSION
 
 __all__ = [
     "BEAM_VERSION",

@@ -12,7 +12,7 @@ from typing import Any
 from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, StandardOptions
 
 from recordforge.runners.fork_server import private_temp_name
-from recordforge.traits import RunnerTraits
+from recordforge.runners.traits import RunnerTraits
 
 __all__ = ["LOCAL_RUNNER", "discard", "runner_name", "runner_traits", "session"]
 
@@ -96,7 +96,7 @@ def session(traits: RunnerTraits, *, total: Callable[[], int | None] | None = No
             if folder is not None:
                 stack.enter_context(_private_folder(folder))
         if traits.progress is not None:
-            from recordforge.runners.progress import Watch
+            from recordforge.progress.live import Watch
 
             stack.enter_context(Watch(total or _unknown, traits.progress))
         yield

@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 from recordforge.errors import SchemaError
 from recordforge.schemas.kinds import RAGGED, VARIABLE, DType, NullPolicy, normalize_name
 from recordforge.schemas.model import Feature, Schema
-from recordforge.source_probe import never_null_columns, parquet_footers, read_arrow_schema
+from recordforge.sources.probe import never_null_columns, parquet_footers, read_arrow_schema
 
 __all__ = ["infer_schema", "inferred_schema", "sample_notes"]
 

@@ -13,7 +13,7 @@ from recordforge.errors import SchemaError
 from recordforge.schemas.analyzers import Transform
 from recordforge.schemas.kinds import DType, NullPolicy, Op
 from recordforge.schemas.model import Feature, Schema, feature_to_dict
-from recordforge.source_probe import open_source
+from recordforge.sources.probe import open_source
 
 __all__ = ["load_schema", "schema_from_dict", "dump_schema"]
 
@@ -141,7 +141,7 @@ def schema_from_dict(data: Any, *, origin: str = "declared") -> Schema:
             features.append(feature)
     sequence = None
     if "sequence" in data:
-        from recordforge.schemas.sequence import sequence_from_dict
+        from recordforge.schemas.sequence_spec import sequence_from_dict
 
         raw = data["sequence"]
         line = raw.pop(_LINE, "?") if isinstance(raw, dict) else "?"

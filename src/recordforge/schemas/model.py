@@ -1,124 +1,15 @@
-"""The schema model: what a feature is, as data, with everything else derived from it."""
+"""The schema model: its features and sequence block, as data, with everything else derived from it."""
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from recordforge.schemas.analyzers import Transform
-from recordforge.schemas.feature_checks import feature_problems
-from recordforge.schemas.kinds import IMAGE_PARTS, RAGGED, VARIABLE, DType, ExampleKind, NullPolicy, Op
-
-if TYPE_CHECKING:
-    from recordforge.schemas.sequence import SequenceSpec
+from recordforge.schemas.feature import Feature
+from recordforge.schemas.kinds import IMAGE_PARTS
+from recordforge.schemas.sequence_spec import SequenceSpec
 
 __all__ = ["Feature", "Schema", "feature_to_dict"]
-
-
-@dataclass(frozen=True)
-class Feature:
-    """One feature of the output records and the source column it comes from.
-
-    `shape` is `()` for a scalar, `(N,)` or `(N, M)` for fixed shapes (written flattened, row-major),
-    `(-1,)` for a variable-length list, `(-1, -1)` for a ragged list of lists (values plus a
-    `{name}.row_lengths` feature, restored by `tf.io.RaggedFeature`).
-    """
-
-    name: str
-    dtype: DType
-    shape: tuple[int, ...] = ()
-    column: str | None = None
-    nulls: NullPolicy = NullPolicy.ABSENT
-    default: Any = None
-    narrow: bool = False  # float64 written as float32; float32: float64 source columns accepted
-    encode: str | None = None  # "bytes": float64 kept bit-exact as little-endian bytes
-    unit: str | None = None  # timestamp and time unit
-    decimal_as: str | None = None
-    scale: int | None = None
-    min: float | None = None
-    max: float | None = None
-    allowed: tuple[Any, ...] | None = None
-    max_length: int | None = None
-    regex: str | None = None
-    ops: tuple[tuple[Op, Any], ...] = ()
-    resize: tuple[int, int] | None = None  # images: [height, width]
-    method: str | None = None  # images: resize filter
-    quality: int | None = None  # images: JPEG quality
-    channels: int | None = None  # images: convert to 1 (L), 3 (RGB) or 4 (RGBA)
-    transform: Transform | None = None  # a full-pass analyzer, applied by tensorflow-transform
-    description: str = ""
-
-    def __post_init__(self) -> None:
-        problems = feature_problems(self)
-        if problems:
-            raise ValueError(f"feature {self.name!r}: " + "; ".join(problems))
-
-    @property
-    def source_column(self) -> str:
-        return self.column if self.column is not None else self.name
-
-    @property
-    def hashed(self) -> bool:
-        return any(op is Op.HASH_BUCKET for op, _ in self.ops)
-
-    @property
-    def value_kind(self) -> ExampleKind:
-        """The kind of the feature's values (before `encode: bytes` packing)."""
-        if self.hashed:
-            return ExampleKind.INT64
-        if self.dtype in (DType.INT64, DType.BOOL, DType.TIMESTAMP, DType.DATE, DType.TIME):
-            return ExampleKind.INT64
-        if self.dtype is DType.DECIMAL:
-            return ExampleKind.INT64 if self.decimal_as == "scaled_int" else ExampleKind.BYTES
-        if self.dtype in (DType.FLOAT32, DType.FLOAT64):
-            return ExampleKind.FLOAT
-        return ExampleKind.BYTES
-
-    @property
-    def kind(self) -> ExampleKind:
-        """The list the written Example carries the values in."""
-        return ExampleKind.BYTES if self.encode is not None else self.value_kind
-
-    @property
-    def is_image(self) -> bool:
-        return self.dtype is DType.IMAGE
-
-    @property
-    def float64_bytes(self) -> bool:
-        return self.dtype is DType.FLOAT64 and self.encode == "bytes"
-
-    def part_name(self, part: str) -> str:
-        """`{name}/height` etc.: the header values written beside an image."""
-        return f"{self.name}/{part}"
-
-    @property
-    def is_scalar(self) -> bool:
-        return self.shape == ()
-
-    @property
-    def is_variable(self) -> bool:
-        return self.shape == (VARIABLE,)
-
-    @property
-    def is_ragged(self) -> bool:
-        return self.shape == RAGGED
-
-    @property
-    def num_values(self) -> int | None:
-        """Values per record for fixed shapes (1 for scalars), None for variable length."""
-        return None if VARIABLE in self.shape else math.prod(self.shape)
-
-    @property
-    def transformed_name(self) -> str | None:
-        """The feature a declared transform writes (None without one)."""
-        if self.transform is None:
-            return None
-        return self.transform.output or self.name
-
-    @property
-    def row_lengths_name(self) -> str:
-        return f"{self.name}.row_lengths"
 
 
 @dataclass(frozen=True)

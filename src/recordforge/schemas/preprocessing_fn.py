@@ -13,12 +13,12 @@ import tensorflow as tf
 import tensorflow_transform as tft
 
 from recordforge.errors import RecordForgeError
+from recordforge.files.storage import open_input
 from recordforge.schemas.analyzers import Analyzer, Transform
 from recordforge.schemas.export import to_tf_feature_spec
 from recordforge.schemas.kinds import DType, NullPolicy
 from recordforge.schemas.model import Feature, Schema
 from recordforge.schemas.plan import Plan, compile_schema
-from recordforge.storage import open_input
 
 __all__ = [
     "apply_transform",

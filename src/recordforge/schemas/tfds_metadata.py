@@ -9,8 +9,8 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from recordforge import layout
-from recordforge.layout import TFDS_FEATURES, TFDS_INFO, TFDS_LABELS
+from recordforge.files import layout
+from recordforge.files.layout import TFDS_FEATURES, TFDS_INFO, TFDS_LABELS
 from recordforge.schemas.kinds import DType
 from recordforge.schemas.model import Feature
 from recordforge.schemas.plan import Plan

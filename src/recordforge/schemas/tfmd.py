@@ -5,8 +5,8 @@ from __future__ import annotations
 from google.protobuf import text_format
 from tensorflow_metadata.proto.v0 import schema_pb2
 
-from recordforge import layout
 from recordforge.errors import SchemaError
+from recordforge.files import layout
 from recordforge.schemas.kinds import RAGGED, VARIABLE, DType, NullPolicy
 from recordforge.schemas.model import Feature, Schema
 

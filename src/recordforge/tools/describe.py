@@ -8,11 +8,12 @@ from typing import Any
 
 import yaml
 
-from recordforge import layout
-from recordforge.array_records import reading
-from recordforge.storage import exists, open_read
-from recordforge.tfrecord import detect_compression, read_records
-from recordforge.tools.records import infer_feature_spec, parse_example
+from recordforge.files import layout
+from recordforge.files.storage import exists, open_read
+from recordforge.records.array_records import reading
+from recordforge.records.example_pb import parse_example
+from recordforge.records.tfrecord import detect_compression, read_records
+from recordforge.tools.records import infer_feature_spec
 
 __all__ = [
     "feature_description_code",
@@ -80,7 +81,7 @@ def _show_value(kind: str, values: list[Any]) -> str:
 def _parse_sequence(raw: bytes) -> dict[str, tuple[str, list[Any]]]:
     """A SequenceExample as one record to show: context features, then each feature list as
     `name[steps]` holding one list of values per step."""
-    from recordforge.tools.sequence_records import parse_sequence_example
+    from recordforge.records.sequence_records import parse_sequence_example
 
     context, lists = parse_sequence_example(raw)
     return {**context, **{f"{name}[steps]": value for name, value in lists.items()}}

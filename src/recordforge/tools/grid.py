@@ -10,14 +10,14 @@ from typing import Any
 
 import numpy as np
 
-from recordforge.array_records import reading
 from recordforge.errors import RecordForgeError
-from recordforge.image_headers import image_format
-from recordforge.record_chunks import read_record_chunks
-from recordforge.storage import exists, open_read
+from recordforge.files.storage import exists, open_read
+from recordforge.images.headers import image_format
+from recordforge.records.array_records import reading
+from recordforge.records.chunks import read_record_chunks
+from recordforge.records.wire import BYTES, INT64, Column, decode_batch
+from recordforge.records.wire_keys import KeyTable
 from recordforge.tools.records import record_files
-from recordforge.tools.wire import BYTES, INT64, Column, decode_batch
-from recordforge.tools.wire_keys import KeyTable
 
 __all__ = ["image_grid"]
 

@@ -5,11 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from recordforge.array_records import reading
-from recordforge.storage import exists, open_read
-from recordforge.tfrecord import detect_compression
+from recordforge.files.storage import exists, open_read
+from recordforge.records.array_records import reading
+from recordforge.records.example_pb import parse_example
+from recordforge.records.tfrecord import detect_compression
 
-__all__ = ["FeatureSummary", "infer_feature_spec", "parse_example", "record_files"]
+__all__ = ["FeatureSummary", "infer_feature_spec", "record_files"]
 
 _CHUNK = 4 << 20
 
@@ -24,25 +25,6 @@ def record_files(path: str) -> list[tuple[str, str]]:
             meta = json.loads(f.read())
         return [(f"{out}/{s['file']}", reading(meta)) for s in meta["shards"]]
     return [(out, detect_compression(out))]
-
-
-def parse_example(raw: bytes) -> dict[str, tuple[str, list[Any]]]:
-    """{feature: (kind, values)} with kind "int64", "float" or "bytes", using protobuf only."""
-
-    from recordforge.tools._example_pb import Example
-
-    ex = Example.FromString(raw)
-    out: dict[str, tuple[str, list[Any]]] = {}
-    for name, feat in ex.features.feature.items():
-        kind = feat.WhichOneof("kind")
-        if kind is None:
-            out[name] = ("none", [])
-        else:
-            out[name] = (
-                {"int64_list": "int64", "float_list": "float", "bytes_list": "bytes"}[kind],
-                list(getattr(feat, kind).value),
-            )
-    return out
 
 
 @dataclass

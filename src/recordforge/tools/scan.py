@@ -18,11 +18,11 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from recordforge.record_chunks import RecordChunk, read_record_chunks
-from recordforge.storage import exists
-from recordforge.tfrecord import CorruptRecord, FileDigest
-from recordforge.tools.progress import Progress
-from recordforge.tools.wire import PAD
+from recordforge.files.storage import exists
+from recordforge.progress.scan import Progress
+from recordforge.records.chunks import RecordChunk, read_record_chunks
+from recordforge.records.tfrecord import CorruptRecord, FileDigest
+from recordforge.records.wire import PAD
 
 __all__ = ["Accumulator", "ShardResult", "scan_shards"]
 

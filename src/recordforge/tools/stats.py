@@ -11,15 +11,15 @@ from typing import Any
 
 import numpy as np
 
-from recordforge.image_headers import FORMATS, header_values, sniff
-from recordforge.record_chunks import RecordChunk, data_crc_mismatches
-from recordforge.storage import exists, open_read
-from recordforge.tfrecord import CorruptRecord
+from recordforge.files.storage import exists, open_read
+from recordforge.images.headers import FORMATS, header_values, sniff
+from recordforge.records.chunks import RecordChunk, data_crc_mismatches
+from recordforge.records.tfrecord import CorruptRecord
+from recordforge.records.wire import FLOAT, INT64, Column, decode_batch, kind_name
+from recordforge.records.wire_keys import HashIndex, KeyTable, key_hash, words_at
 from recordforge.tools.records import record_files
 from recordforge.tools.scan import scan_shards
 from recordforge.tools.stats_sample import UniformSample
-from recordforge.tools.wire import FLOAT, INT64, Column, decode_batch, kind_name
-from recordforge.tools.wire_keys import HashIndex, KeyTable, key_hash, words_at
 
 __all__ = ["FeatureStats", "stats"]
 

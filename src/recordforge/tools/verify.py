@@ -12,14 +12,14 @@ from typing import Any
 
 import numpy as np
 
-from recordforge import layout
-from recordforge.array_records import reading
-from recordforge.output_state import committed_versions
-from recordforge.record_chunks import RecordChunk, data_crc_mismatches
-from recordforge.storage import exists, is_local, list_files, open_read, read_bytes
+from recordforge.files import layout
+from recordforge.files.storage import exists, is_local, list_files, open_read, read_bytes
+from recordforge.output.state import committed_versions
+from recordforge.records.array_records import reading
+from recordforge.records.chunks import RecordChunk, data_crc_mismatches
+from recordforge.records.wire import BYTES, FLOAT, INT64, NONE, Batch, decode_batch, kind_name
+from recordforge.records.wire_keys import KeyTable
 from recordforge.tools.scan import ShardResult, scan_shards
-from recordforge.tools.wire import BYTES, FLOAT, INT64, NONE, Batch, decode_batch, kind_name
-from recordforge.tools.wire_keys import KeyTable
 
 __all__ = ["verify"]
 

@@ -23,13 +23,13 @@ __all__ = [
 # Where each public name lives: importing this package loads none of them (a reader pulls in
 # Beam, the bundle step the schema exporters), so `recordforge.transforms.x` stays cheap.
 _WHERE = {
-    "ANY_RUNNER": "recordforge.traits",
-    "RunnerTraits": "recordforge.traits",
+    "ANY_RUNNER": "recordforge.runners.traits",
+    "RunnerTraits": "recordforge.runners.traits",
     "ReadCsv": "recordforge.transforms.csv_source",
     "ReadImageFolder": "recordforge.transforms.image_folder",
     "ReadParquet": "recordforge.transforms.parquet_source",
-    "ShardSpec": "recordforge.transforms.shard_spec",
-    "Sizing": "recordforge.transforms.shard_spec",
+    "ShardSpec": "recordforge.records.shard_spec",
+    "Sizing": "recordforge.records.shard_spec",
     "ToExamples": "recordforge.transforms.examples",
     "ToSequences": "recordforge.transforms.sequences",
     "WriteBundle": "recordforge.transforms.bundle",
@@ -38,7 +38,8 @@ _WHERE = {
 }
 
 if TYPE_CHECKING:
-    from recordforge.traits import ANY_RUNNER, RunnerTraits
+    from recordforge.records.shard_spec import ShardSpec, Sizing
+    from recordforge.runners.traits import ANY_RUNNER, RunnerTraits
     from recordforge.transforms.bundle import WriteBundle
     from recordforge.transforms.csv_source import ReadCsv
     from recordforge.transforms.examples import ToExamples
@@ -46,7 +47,6 @@ if TYPE_CHECKING:
     from recordforge.transforms.parquet_source import ReadParquet
     from recordforge.transforms.rejects import WriteRejected
     from recordforge.transforms.sequences import ToSequences
-    from recordforge.transforms.shard_spec import ShardSpec, Sizing
     from recordforge.transforms.sinks import WriteTFRecords
 
 

@@ -18,8 +18,10 @@ from tensorflow_transform.tf_metadata import dataset_metadata, metadata_io, sche
 from tfx_bsl.public import tfxio
 
 from recordforge.arrays import binary_array, binary_parts, drop_hidden_values, list_offsets
-from recordforge.encoding import ExampleEncoder
-from recordforge.layout import RAW_METADATA, temp_dir
+from recordforge.conforming.splits import in_split
+from recordforge.files.layout import RAW_METADATA, temp_dir
+from recordforge.records.encoding import ExampleEncoder
+from recordforge.records.tfrecord import BatchKey
 from recordforge.schemas.kinds import NullPolicy
 from recordforge.schemas.plan import Plan, value_type
 from recordforge.schemas.preprocessing_fn import (
@@ -28,9 +30,7 @@ from recordforge.schemas.preprocessing_fn import (
     output_plan,
     raw_tf_spec,
 )
-from recordforge.tfrecord import BatchKey
 from recordforge.transforms.coders import declare_element_type
-from recordforge.transforms.splits import in_split
 
 __all__ = ["Transformed", "analyze_and_transform"]
 

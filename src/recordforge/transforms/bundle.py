@@ -9,8 +9,8 @@ from typing import Any
 
 import apache_beam as beam
 
-from recordforge import layout
-from recordforge.layout import (
+from recordforge.files import layout
+from recordforge.files.layout import (
     CROISSANT,
     FEATURE_SPEC,
     RAW_FEATURE_SPEC,
@@ -18,20 +18,8 @@ from recordforge.layout import (
     SCHEMA_YAML,
     TRANSFORMED_SCHEMA,
 )
-from recordforge.publishing import (
-    check_inputs_unchanged,
-    commit_version,
-    drop_empty_rejected,
-    replaced_version,
-)
-from recordforge.schemas.croissant import croissant_json
-from recordforge.schemas.export import tfmd_text
-from recordforge.schemas.loader import dump_schema
-from recordforge.schemas.sequence import sequence_feature_spec, sequence_tfmd_text
-from recordforge.schemas.tfds_metadata import tfds_metadata
-from recordforge.storage import read_bytes
-from recordforge.tfrecord import ShardInfo
-from recordforge.transforms.bundle_metadata import (
+from recordforge.files.storage import read_bytes
+from recordforge.output.bundle_metadata import (
     BundleSpec,
     RunCounts,
     RunFacts,
@@ -39,6 +27,18 @@ from recordforge.transforms.bundle_metadata import (
     metadata_dict,
     package_versions,
 )
+from recordforge.output.publishing import (
+    check_inputs_unchanged,
+    commit_version,
+    drop_empty_rejected,
+    replaced_version,
+)
+from recordforge.records.tfrecord import ShardInfo
+from recordforge.schemas.croissant import croissant_json
+from recordforge.schemas.export import tfmd_text
+from recordforge.schemas.loader import dump_schema
+from recordforge.schemas.sequence import sequence_feature_spec, sequence_tfmd_text
+from recordforge.schemas.tfds_metadata import tfds_metadata
 
 __all__ = [
     "BundleSpec",

@@ -1,21 +1,21 @@
-"""Coders for the pipeline's big elements: record batches and encoded-record arrays."""
+"""Coders for the pipeline's big elements: record batches and encoded-record arrays (a source's
+batches have theirs beside their type, in source_types.py)."""
 # Design notes: docs/architecture.md, "Module notes".
 
 from __future__ import annotations
 
 import pickle
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import apache_beam as beam
 import pyarrow as pa
 
-if TYPE_CHECKING:  # source_types.py imports this module
-    from recordforge.transforms.source_types import SourceBatch
-
-__all__ = ["ArrowCoder", "SourceBatchCoder", "declare_element_type"]
+__all__ = ["ArrowCoder", "PickleCoder", "declare_element_type"]
 
 
-class _SizedPickleCoder(beam.coders.Coder):
+class PickleCoder(beam.coders.Coder):
+    """A big element pickled whole; each subclass says how to estimate its size."""
+
     def encode(self, value: Any) -> bytes:
         return pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
 
@@ -29,19 +29,12 @@ class _SizedPickleCoder(beam.coders.Coder):
         return Any
 
 
-class ArrowCoder(_SizedPickleCoder):
+class ArrowCoder(PickleCoder):
     """A `pa.Array` (the records of a batch) or a `pa.RecordBatch` (conformed rows, for
     tensorflow-transform), as ToExamples emits them."""
 
     def estimate_size(self, value: pa.Array | pa.RecordBatch) -> int:
         return value.nbytes
-
-
-class SourceBatchCoder(_SizedPickleCoder):
-    """A `SourceBatch`: a record batch with its file and first row."""
-
-    def estimate_size(self, value: SourceBatch) -> int:
-        return value.batch.nbytes + sum(a.nbytes for a in value.read.values()) + len(value.file) + 16
 
 
 def declare_element_type(pcoll: beam.PCollection, element_type: Any) -> beam.PCollection:

@@ -13,8 +13,8 @@ import apache_beam as beam
 import numpy as np
 from apache_beam.io.filesystem import CompressionTypes
 
-from recordforge.storage import open_read
-from recordforge.traits import RunnerTraits
+from recordforge.files.storage import open_read
+from recordforge.runners.traits import RunnerTraits
 from recordforge.transforms.sharing import Claims, SharedItemsFn, known_items
 from recordforge.transforms.source_types import FileInfo
 

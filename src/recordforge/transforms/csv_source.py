@@ -14,9 +14,9 @@ import pyarrow.csv as pacsv
 from apache_beam.metrics import Metrics
 
 from recordforge.errors import SourceError
-from recordforge.read_ahead import ReadAhead
-from recordforge.storage import open_input
-from recordforge.traits import RunnerTraits
+from recordforge.files.storage import open_input
+from recordforge.runners.traits import RunnerTraits
+from recordforge.sources.read_ahead import ReadAhead
 from recordforge.transforms import csv_ranges
 from recordforge.transforms.coders import declare_element_type
 from recordforge.transforms.csv_ranges import (
@@ -280,7 +280,7 @@ class _ReadCsvFn(SharedItemsFn):
         """Reports the rejected rows that come next, at data rows `at`, `at` + 1... of the range
         (all of them when `at` is None), and returns the data row after them. Rows before `skip`
         were reported by the first, typed pass."""
-        from recordforge.transforms.conform import BadRow
+        from recordforge.conforming.conform import BadRow
         from recordforge.transforms.rejects import rejected_line
 
         invalid.sort(key=lambda x: x[0])

@@ -11,17 +11,17 @@ import pyarrow as pa
 from apache_beam import typehints
 from apache_beam.metrics import Metrics
 
-from recordforge import progress_counts
-from recordforge.encoding import ExampleEncoder
+from recordforge.conforming.conform import BadRow, Conformed, conform_batch
+from recordforge.conforming.splits import SplitSpec, assign_by_hash, assign_by_value
 from recordforge.errors import TypesChanged
-from recordforge.pieces import BatchLedger
+from recordforge.output.pieces import BatchLedger
+from recordforge.progress import counts as progress_counts
+from recordforge.records.encoding import ExampleEncoder
 from recordforge.schemas.model import Schema
 from recordforge.schemas.plan import Plan, compile_schema
 from recordforge.transforms.coders import ArrowCoder, declare_element_type
-from recordforge.transforms.conform import BadRow, Conformed, conform_batch
 from recordforge.transforms.rejects import rejected_line, source_record
 from recordforge.transforms.source_types import SourceBatch
-from recordforge.transforms.splits import SplitSpec, assign_by_hash, assign_by_value
 
 # The records of a batch: sized from their buffers, not by pickling them (see coders.py).
 beam.coders.registry.register_coder(pa.Array, ArrowCoder)

@@ -16,11 +16,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from recordforge.errors import SourceError
-from recordforge.image_files import IMAGE_EXTENSIONS, read_local_files
+from recordforge.files.storage import is_local, match
+from recordforge.images.files import IMAGE_EXTENSIONS, read_local_files
+from recordforge.runners.traits import RunnerTraits
 from recordforge.schemas.kinds import DType, NullPolicy
 from recordforge.schemas.model import Feature, Schema
-from recordforge.storage import is_local, match
-from recordforge.traits import RunnerTraits
 from recordforge.transforms.coders import declare_element_type
 from recordforge.transforms.sharing import Claims, SharedItemsFn, known_items
 from recordforge.transforms.source_types import UNREADABLE, SourceBatch

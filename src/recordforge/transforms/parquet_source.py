@@ -11,11 +11,11 @@ import pyarrow.parquet as pq
 from apache_beam.metrics import Metrics
 
 from recordforge.errors import SourceError
-from recordforge.read_ahead import ReadAhead
-from recordforge.storage import open_input
-from recordforge.traits import RunnerTraits
+from recordforge.files.storage import open_input
+from recordforge.runners.traits import RunnerTraits
+from recordforge.sources.read_ahead import ReadAhead
+from recordforge.sources.row_groups import group_start, read_rows, resolve_columns, work_items
 from recordforge.transforms.coders import declare_element_type
-from recordforge.transforms.row_groups import group_start, read_rows, resolve_columns, work_items
 from recordforge.transforms.sharing import Claims, SharedItemsFn, known_items
 from recordforge.transforms.source_types import UNREADABLE, FileInfo, SourceBatch, expand_patterns, unreadable
 

@@ -8,11 +8,11 @@ from typing import Any
 import apache_beam as beam
 import pyarrow as pa
 
-from recordforge import layout
-from recordforge.placed_pieces import PlacedKeep, write_shard_record
-from recordforge.tfrecord import BatchKey, ShardInfo
-from recordforge.transforms.shard_files import ShardFiles, TempShard
-from recordforge.transforms.shard_spec import ShardSpec, Sizing
+from recordforge.files import layout
+from recordforge.output.placed_pieces import PlacedKeep, write_shard_record
+from recordforge.output.shard_files import ShardFiles, TempShard
+from recordforge.records.shard_spec import ShardSpec, Sizing
+from recordforge.records.tfrecord import BatchKey, ShardInfo
 from recordforge.transforms.shuffle import ScatterRecords, ordered_pieces, sorted_records
 
 __all__ = ["write_placed"]

@@ -14,8 +14,8 @@ from typing import Any
 import apache_beam as beam
 import pyarrow as pa
 
-from recordforge import layout
-from recordforge.transforms.conform import BadRow
+from recordforge.conforming.conform import BadRow
+from recordforge.files import layout
 
 __all__ = ["decode_value", "encode_value", "rejected_line", "source_record", "WriteRejected"]
 

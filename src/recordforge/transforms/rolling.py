@@ -13,13 +13,13 @@ import pyarrow as pa
 from apache_beam.transforms.window import GlobalWindows
 from apache_beam.utils.windowed_value import WindowedValue
 
-from recordforge import layout
-from recordforge.pieces import part_record, write_part_record
-from recordforge.tfrecord import BatchKey, ShardInfo
-from recordforge.transforms.shard_files import ShardFiles, temp_path, write_shard
-from recordforge.transforms.shard_format import ShardFormat, ShardWriter
-from recordforge.transforms.shard_plans import Join, Limits, Part, order, plan, short_parts
-from recordforge.transforms.shard_spec import ShardSpec, Sizing
+from recordforge.files import layout
+from recordforge.output.pieces import part_record, write_part_record
+from recordforge.output.shard_files import ShardFiles, temp_path, write_shard
+from recordforge.output.shard_plans import Join, Limits, Part, order, plan, short_parts
+from recordforge.records.shard_format import ShardFormat, ShardWriter
+from recordforge.records.shard_spec import ShardSpec, Sizing
+from recordforge.records.tfrecord import BatchKey, ShardInfo
 
 __all__ = ["Limits", "WriteRollingShards"]
 

@@ -10,8 +10,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from recordforge.encoding import ExampleEncoder
-from recordforge.schemas.sequence import Longer, SequenceSpec
+from recordforge.records.encoding import ExampleEncoder
+from recordforge.schemas.sequence_spec import Longer, SequenceSpec
 from recordforge.transforms.sequence_keys import FILE, HASH, KEY, ROW
 
 __all__ = ["Dropped", "Groups", "OverLimit", "dead_letters", "group_sizes", "keep_last_reason", "sort_rows"]

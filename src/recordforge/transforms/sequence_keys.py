@@ -11,14 +11,14 @@ import numpy as np
 import pyarrow as pa
 from apache_beam.metrics import Metrics
 
-from recordforge import layout
 from recordforge.arrays import binary_parts
-from recordforge.encoding import ExampleEncoder
+from recordforge.files import layout
+from recordforge.files.storage import open_write, read_bytes
+from recordforge.output.shard_files import abandon, temp_path
+from recordforge.records.encoding import ExampleEncoder
 from recordforge.schemas.model import Schema
 from recordforge.schemas.plan import Plan, compile_schema
-from recordforge.storage import open_write, read_bytes
 from recordforge.transforms.examples import NAMESPACE, REJECTED, conform_rows
-from recordforge.transforms.shard_files import abandon, temp_path
 from recordforge.transforms.source_types import SourceBatch
 
 __all__ = [

@@ -24,14 +24,16 @@ import pyarrow as pa
 from apache_beam import typehints
 from apache_beam.metrics import Metrics
 
-from recordforge.encoding import ExampleEncoder
+from recordforge.conforming.conform import BadRow
+from recordforge.conforming.splits import SplitSpec, assign_by_hash
+from recordforge.records.encoding import ExampleEncoder
+from recordforge.records.sequence_encoding import SequenceEncoder
 from recordforge.schemas.kinds import DType
 from recordforge.schemas.model import Schema
 from recordforge.schemas.plan import Plan, compile_schema
-from recordforge.schemas.sequence import CHUNK_FEATURE, POLICY_RULES, Longer, sequence_plans
-from recordforge.sequence_encoding import SequenceEncoder
+from recordforge.schemas.sequence import sequence_plans
+from recordforge.schemas.sequence_spec import CHUNK_FEATURE, POLICY_RULES, Longer
 from recordforge.transforms.coders import declare_element_type
-from recordforge.transforms.conform import BadRow
 from recordforge.transforms.examples import NAMESPACE, REJECTED
 from recordforge.transforms.rejects import rejected_line
 from recordforge.transforms.sequence_groups import (
@@ -53,7 +55,6 @@ from recordforge.transforms.sequence_keys import (
     KeyRows,
     load_rows,
 )
-from recordforge.transforms.splits import SplitSpec, assign_by_hash
 
 __all__ = ["COUNTS", "ToSequences"]
 

@@ -11,7 +11,7 @@ from typing import Any
 import apache_beam as beam
 from apache_beam.transforms.window import GlobalWindows
 
-from recordforge.traits import RunnerTraits
+from recordforge.runners.traits import RunnerTraits
 
 __all__ = [
     "Claims",

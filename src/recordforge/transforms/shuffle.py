@@ -10,17 +10,16 @@ import numpy as np
 import pyarrow as pa
 from apache_beam import typehints
 
-from recordforge import layout
 from recordforge.errors import RecordForgeError
-from recordforge.placed_pieces import PlacedKeep, bounds, layout_digest, layout_of, write_layout
-from recordforge.storage import open_write, read_bytes
-from recordforge.tfrecord import BatchKey
+from recordforge.files import layout
+from recordforge.files.storage import open_write, read_bytes
+from recordforge.output.placed_pieces import PlacedKeep, bounds, layout_digest, layout_of, write_layout
+from recordforge.output.shard_files import abandon, temp_path
+from recordforge.records.tfrecord import BatchKey
 from recordforge.transforms.coders import declare_element_type
-from recordforge.transforms.shard_files import abandon, temp_path
 
-__all__ = ["DEFAULT_SEED", "Permutation", "ScatterRecords", "ordered_pieces", "sorted_records"]
+__all__ = ["Permutation", "ScatterRecords", "ordered_pieces", "sorted_records"]
 
-DEFAULT_SEED = 42
 _ROUNDS = 6  # Luby-Rackoff: 4 rounds make a strong pseudo-random permutation; 2 more are cheap
 _KEY = "key"
 _RECORD = "record"

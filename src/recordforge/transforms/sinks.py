@@ -7,13 +7,13 @@ from typing import Any
 import apache_beam as beam
 import pyarrow as pa
 
-from recordforge.placed_pieces import PlacedKeep
-from recordforge.tfrecord import BatchKey, ShardInfo
+from recordforge.output.placed_pieces import PlacedKeep
+from recordforge.output.shard_files import ShardFiles, shard_prefix
+from recordforge.records.shard_format import shard_format
+from recordforge.records.shard_spec import ShardSpec, Sizing
+from recordforge.records.tfrecord import BatchKey, ShardInfo
 from recordforge.transforms.placed import write_placed
 from recordforge.transforms.rolling import WriteRollingShards
-from recordforge.transforms.shard_files import ShardFiles, shard_prefix
-from recordforge.transforms.shard_format import shard_format
-from recordforge.transforms.shard_spec import ShardSpec, Sizing
 
 __all__ = ["WriteTFRecords"]
 

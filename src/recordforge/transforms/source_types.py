@@ -12,14 +12,15 @@ import apache_beam as beam
 import pyarrow as pa
 
 from recordforge.errors import SourceError
-from recordforge.storage import is_local, match
-from recordforge.transforms.coders import SourceBatchCoder
+from recordforge.files.storage import is_local, match
+from recordforge.transforms.coders import PickleCoder
 
 __all__ = [
     "expand_patterns",
     "FileInfo",
     "REJECTED",
     "SourceBatch",
+    "SourceBatchCoder",
     "UNREADABLE",
     "unreadable",
 ]
@@ -41,6 +42,13 @@ class SourceBatch:
     # Image bytes the source has already read, by the name of the column of their paths (null
     # where it could not read a file); rejected rows still show the path (image_folder.py).
     read: dict[str, pa.Array] = field(default_factory=dict)
+
+
+class SourceBatchCoder(PickleCoder):
+    """A `SourceBatch`: a record batch with its file and first row."""
+
+    def estimate_size(self, value: SourceBatch) -> int:
+        return value.batch.nbytes + sum(a.nbytes for a in value.read.values()) + len(value.file) + 16
 
 
 beam.coders.registry.register_coder(SourceBatch, SourceBatchCoder)
