@@ -162,6 +162,36 @@ def test_append_refuses_a_changed_old_file_a_new_schema_and_other_settings(tmp_p
         recordforge.convert(pattern, str(out), SCHEMA, append=True, shuffle=True)
 
 
+def test_an_append_whose_totals_break_the_invariant_publishes_nothing(tmp_path: Path) -> None:
+    """The append's own count check (old shards + new = the total, in transforms/bundle.py's
+    `_write_bundle`): a published manifest whose rows_read disagrees with its shards makes the
+    appended totals break rows_read == rows_written + rows_rejected, and the append refuses.
+    Mutation this catches: make that check `if False:` (or delete it); the append then
+    publishes totals that do not add up. Put it back to pass."""
+    src, out = tmp_path / "src", tmp_path / "out"
+    src.mkdir()
+    _day(src, 0)
+    pattern = str(src / "*.parquet")
+    recordforge.convert(pattern, str(out), SCHEMA, append=True)
+    manifest = out / layout.METADATA
+    good = manifest.read_text()
+    day1 = json.loads(good)
+    # The version's own copy is the one an append reads as its base; both are edited alike.
+    copies = [manifest, out / day1["version"] / layout.METADATA]
+    for path in copies:
+        path.write_text(json.dumps({**day1, "rows_read": day1["rows_read"] + 1}))
+    _day(src, 1)
+    with pytest.raises(
+        RuntimeError, match=r"the appended counts break rows_read == rows_written \+ rows_rejected"
+    ):
+        recordforge.convert(pattern, str(out), SCHEMA, append=True)
+    assert json.loads(manifest.read_text())["version"] == day1["version"]
+    assert sorted(p.name for p in out.glob("v-*")) == [day1["version"]]  # the failed run's folder gone
+    for path in copies:
+        path.write_text(good)
+    assert verify(str(out)) == []
+
+
 def test_an_append_killed_before_its_commit_leaves_day_one_published(
     forked: ForkedRuns, tmp_path: Path
 ) -> None:

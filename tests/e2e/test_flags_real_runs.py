@@ -139,7 +139,10 @@ CASES: dict[str, Case] = {
     "skip_unreadable_files": lambda i: _pair(i, i.with_unreadable(), [], ["--skip_unreadable_files"]),
     "splits": lambda i: _pair(i, i.parquet, [], _SPLITS),
     "split_key": lambda i: _pair(i, i.parquet, _SPLITS, [*_SPLITS, "--split_key", "id"]),
-    "split_column": lambda i: _pair(i, i.parquet, _SPLITS, [*_SPLITS, "--split_column", "part"]),
+    # The column's values are the split names: hashed into a and b, or taken from `part`.
+    "split_column": lambda i: _pair(
+        i, i.parquet, ["--splits", "a=3,b=1"], ["--splits", "a=3,b=1", "--split_column", "part"]
+    ),
     "split_salt": lambda i: _pair(i, i.parquet, _SPLITS, [*_SPLITS, "--split_salt", "pepper"]),
     "preprocessing_fn": lambda i: _pair(i, i.parquet, [], ["--preprocessing_fn", i.prep()]),
     "analyze_split": lambda i: _pair(
@@ -148,6 +151,17 @@ CASES: dict[str, Case] = {
         [*_SPLITS, "--preprocessing_fn", i.prep()],
         [*_SPLITS, "--preprocessing_fn", i.prep(), "--analyze_split", "eval"],
     ),
+}
+
+
+# The flags that decide whether a run publishes at all: without them the base run is refused
+# (with this message), with them it publishes.
+REFUSED = {
+    "source_format": "cannot tell the format of",
+    # Strict (the default): the first bad row fails the run where it is found.
+    "max_rejected": "row 8, column 'id': null in a feature with `nulls: required`",
+    "max_rejected_fraction": "row 8, column 'id': null in a feature with `nulls: required`",
+    "skip_unreadable_files": "z.parquet",
 }
 
 
@@ -164,7 +178,7 @@ def _published(argv: list[str], out: Path) -> str:
         # may land in another order, and this compares bytes.
         run([*argv, "--output", str(out), "--direct_num_workers", "1"])
     except Exception as exn:  # noqa: BLE001 - a run refused is an outcome to compare
-        return f"failed: {type(exn).__name__}"
+        return f"failed: {type(exn).__name__}: {exn}"
     meta = json.loads((out / layout.METADATA).read_text())
     digest = hashlib.sha256()
     for shard in meta["shards"]:
@@ -183,12 +197,21 @@ def test_every_flag_has_a_real_run_case() -> None:
 
 @pytest.mark.parametrize("flag", FLAGS, ids=lambda f: f.name)
 def test_a_flag_changes_the_output_exactly_when_it_is_marked_so(flag, tmp_path: Path) -> None:
+    """A run that fails is no output: only the base runs of REFUSED fail, with their message.
+    Mutation this catches: refusing --seed outright (in ConvertConfig.__post_init__, add
+    `problems.append("--seed refused")` when `self.seed != 42`); before, a failed run counted as
+    "the output changed" and the [seed] case passed. Take it out again to pass."""
     base, changed = CASES[flag.dest](Inputs(tmp_path))
     before = _published(base, tmp_path / "before")
     after = _published(changed, tmp_path / "after")
+    assert not after.startswith("failed"), (flag.name, after)
+    if flag.dest in REFUSED:
+        assert before.startswith("failed") and REFUSED[flag.dest] in before, (flag.name, before)
+    else:
+        assert not before.startswith("failed"), (flag.name, before)
     if flag.changes_output:
         assert before != after, (
             f"--{flag.name} is marked as changing the output, yet two runs published the same"
         )
     else:
-        assert before == after and not before.startswith("failed"), (flag.name, before, after)
+        assert before == after, (flag.name, before, after)
