@@ -220,9 +220,7 @@ def test_dataflow_preflight_refuses_what_workers_cannot_use(parquet_source: str)
     dataflow_preflight(PipelineOptions([*DATAFLOW, "--dry_run=True"]), local, files)
     bad_temp = [*DATAFLOW[:-1], "--temp_location=/tmp/x"]
     with pytest.raises(RecordForgeError, match="--temp_location must be a gs:// path"):
-        dataflow_preflight(
-            PipelineOptions(bad_temp), ("gs://b/*.parquet", "gs://b/o"), files
-        )
+        dataflow_preflight(PipelineOptions(bad_temp), ("gs://b/*.parquet", "gs://b/o"), files)
     # Not Dataflow: nothing to check.
     dataflow_preflight(PipelineOptions([]), local, files)
 

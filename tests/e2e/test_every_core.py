@@ -10,8 +10,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from recordforge.pipelines import workers as workers_module
 from recordforge.pipelines.convert import run
+from recordforge.runners import workers as workers_module
 
 
 @pytest.mark.parametrize("small", [True, False], ids=["small", "large"])

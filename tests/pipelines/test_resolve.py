@@ -12,8 +12,8 @@ from apache_beam.options.pipeline_options import DirectOptions, StandardOptions
 
 from recordforge.errors import RecordForgeError, UsageError
 from recordforge.pipelines import inputs as inputs_module
-from recordforge.pipelines import workers as workers_module
 from recordforge.pipelines.resolve import DEFAULT_RUNNER, request_from_argv, request_from_kwargs, resolve
+from recordforge.runners import workers as workers_module
 from recordforge.sources import probe as source_probe
 
 

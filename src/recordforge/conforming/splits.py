@@ -10,7 +10,7 @@ import pyarrow as pa
 
 from recordforge.arrays import binary_parts
 
-__all__ = ["SplitSpec", "assign_by_hash", "assign_by_value", "in_split"]
+__all__ = ["SplitSpec", "assign_by_hash", "assign_by_value", "in_split", "split_index"]
 
 
 @dataclass(frozen=True)
@@ -25,6 +25,12 @@ class SplitSpec:
 def in_split(keyed: tuple[tuple[str, str, int], object], name: str) -> bool:
     """Whether a `((split, file, first_row), records)` element belongs to split `name`."""
     return keyed[0][0] == name
+
+
+def split_index(keyed: tuple[tuple[str, str, int], object], count: int, names: tuple[str, ...]) -> int:
+    """`beam.Partition`'s function: the place in `names` of a `((split, file, first_row),
+    records)` element's split; an element of no split named there is a bug, not a row to drop."""
+    return names.index(keyed[0][0])
 
 
 def assign_by_hash(keys: pa.Array, spec: SplitSpec) -> np.ndarray:

@@ -33,7 +33,7 @@ import apache_beam as beam
 import pyarrow as pa
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from recordforge.conforming.splits import in_split
+from recordforge.conforming.splits import split_index
 from recordforge.errors import RecordForgeError, TypesChanged, UsageError
 from recordforge.files import layout
 from recordforge.files.layout import new_version
@@ -41,7 +41,6 @@ from recordforge.files.storage import is_local, list_files
 from recordforge.output.publishing import Publication, finish_interrupted_commit
 from recordforge.output.state import OutputState, check_output_path, read_state
 from recordforge.pipelines.config import ConvertConfig
-from recordforge.pipelines.inputs import Inputs
 from recordforge.pipelines.resolve import (
     DEFAULT_RUNNER,
     Request,
@@ -51,8 +50,7 @@ from recordforge.pipelines.resolve import (
     retyped,
 )
 from recordforge.runners import startup
-from recordforge.runners.session import discard, session
-from recordforge.runners.traits import RunnerTraits
+from recordforge.runners.adapter import discard
 from recordforge.runners.unwrap import from_worker
 from recordforge.transforms.bundle import BundleSpec, RunFacts, WriteBundle, rule_of
 from recordforge.transforms.coders import declare_element_type
@@ -222,9 +220,11 @@ def _write_shards(run: Run, examples: beam.PCollection) -> beam.PCollection:
             placed=placed.get("data"),
         )
         return examples | "WriteTFRecords" >> writer
+    names = run.splits.names
+    # One pass over the stream: each element goes to its split's writer.
+    by_split = examples | "SplitInto" >> beam.Partition(split_index, len(names), names)
     written = []
-    for name in run.splits.names:
-        chosen = examples | f"Select[{name}]" >> beam.Filter(in_split, name)
+    for name, chosen in zip(names, by_split, strict=True):
         chosen = declare_element_type(chosen, examples.element_type)  # keeps the batches' coder
         into = layout.join(run.root, name)
         written.append(
@@ -307,17 +307,19 @@ def _up_to_date(run: Run, published: dict[str, Any]) -> dict[str, Any]:
     return {**published, "skipped": True}
 
 
-def _progress(traits: RunnerTraits, inputs: Inputs) -> contextlib.AbstractContextManager[object]:
+def _progress(run: Run) -> contextlib.AbstractContextManager[object]:
     """The run's session (runners/session.py): its workers' folders, and a progress line while
     RecordForge's local runner converts, with the total rows where they are known cheaply:
     Parquet footers of local files, an image listing."""
+
+    inputs = run.inputs
 
     def total() -> int | None:
         if inputs.folder is not None:
             return int(inputs.folder.count)
         return inputs.rows
 
-    return session(traits, total=total)
+    return run.runner.session(run.traits, total=total)
 
 
 def _remove_if_empty(folder: str) -> None:
@@ -351,7 +353,7 @@ def _run_once(pipeline: beam.Pipeline, run: Run) -> dict[str, Any]:
                 resume=run.resuming.journal() if run.resuming is not None else None,
                 kept=run.resuming.reuse.files if run.resuming and run.resuming.reuse else None,
             ) as publication,
-            _progress(run.traits, run.inputs),
+            _progress(run),
         ):
             assert publication.state is not None
             # Another run may have published since `state` was read: it decides again.
@@ -396,17 +398,15 @@ def _finish_killed_commit(config: ConvertConfig, state: OutputState | None) -> N
 
 
 def convert(request: Request) -> tuple[Run | None, dict[str, Any]]:
-    """Runs the conversion `request` asks for and publishes it (publishing.py): the run
-    as resolved (None for a dry run) and the published metadata, or with --dry_run=True (Dataflow
-    only) the summary of the job built offline (runners/dryrun.py), the output untouched."""
+    """Runs the conversion `request` asks for and publishes it (publishing.py): the run as
+    resolved (None for a dry run) and the published metadata, or with --dry_run=True the summary
+    of the job the runner adapter built offline (runners/dryrun.py), the output untouched."""
     discard(_pipeline(request.options))  # Beam validates the options first, before the inputs are read
     if request.dry_run:
-        from recordforge.runners.dryrun import dry_run
-
         # The job is built offline and summarised; the output is not looked at (on gs:// even a
         # listing would need credentials), so --overwrite and --if_changed are not checked.
         run = resolve(request.options, request.config, look_at_output=False, every_core=request.every_core)
-        return None, dry_run(
+        return None, run.runner.build_offline(
             _pipeline(run.options),
             lambda p: build(p, run),
             output=run.config.output,

@@ -28,7 +28,6 @@ from recordforge.errors import RecordForgeError, UsageError
 from recordforge.output.publishing import Publication
 from recordforge.output.state import read_state
 from recordforge.pipelines.resolve import Run, request_from_kwargs, resolve
-from recordforge.runners.session import session
 
 __all__ = ["Conversion", "add_conversion"]
 
@@ -53,7 +52,7 @@ class Conversion:
         but with no lock against another run and no cleanup if it fails."""
         publication = Publication(self.resolved.config.target, self.resolved.version)
         try:
-            with publication, session(self.resolved.traits):
+            with publication, self.resolved.runner.session(self.resolved.traits):
                 yield
         finally:
             if publication.published is not None:

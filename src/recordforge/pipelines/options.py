@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import argparse
 import difflib
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from recordforge.errors import UsageError
 from recordforge.pipelines.flags import add_flags
+from recordforge.runners.adapter import declare_runner_flags
 
 __all__ = ["ConvertOptions", "beam_flag_names", "check_flags"]
 
@@ -73,17 +74,6 @@ def _parser() -> _CheckingParser:
     return parser
 
 
-def _load_dask_options() -> None:
-    """Beam declares its Dask flags (--dask_client_address, ...) only once its Dask runner module
-    is imported; RecordForge's runner imports it."""
-    try:
-        import recordforge.runners.dask_runner  # noqa: F401
-    except ImportError as exn:
-        raise UsageError(
-            f"the Dask runner needs dask[distributed] ({exn}): pip install 'recordforge[dask]'"
-        ) from exn
-
-
 def check_flags(argv: list[str]) -> None:
     """Raises UsageError for a flag that neither RecordForge nor Beam knows (with the nearest
     known name), a value a flag does not accept, or a stray argument (a shell-expanded glob).
@@ -91,8 +81,7 @@ def check_flags(argv: list[str]) -> None:
     Beam only warns about unknown flags and drops them, so a typo such as `--num-shards 2` would
     otherwise convert with the default and exit 0. Pure: calling it twice is harmless.
     """
-    if any("dask" in a.lower() for a in argv):
-        _load_dask_options()
+    declare_runner_flags(argv)
     parser = _parser()
     _, unknown = parser.parse_known_args(list(argv))
     if not unknown:
@@ -112,9 +101,8 @@ def check_flags(argv: list[str]) -> None:
     )
 
 
-def beam_flag_names(dask: bool = False) -> set[str]:
-    """Every flag Beam would parse (`--name`), RecordForge's among them; with `dask`, the Dask
-    runner's too (declared only once its module is imported)."""
-    if dask:
-        _load_dask_options()
+def beam_flag_names(given: Iterable[str] = ()) -> set[str]:
+    """Every flag Beam would parse (`--name`), RecordForge's among them, and those of the runner
+    the `given` flag names point to (the Dask runner declares its own once imported)."""
+    declare_runner_flags(given)
     return set(_parser().flag_names)

@@ -7,18 +7,10 @@ import dataclasses
 import difflib
 import logging
 import math
-import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from apache_beam.options.pipeline_options import (
-    DirectOptions,
-    GoogleCloudOptions,
-    PipelineOptions,
-    StandardOptions,
-    TestOptions,
-    TypeOptions,
-)
+from apache_beam.options.pipeline_options import PipelineOptions
 
 from recordforge.conforming.splits import SplitSpec
 from recordforge.errors import RecordForgeError, UsageError
@@ -31,10 +23,8 @@ from recordforge.pipelines.flags import FLAGS, Flag
 from recordforge.pipelines.inputs import Inputs, resolve_inputs
 from recordforge.pipelines.options import ConvertOptions, beam_flag_names, check_flags
 from recordforge.pipelines.resuming import Resuming, plan_resume
-from recordforge.pipelines.workers import given, one_worker, small_input, use_every_core
 from recordforge.records.shard_spec import ShardSpec, Sizing
-from recordforge.runners.dryrun import dataflow_preflight
-from recordforge.runners.session import LOCAL_RUNNER, runner_name, runner_traits
+from recordforge.runners.adapter import DEFAULT_RUNNER, RunnerAdapter, prepare_options
 from recordforge.runners.traits import RunnerTraits
 from recordforge.schemas import Plan
 from recordforge.transforms.sequence_keys import partitions_for
@@ -47,16 +37,10 @@ __all__ = [
     "request_from_kwargs",
     "resolve",
     "retyped",
+    "shard_spec",
 ]
 
 _LOGGER = logging.getLogger("recordforge.pipelines.convert")  # the messages users know
-# A GCS object path as Dataflow takes it: gs://bucket/object, the bucket named as GCS allows.
-_GCS_PATH = re.compile(r"gs://[a-z0-9][-_a-z0-9.]{1,61}[a-z0-9]/.+", re.DOTALL)
-
-# Beam's FnApiRunner (what DirectRunner ends up using for batch pipelines, without first trying,
-# and offline failing, to download the Prism runner binary), with multi_processing workers that
-# are forked rather than started from scratch (runners/local_runner.py).
-DEFAULT_RUNNER = LOCAL_RUNNER
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,7 +54,7 @@ class Request:
 
     @property
     def dry_run(self) -> bool:
-        return bool(self.options.view_as(TestOptions).dry_run)
+        return RunnerAdapter(self.options).dry_run
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,6 +76,7 @@ class Run:
     preprocessing: bool  # the schema declares a `transform:`, or --preprocessing_fn is given
     fit_split: str | None  # the split analyzers are fitted on (None: all rows)
     shards: dict[str, ShardSpec]  # how each split's writer ("data" without splits) sizes shards
+    runner: RunnerAdapter  # everything runner-specific, asked of one object (runners/adapter.py)
     traits: RunnerTraits  # the runner as the transforms are told it (runners/session.py)
     # Partitions of the key hash a sequence run's rows are grouped in (0: no `sequence:` block),
     # and where they wait for the grouping on a runner that holds it in memory (None: they don't).
@@ -116,7 +101,7 @@ def request_from_argv(argv: Sequence[str]) -> Request:
     neither RecordForge nor Beam knows is refused with the nearest known name."""
     argv = list(argv)
     check_flags(argv)
-    options, every_core = _pipeline_options(PipelineOptions(argv), explicit=argv)
+    options, every_core = prepare_options(PipelineOptions(argv), explicit=argv)
     config = ConvertConfig.from_options(options.view_as(ConvertOptions), tuple(argv))
     return Request(options, _with_span(config), every_core)
 
@@ -139,7 +124,7 @@ def request_from_kwargs(
         "schema_path": schema,
     }
     beam_values: dict[str, Any] = {}
-    beam_names = beam_flag_names(any("dask" in name for name in flags)) - {f"--{f.name}" for f in FLAGS}
+    beam_names = beam_flag_names(flags) - {f"--{f.name}" for f in FLAGS}
     for name, value in flags.items():
         flag = by_name.get(name)
         if flag is not None and flag.dest not in ("sources", "output", "schema_path"):
@@ -154,7 +139,7 @@ def request_from_kwargs(
             hint = f"; did you mean {guesses[0]}?" if guesses else ""
             raise UsageError(f"unknown option {name}{hint}")
     command = ("recordforge.convert", *(f"{k}={v!r}" for k, v in flags.items()))
-    options, every_core = _pipeline_options(PipelineOptions([], **beam_values), explicit=list(beam_values))
+    options, every_core = prepare_options(PipelineOptions([], **beam_values), explicit=list(beam_values))
     return Request(options, _with_span(ConvertConfig(**values, command=command)), every_core)
 
 
@@ -183,49 +168,6 @@ def _typed(flag: Flag, value: object) -> object:
     if flag.type is float and isinstance(value, int | float):
         return float(value)
     return value
-
-
-def _pipeline_options(options: PipelineOptions, *, explicit: Sequence[str]) -> tuple[PipelineOptions, bool]:
-    """Beam's options with RecordForge's defaults (its local runner, on every core; no
-    construction-time type check unless asked for) and the combinations refused before Beam would
-    act on them; and whether the local workers were left to RecordForge (`Request.every_core`)."""
-    standard = options.view_as(StandardOptions)
-    # None: RecordForge's local runner; Beam's own DaskRunner loses outputs, RecordForge's
-    # corrects it (runners/dask_runner.py).
-    every_core = standard.runner is None and not (
-        given(explicit, "direct_num_workers") or given(explicit, "direct_running_mode")
-    )
-    if standard.runner is None:
-        use_every_core(options.view_as(DirectOptions), explicit)
-    standard.runner = runner_name(standard.runner)
-    if not given(explicit, "pipeline_type_check"):
-        # Beam's construction-time type check is a noticeable part of a small job and checks
-        # nothing here: elements are Arrow batches and dataclasses its hints cannot see.
-        options.view_as(TypeOptions).pipeline_type_check = False
-    if options.view_as(DirectOptions).direct_running_mode == "multi_threading":
-        raise UsageError(
-            "--direct_running_mode=multi_threading is refused: Beam's multi-threaded mode can lose "
-            "rows and still succeed. Use in_memory (default) or multi_processing"
-        )
-    dataflow = "dataflow" in str(standard.runner).lower()
-    if options.view_as(TestOptions).dry_run and not dataflow:
-        # Only the Dataflow runner reads --dry_run: any other would run the pipeline for real.
-        raise UsageError(
-            "--dry_run=True builds a Dataflow job without submitting it: it needs --runner DataflowRunner"
-        )
-    if dataflow:
-        # Checked before Beam validates the options: without a valid gs:// temp location Beam
-        # tries to create a default bucket, which first waits on credential look-ups (and a dry
-        # run would then need the network).
-        temp = options.view_as(GoogleCloudOptions).temp_location
-        if not temp:
-            raise UsageError("--temp_location is required for Dataflow: a gs://bucket/path")
-        if not _GCS_PATH.fullmatch(temp):
-            raise UsageError(
-                f"--temp_location {temp!r}: not a gs://bucket/path (bucket names are lower-case "
-                "letters, digits, '-', '_' and '.')"
-            )
-    return options, every_core
 
 
 def _with_span(config: ConvertConfig) -> ConvertConfig:
@@ -275,28 +217,32 @@ def resolve(
     if inputs is None:
         compares = config.if_changed or config.append
         inputs = resolve_inputs(config, first_rows=look_at_output and not compares)
-    if every_core and small_input(inputs):
-        one_worker(options)
+    runner = RunnerAdapter(options, every_core)
+    runner.fit_workers(
+        images=int(inputs.folder.count) if inputs.folder is not None else None,
+        rows=inputs.rows,
+        sizes=[f.size for f in inputs.files],
+    )
     if state is not None and config.append:
         appending = plan_append(config, inputs, state.published)
         if appending is not None and not appending.new_files:
-            return _run(options, config, inputs, state, up_to_date=state.published)
+            return _run(runner, config, inputs, state, up_to_date=state.published)
         if appending is not None:
-            return _run(options, config, inputs, state, appending=appending)
+            return _run(runner, config, inputs, state, appending=appending)
     if state is not None and config.if_changed:
         if state.published is not None and state.published.get("input_fingerprint") == inputs.fingerprint:
-            return _run(options, config, inputs, state, up_to_date=state.published)
+            return _run(runner, config, inputs, state, up_to_date=state.published)
         check_state(state, overwrite=config.overwrite, if_changed=True)
-    return _run(options, config, inputs, state)
+    return _run(runner, config, inputs, state)
 
 
 def retyped(run: Run) -> Run:
     """`run` again under a new version, its CSV types inferred from every row of the file."""
-    return _run(run.options, run.config, resolve_inputs(run.config), run.state, appending=run.appending)
+    return _run(run.runner, run.config, resolve_inputs(run.config), run.state, appending=run.appending)
 
 
 def _run(
-    options: PipelineOptions,
+    runner: RunnerAdapter,
     config: ConvertConfig,
     inputs: Inputs,
     state: OutputState | None,
@@ -310,7 +256,7 @@ def _run(
     check_not_inside(config.output, [f.path for f in files], "the input")
     if config.schema_path:
         check_not_inside(config.output, [config.schema_path], "--schema")
-    dataflow_preflight(options, (*config.sources, config.output), files)
+    runner.preflight((*config.sources, config.output), files)
     splits = config.split_spec(plan)
     if plan.schema.sequence is not None and (
         config.split_key or config.split_column or config.preprocessing_fn
@@ -350,13 +296,14 @@ def _run(
     )
     version = resuming.reuse.version if resuming.reuse is not None else new_version()
     root = version_root(config.output, version)
-    traits = runner_traits(options)
+    traits = runner.traits()
     partitions, spill_dir = 0, None
     if plan.schema.sequence is not None:
         partitions = partitions_for(sum(f.size or 0 for f in files))
         spill_dir = layout.temp_dir(root) if traits.spill else None
     return Run(
-        options=options,
+        options=runner.options,
+        runner=runner,
         config=config,
         inputs=inputs,
         state=state,

@@ -7,8 +7,6 @@ from collections.abc import Sequence
 
 from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions
 
-from recordforge.pipelines.inputs import Inputs
-
 __all__ = [
     "CORES_PER_WORKER",
     "SMALL_BYTES",
@@ -55,14 +53,13 @@ SMALL_BYTES = 32 << 20
 SMALL_IMAGES = 10_000
 
 
-def small_input(inputs: Inputs) -> bool:
-    """Whether `inputs` are known, cheaply, to be a small conversion: rows from the Parquet
-    footers, else the files' sizes, an image folder's count."""
-    if inputs.folder is not None:
-        return int(inputs.folder.count) < SMALL_IMAGES
-    if inputs.rows is not None:
-        return inputs.rows < SMALL_ROWS
-    sizes = [f.size for f in inputs.files]
+def small_input(*, images: int | None, rows: int | None, sizes: Sequence[int | None]) -> bool:
+    """Whether an input is known, cheaply, to be a small conversion: an image folder's count, else
+    rows from the Parquet footers, else the files' sizes (`None` where not listed)."""
+    if images is not None:
+        return images < SMALL_IMAGES
+    if rows is not None:
+        return rows < SMALL_ROWS
     return all(size is not None for size in sizes) and sum(s or 0 for s in sizes) < SMALL_BYTES
 
 
