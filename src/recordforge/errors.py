@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 __all__ = [
+    "CorruptFile",
     "DataError",
     "Interrupted",
     "RecordForgeError",
@@ -33,6 +34,11 @@ class Interrupted(BaseException):
 
     def __str__(self) -> str:
         return f"interrupted by signal {self.signum}"
+
+
+class CorruptFile(RecordForgeError, ValueError):
+    """A file being read is damaged, or is not what it claims to be: the message names the file
+    and the record (or byte) where that shows."""
 
 
 class SchemaError(RecordForgeError, ValueError):

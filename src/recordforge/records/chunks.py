@@ -10,7 +10,14 @@ import numpy as np
 
 from recordforge.records import _native, array_records
 from recordforge.records.crc32c import masked_crc32c
-from recordforge.records.tfrecord import CorruptRecord, decompressed_chunks, detect_compression, framed
+from recordforge.records.tfrecord import (
+    MAX_RECORD_BYTES,
+    CorruptRecord,
+    RecordBound,
+    decompressed_chunks,
+    detect_compression,
+    framed,
+)
 
 __all__ = ["RecordChunk", "data_crc_mismatches", "read_record_chunks"]
 
@@ -44,27 +51,34 @@ class RecordChunk:
 
 
 def _frame(
-    path: str, data: bytes, base: int, raw_bytes: int, final: bool
-) -> tuple[RecordChunk, bytes, str | None]:
+    data: bytes, base: int, raw_bytes: int, final: bool, bound: RecordBound
+) -> tuple[RecordChunk, bytes, str | None, int]:
     """The whole records at the front of `data` whose length CRC holds, the bytes after them,
-    and what is wrong at the first byte not taken (None: only an incomplete record, more to come)."""
+    what is wrong at the first byte not taken (None: only an incomplete record, more to come),
+    and how many bytes that incomplete record needs in all (its header's length, once read)."""
     # One C loop hops from length field to length field, checking each one's CRC: record
     # boundaries depend on every length before them.
     found, used, bad = _native.find_records(data)
     heads = np.frombuffer(found, np.int64)
     lengths = np.diff(heads, append=used) - 16
     problem = None
+    needed = 12
     if bad:
         problem = "corrupt length (CRC mismatch)"
     elif used < len(data):
         tail = data[used : used + 12]
-        if len(tail) == 12 and struct.unpack("<I", tail[8:])[0] != masked_crc32c(tail[:8]):
-            problem = "corrupt length (CRC mismatch)"  # else a garbage length would keep it waiting
-        elif final:
+        if len(tail) == 12:
+            if struct.unpack("<I", tail[8:])[0] != masked_crc32c(tail[:8]):
+                problem = "corrupt length (CRC mismatch)"  # else a garbage length would keep it waiting
+            else:
+                (length,) = struct.unpack("<Q", tail[:8])
+                problem = bound.problem(base + used, length)
+                needed = length + 16
+        if problem is None and final:
             problem = "truncated record header" if len(tail) < 12 else "truncated record"
     # The chunk is a view of `data` (its pieces, its readers' views: one copy of the bytes in all).
     chunk = RecordChunk(memoryview(data)[:used], base, heads, lengths, raw_bytes)
-    return chunk, data[used:], problem
+    return chunk, data[used:], problem, needed
 
 
 def read_record_chunks(
@@ -73,16 +87,19 @@ def read_record_chunks(
     *,
     on_raw: Callable[[bytes], None] | None = None,
     chunk_bytes: int = 8 << 20,
+    max_record_bytes: int = MAX_RECORD_BYTES,
 ) -> Iterator[RecordChunk]:
     """The records of a file in chunks of about `chunk_bytes`, streaming in bounded memory, every
     length CRC checked (data CRCs: `data_crc_mismatches`, where the chunk is used). Raises
-    CorruptRecord after the last good chunk, at the first bad frame, as `read_records` does.
+    CorruptRecord after the last good chunk, at the first bad frame, as `read_records` does, and
+    at a header whose length the file cannot hold (`RecordBound`).
     ArrayRecord files (compression "array_record") come framed as TFRecords, so that one chunk
     layout serves every tool (riegeli checks its own chunks' hashes as it reads them)."""
     compression = compression or detect_compression(path)
     if compression == array_records.ARRAY_RECORD:
         yield from _array_record_chunks(path, on_raw, chunk_bytes)
         return
+    bound = RecordBound(path, compression, max_record_bytes)
     base = 0
     records = 0
     raw_seen = 0
@@ -96,12 +113,15 @@ def read_record_chunks(
 
     pieces: list[bytes] = []
     size = 0
-    for piece in decompressed_chunks(path, compression or detect_compression(path), count_raw):
+    needed = 0  # what the record left incomplete at the last framing needs in all
+    for piece in decompressed_chunks(path, compression, count_raw):
         pieces.append(piece)
         size += len(piece)
-        if size < chunk_bytes:
+        # Framed again only once that record can be whole: framing joins the pieces, and
+        # joining at every read is quadratic in a long record.
+        if size < max(chunk_bytes, needed):
             continue
-        chunk, pending, problem = _frame(path, b"".join(pieces), base, raw_seen - raw_at_last, False)
+        chunk, pending, problem, needed = _frame(b"".join(pieces), base, raw_seen - raw_at_last, False, bound)
         pieces, size = [pending], len(pending)
         raw_at_last = raw_seen
         chunk.first_record = records
@@ -111,7 +131,7 @@ def read_record_chunks(
         if problem:
             raise CorruptRecord(path, base + len(chunk.data), problem)
         base += len(chunk.data)
-    chunk, pending, problem = _frame(path, b"".join(pieces), base, raw_seen - raw_at_last, True)
+    chunk, pending, problem, _ = _frame(b"".join(pieces), base, raw_seen - raw_at_last, True, bound)
     chunk.first_record = records
     if len(chunk) or chunk.raw_bytes:
         yield from _split(chunk, chunk_bytes)

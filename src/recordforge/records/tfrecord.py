@@ -11,9 +11,9 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from recordforge.errors import RecordForgeError
+from recordforge.errors import CorruptFile
 from recordforge.files import layout
-from recordforge.files.storage import open_read
+from recordforge.files.storage import open_read, stat
 from recordforge.records import _native, array_records
 from recordforge.records.crc32c import masked_crc32c
 from recordforge.records.file_kinds import looks_like
@@ -21,6 +21,8 @@ from recordforge.records.file_kinds import looks_like
 __all__ = [
     "Compression",
     "CorruptRecord",
+    "MAX_RECORD_BYTES",
+    "RecordBound",
     "FileDigest",
     "decompressed_chunks",
     "detect_compression",
@@ -36,6 +38,12 @@ __all__ = [
 # File bytes per read: a few reads per shard, and buffers small enough to stay cheap to copy and
 # fault in once inflated.
 _READ_CHUNK = 256 << 10
+# Inflated bytes per piece: a few reads' worth of ordinary data, and a bound on what one read of
+# a decompression bomb inflates before its record header is seen.
+_INFLATED_PIECE = 4 << 20
+# The longest record a reader gathers: protobuf parses no message of 2 GiB or more, so no
+# tf.train.Example is longer.
+MAX_RECORD_BYTES = (2 << 30) - 1
 
 
 class Compression:
@@ -91,7 +99,7 @@ def frame_records(records: pa.Array) -> pa.Array:
     )
 
 
-class CorruptRecord(RecordForgeError, ValueError):
+class CorruptRecord(CorruptFile):
     """A record whose framing or CRC is wrong; `offset` is its byte offset in the decompressed
     stream. At offset 0 the file is most likely not a TFRecord file at all, and says so."""
 
@@ -131,6 +139,9 @@ def detect_compression(path: str) -> str:
 def decompressed_chunks(
     path: str, compression: str, on_raw: Callable[[bytes], None] | None = None
 ) -> Iterator[bytes]:
+    """The file's bytes, inflated where it is compressed, in pieces of at most _INFLATED_PIECE
+    bytes: a read of zeros inflates a thousandfold, and a reader must see the length in a
+    record's header before the rest of a crafted stream is inflated."""
     from isal import isal_zlib  # zlib-compatible, several times faster to inflate
 
     inflate = None
@@ -143,11 +154,16 @@ def decompressed_chunks(
                 if on_raw is not None:
                     on_raw(raw)
                 read += len(raw)
-                yield inflate.decompress(raw) if inflate else raw
-                while inflate and inflate.unused_data:  # concatenated gzip members
-                    rest = inflate.unused_data
-                    inflate = isal_zlib.decompressobj(47)
-                    yield inflate.decompress(rest)
+                if inflate is None:
+                    yield raw
+                    continue
+                data = raw
+                while data:
+                    yield inflate.decompress(data, _INFLATED_PIECE)
+                    data = inflate.unconsumed_tail
+                    if not data and inflate.unused_data:  # concatenated gzip members
+                        data = inflate.unused_data
+                        inflate = isal_zlib.decompressobj(47)
         if inflate:
             yield inflate.flush()
             if not inflate.eof:  # a deflate stream cut short, its gzip trailer (CRC, size) missing
@@ -157,6 +173,33 @@ def decompressed_chunks(
         # Offsets count decompressed bytes, unknown here: the first chunk stands for the start.
         offset = 0 if read <= _READ_CHUNK else read
         raise CorruptRecord(path, offset, f"invalid {compression} stream: {exn}") from exn
+
+
+class RecordBound:
+    """How long a record read from a file can be: at most `max_record_bytes`, and in an
+    uncompressed file no longer than the bytes after its header (a compressed file's are
+    known only once inflated, so the limit alone holds there). Checked on the length in each
+    header before a byte of the record is gathered."""
+
+    def __init__(self, path: str, compression: str, max_record_bytes: int = MAX_RECORD_BYTES) -> None:
+        self._path = path
+        self._compression = compression
+        self._max = max_record_bytes
+        self._size: int | None = None
+
+    def problem(self, offset: int, length: int) -> str | None:
+        """What is wrong with a header at `offset` (in the decompressed stream) claiming
+        `length` bytes; None where the record can be there."""
+        if length > self._max:
+            return f"record length {length} over the limit of {self._max} bytes (max_record_bytes)"
+        if self._compression != "none" or length <= _READ_CHUNK:
+            return None  # a short record: the read finds out, no need to ask for the size
+        if self._size is None:
+            self._size = stat(self._path).size
+        left = max(self._size - offset - 12, 0)
+        if length + 4 > left:
+            return f"truncated record (its header claims {length} bytes, {left} follow)"
+        return None
 
 
 class _Stream:
@@ -169,12 +212,14 @@ class _Stream:
         self.offset = 0
 
     def read(self, n: int) -> bytes:
-        while len(self._buf) - self._pos < n:
-            more = next(self._chunks, None)
-            if more is None:
-                break
-            self._buf = self._buf[self._pos :] + more
-            self._pos = 0
+        if len(self._buf) - self._pos < n:
+            # Gathered and joined once: joining at every chunk is quadratic in a long record.
+            parts = [self._buf[self._pos :]]
+            have = len(parts[0])
+            while have < n and (more := next(self._chunks, None)) is not None:
+                parts.append(more)
+                have += len(more)
+            self._buf, self._pos = b"".join(parts), 0
         out = self._buf[self._pos : self._pos + n]
         self._pos += len(out)
         self.offset += len(out)
@@ -187,14 +232,18 @@ def read_records(
     *,
     check_crc: bool = True,
     on_raw: Callable[[bytes], None] | None = None,
+    max_record_bytes: int = MAX_RECORD_BYTES,
 ) -> Iterator[tuple[int, bytes]]:
     """(offset, record) for each record, streaming in bounded memory. Raises CorruptRecord at the
-    first bad frame or CRC, naming its offset. `on_raw` sees the file's bytes as read (to hash).
-    An ArrayRecord file (compression "array_record") gives (index, record)."""
-    if (compression or detect_compression(path)) == array_records.ARRAY_RECORD:
+    first bad frame or CRC, naming its offset, and at a header whose length the file cannot hold
+    (`RecordBound`). `on_raw` sees the file's bytes as read (to hash). An ArrayRecord file
+    (compression "array_record") gives (index, record)."""
+    compression = compression or detect_compression(path)
+    if compression == array_records.ARRAY_RECORD:
         yield from _array_records(path, on_raw)
         return
-    stream = _Stream(decompressed_chunks(path, compression or detect_compression(path), on_raw))
+    stream = _Stream(decompressed_chunks(path, compression, on_raw))
+    bound = RecordBound(path, compression, max_record_bytes)
     while True:
         offset = stream.offset
         head = stream.read(12)
@@ -205,6 +254,9 @@ def read_records(
         (length,) = struct.unpack("<Q", head[:8])
         if check_crc and struct.unpack("<I", head[8:])[0] != masked_crc32c(head[:8]):
             raise CorruptRecord(path, offset, "corrupt length (CRC mismatch)")
+        too_long = bound.problem(offset, length)
+        if too_long:
+            raise CorruptRecord(path, offset, too_long)
         body = stream.read(length + 4)
         if len(body) < length + 4:
             raise CorruptRecord(path, offset, "truncated record")
