@@ -103,47 +103,75 @@ def decode_batch(
             ends=b_ends[b0:b1],
         )
     batch = Batch(n, columns)
-    for r in np.flatnonzero(slow).tolist():
-        _merge_slow(batch, r, bytes(data[int(starts[r]) : int(ends[r])]), buf)
+    slow_records = np.flatnonzero(slow).tolist()
+    if slow_records:
+        _merge_slow(batch, [(r, bytes(data[int(starts[r]) : int(ends[r])])) for r in slow_records], buf)
     return batch
 
 
-def _merge_slow(batch: Batch, r: int, raw: bytes, buf: np.ndarray) -> None:
-    """One record through protobuf, appended to the batch's columns."""
+@dataclass
+class _SlowEntries:
+    """One feature's entries from the records protobuf parsed, gathered before they are added."""
+
+    rec: list[int] = field(default_factory=list)
+    kind: list[int] = field(default_factory=list)
+    count: list[int] = field(default_factory=list)
+    ints: list[int] = field(default_factory=list)
+    floats: list[float] = field(default_factory=list)
+    starts: list[int] = field(default_factory=list)  # of bytes values, in the batch's new blob
+    ends: list[int] = field(default_factory=list)
+
+
+def _merge_slow(batch: Batch, records: list[tuple[int, bytes]], buf: np.ndarray) -> None:
+    """(index, bytes) records through protobuf, appended to the batch's columns all at once:
+    appended record by record, every column and the chunk's bytes were copied once a record."""
     from recordforge.records.example_pb import parse_example
 
-    try:
-        record = parse_example(raw)
-    except Exception as exn:  # protobuf's DecodeError and friends
-        batch.not_examples.append(r)
-        batch.errors[r] = f"not a tf.train.Example ({exn})"
-        return
     codes = {"none": NONE, "bytes": BYTES, "float": FLOAT, "int64": INT64}
-    for name, (kind, values) in record.items():
+    gathered: dict[str, _SlowEntries] = {}
+    values_bytes: list[bytes] = []
+    at = len(buf)  # where the next bytes value goes in the blob: after the chunk's own bytes
+    for r, raw in records:
+        try:
+            record = parse_example(raw)
+        except Exception as exn:  # protobuf's DecodeError and friends
+            batch.not_examples.append(r)
+            batch.errors[r] = f"not a tf.train.Example ({exn})"
+            continue
+        for name, (kind, values) in record.items():
+            entries = gathered.setdefault(name, _SlowEntries())
+            code = codes[kind]
+            entries.rec.append(r)
+            entries.kind.append(code)
+            entries.count.append(len(values))
+            if code == BYTES:
+                for v in values:
+                    entries.starts.append(at)
+                    values_bytes.append(v)
+                    at += len(v)
+                    entries.ends.append(at)
+            elif code == INT64:
+                entries.ints.extend(values)
+            elif code == FLOAT:
+                entries.floats.extend(values)
+    if not gathered:
+        return
+    blob = buf
+    if values_bytes:
+        blob = np.concatenate(
+            [buf, np.frombuffer(b"".join(values_bytes), np.uint8), np.zeros(_PAD, np.uint8)]
+        )
+    for name, entries in gathered.items():
         col = batch.columns.get(name) or _empty_column(buf)
-        code = codes[kind]
-        blob, starts, ends = col.blob, col.starts, col.ends
-        ints, floats = col.ints, col.floats
-        if code == BYTES and values:
-            joined = b"".join(values)
-            lengths = np.array([len(v) for v in values], np.int64)
-            base = len(blob)
-            blob = np.concatenate([blob, np.frombuffer(joined, np.uint8)])
-            new_starts = base + np.cumsum(lengths) - lengths
-            starts, ends = np.append(starts, new_starts), np.append(ends, new_starts + lengths)
-        elif code == INT64:
-            ints = np.append(ints, np.asarray(values, np.int64))
-        elif code == FLOAT:
-            floats = np.append(floats, np.asarray(values, np.float32))
         batch.columns[name] = Column(
-            np.append(col.rec, r),
-            np.append(col.kind, np.int8(code)),
-            np.append(col.count, len(values)),
-            ints,
-            floats,
+            np.concatenate([col.rec, np.array(entries.rec, np.int64)]),
+            np.concatenate([col.kind, np.array(entries.kind, col.kind.dtype)]),
+            np.concatenate([col.count, np.array(entries.count, np.int64)]),
+            np.concatenate([col.ints, np.array(entries.ints, np.int64)]),
+            np.concatenate([col.floats, np.array(entries.floats, np.float32)]),
             blob,
-            starts,
-            ends,
+            np.concatenate([col.starts, np.array(entries.starts, np.int64)]),
+            np.concatenate([col.ends, np.array(entries.ends, np.int64)]),
         )
 
 

@@ -1,4 +1,4 @@
-"""Feature names of a batch of map entries, found by hash and checked word for word against those met."""
+"""Feature names of a batch of map entries, found by their bytes; 64-bit hashes of short values (stats)."""
 # Design notes: docs/architecture.md, "Module notes".
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ __all__ = ["BYTE_MASKS", "HashIndex", "KeyTable", "key_hash", "words_at"]
 _C1, _C2 = np.uint64(0x9E3779B97F4A7C15), np.uint64(0xBF58476D1CE4E5B9)
 # BYTEBYTE_MASKS[k] keeps the first k bytes of a little-endian word.
 BYTE_MASKS = np.array([(1 << (8 * k)) - 1 for k in range(9)], dtype=np.uint64)
-_MAX_SLOT_BITS = 16
 
 
 def words_at(buf: np.ndarray) -> np.ndarray:
@@ -22,95 +21,29 @@ def words_at(buf: np.ndarray) -> np.ndarray:
 
 
 class KeyTable:
-    """Feature names seen so far. A key is read as 8-byte words (bytes past its end zeroed); the
-    words and length give a hash, the hash a slot in a small table (sized so that no two known
-    names share a slot), and the slot's name is then compared word for word and by length."""
+    """Feature names seen so far, each with its id (its place in `names`), found by their
+    bytes: the table grows by one entry per new name, so its time and memory stay linear in the
+    total size of the names (a crafted file may hold one name of megabytes beside thousands of
+    short ones), and two names share an id only where their bytes are equal."""
 
     def __init__(self, names: Iterable[str] = ()) -> None:
         self.names: list[str] = []
-        self._raw: set[bytes] = set()
-        self._lens = np.zeros(0, np.int64)
-        self._words = np.zeros((0, 1), np.uint64)
-        self._hashes = np.zeros(0, np.uint64)
-        self._slots = np.zeros(1, np.int32) - 1
-        self._shift = np.uint64(63)
+        self._ids: dict[bytes, int] = {}
         for name in names:
-            self._add(name.encode())
-        self._build()
+            self._id(name.encode())
 
-    def _add(self, raw: bytes) -> None:
-        width = max(1, -(-len(raw) // 8))
-        padded = np.frombuffer(raw + b"\0" * (8 * width - len(raw)), "<u8")
-        if width > self._words.shape[1]:
-            grown = np.zeros((len(self._words), width), np.uint64)
-            grown[:, : self._words.shape[1]] = self._words
-            self._words = grown
-        row = np.zeros((1, self._words.shape[1]), np.uint64)
-        row[0, :width] = padded
-        self._words = np.concatenate([self._words, row])
-        self._lens = np.append(self._lens, len(raw))
-        self._hashes = np.append(self._hashes, _hash(self._lens[-1:], [w[None] for w in padded])[0])
-        self.names.append(raw.decode("utf-8", "replace"))
-        self._raw.add(raw)
-
-    def _build(self) -> None:
-        """The smallest table (at least twice the names) in which every known name has a slot
-        of its own; past 2**16 slots (names sharing their top bits that often: never seen), the
-        hashes are searched instead."""
-        n = len(self.names)
-        bits = max(1, (2 * n - 1).bit_length())
-        while bits <= _MAX_SLOT_BITS:
-            slots = (self._hashes >> np.uint64(64 - bits)).astype(np.int64)
-            if len(np.unique(slots)) == n:
-                self._slots = np.full(1 << bits, -1, np.int32)
-                self._slots[slots] = np.arange(n, dtype=np.int32)
-                self._shift = np.uint64(64 - bits)
-                return
-            bits += 1
-        self._slots = None  # type: ignore[assignment]
-
-    def _find(self, h: np.ndarray) -> np.ndarray:
-        if self._slots is not None:
-            return self._slots[(h >> self._shift).astype(np.intp)]
-        order = np.argsort(self._hashes)
-        pos = np.minimum(np.searchsorted(self._hashes[order], h), len(order) - 1)
-        found = order[pos]
-        return np.where(self._hashes[found] == h, found, -1).astype(np.int32)
+    def _id(self, raw: bytes) -> int:
+        found = self._ids.get(raw)
+        if found is None:
+            found = self._ids[raw] = len(self.names)
+            self.names.append(raw.decode("utf-8", "replace"))
+        return found
 
     def lookup(self, buf: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
         """The name index of every key buf[starts[i]:ends[i]] (names met the first time are
-        added). `buf` ends with at least 8 bytes of padding."""
-        if not len(starts):
-            return np.zeros(0, np.int32)
-        lengths = ends - starts
-        words = _key_words(words_at(buf), starts, lengths)
-        h = _hash(lengths, words)
-        ids, ok = self._check(h, lengths, words)
-        if not ok.all():
-            miss = np.flatnonzero(~ok)
-            _, first = np.unique(h[miss], return_index=True)
-            for i in miss[first].tolist():
-                raw = buf[starts[i] : ends[i]].tobytes()
-                if raw not in self._raw:
-                    self._add(raw)
-            self._build()
-            ids, ok = self._check(h, lengths, words)
-            if not ok.all():
-                raise ValueError("two feature names share a hash")  # refuse to merge them
-        return ids
-
-    def _check(
-        self, h: np.ndarray, lengths: np.ndarray, words: list[np.ndarray]
-    ) -> tuple[np.ndarray, np.ndarray]:
-        if not self.names:
-            return np.zeros(len(h), np.int32), np.zeros(len(h), bool)
-        ids = self._find(h)
-        ok = ids >= 0
-        safe = np.where(ok, ids, 0) if not ok.all() else ids
-        ok &= self._lens[safe] == lengths
-        for j in range(min(len(words), self._words.shape[1])):
-            ok &= self._words[safe, j] == words[j]
-        return safe, ok
+        added). A batch asks once per name it holds, not per entry: a dict lookup each."""
+        ids = [self._id(buf[s:e].tobytes()) for s, e in zip(starts.tolist(), ends.tolist(), strict=True)]
+        return np.array(ids, np.int32)
 
 
 def _key_words(w: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> list[np.ndarray]:
