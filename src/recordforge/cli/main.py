@@ -79,10 +79,13 @@ def _convert(argv: list[str]) -> int:
         add_flags(parser)
         parser.print_help()
         return 0
+    from recordforge.pipelines.command_line import check_command_line
+
+    check_command_line(argv)  # before Beam is imported: a typo fails in a fraction of a second
     with startup.heavy_imports():
         from recordforge.pipelines.options import check_flags
 
-        check_flags(argv)  # before the pipeline module is even imported: a typo fails fast
+        check_flags(argv)  # Beam's own parse of what the table cannot check (its value types)
         from recordforge.pipelines.convert import convert
         from recordforge.pipelines.resolve import request_from_argv
 
@@ -120,7 +123,9 @@ def _infer_schema(argv: list[str]) -> int:
         "Print a complete, commented schema YAML for the source's columns. float64 columns "
         "become float32 features (narrow: true), as convert infers them, unless --lossless_float64.",
     )
-    parser.add_argument("source", help="a Parquet or CSV file (or pattern; the first match is used)")
+    where = "a Parquet or CSV file (or pattern; the first match is used)"
+    parser.add_argument("source", nargs="?", default=None, help=f"{where}; or --source, as convert takes it")
+    parser.add_argument("--source", dest="source_flag", default=None, metavar="SOURCE", help=where)
     parser.add_argument(
         "--format", choices=("parquet", "csv"), default=None, help="default: from the file name"
     )
@@ -145,6 +150,9 @@ def _infer_schema(argv: list[str]) -> int:
     # The default since float64 is narrowed by default, as convert infers it; still accepted.
     parser.add_argument("--narrow_float64", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if (args.source is None) == (args.source_flag is None):
+        parser.error("give the source once: as its one argument or as --source")
+    args.source = args.source or args.source_flag
     if (args.sequence_key is None) != (args.sequence_order is None):
         parser.error("--sequence_key and --sequence_order go together")
     from recordforge.files.storage import is_local

@@ -200,6 +200,13 @@ def _preprocess(pipeline: beam.Pipeline, run: Run, rows: beam.PCollection) -> Tr
     )
 
 
+class _BySplit(beam.PartitionFn):
+    """Each `((split, file, first_row), records)` element to its split's writer."""
+
+    def partition_for(self, element: Any, num_partitions: int, names: tuple[str, ...]) -> int:
+        return split_index(element, num_partitions, names)
+
+
 def _write_shards(run: Run, examples: beam.PCollection) -> beam.PCollection:
     """One writer per split ({version}/{split}/{split}-SSSSS-of-NNNNN), or one for all records
     ({version}/data-SSSSS-of-NNNNN), each by its shard spec as resolved; returns their ShardInfos."""
@@ -222,7 +229,7 @@ def _write_shards(run: Run, examples: beam.PCollection) -> beam.PCollection:
         return examples | "WriteTFRecords" >> writer
     names = run.splits.names
     # One pass over the stream: each element goes to its split's writer.
-    by_split = examples | "SplitInto" >> beam.Partition(split_index, len(names), names)
+    by_split = examples | "SplitInto" >> beam.Partition(_BySplit(), len(names), names)
     written = []
     for name, chosen in zip(names, by_split, strict=True):
         chosen = declare_element_type(chosen, examples.element_type)  # keeps the batches' coder
