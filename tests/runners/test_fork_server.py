@@ -78,6 +78,72 @@ def test_a_finished_worker_reports_its_status_and_the_exit_does_not_wait() -> No
     assert proc.stdout.split()[0] == "[0]" and float(proc.stdout.split()[1]) < 1.0, proc.stdout
 
 
+_SIGTERM_AT_MANY_POINTS = """
+import ctypes, random
+
+PR_SET_CHILD_SUBREAPER = 36
+# Every process the fork server leaves (a worker orphaned by its exit) becomes this one's child.
+ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+
+
+def hung(signum, frame):
+    os.write(2, f"round {round_} hung: the fork server did not exit\\n".encode())
+    os._exit(3)
+
+
+signal.signal(signal.SIGALRM, hung)
+rng = random.Random(int(sys.argv[2]))
+slowest = 0.0
+for round_ in range(int(sys.argv[1])):
+    signal.alarm(20)
+    with ForkServer(lambda env: None) as server:
+        # SIGTERM (the exit) lands while the server waits, accepts, forks a worker or reaps it.
+        conns = [request_worker(server.path, {}) for _ in range(rng.randrange(3))]
+        time.sleep(rng.choice([0.0, 0.0, rng.uniform(0, 0.003)]))
+        start = time.monotonic()
+    slowest = max(slowest, time.monotonic() - start)
+    signal.alarm(0)
+    for conn in conns:
+        conn.close()
+left = []
+try:
+    while True:
+        pid, _ = os.waitpid(-1, os.WNOHANG)  # a worker orphaned and ended: reaped here
+        if pid == 0:
+            left = open(f"/proc/self/task/{os.getpid()}/children").read().split()  # still running
+            break
+except ChildProcessError:
+    pass
+print("slowest", round(slowest, 2), "left", left)
+"""
+
+
+def test_sigterm_at_any_point_of_a_serving_fork_server_ends_it_promptly() -> None:
+    """Hundreds of fork servers stopped (SIGTERM, as the runner's exit stops them) at random
+    points: waiting, accepting, forking a worker, reaping one, with both cores kept busy by other
+    processes. Each must exit within its grace, and leave no process behind.
+    Mutation this catches: the SIGTERM handler raising (`def _stop(...): raise _Stop`, as it did):
+    a signal landing during the fork of a worker ran the handler inside logging's at-fork hook
+    (`Exception ignored in: <function _releaseLock>`), the stop was lost, the server served on and
+    the exit waited for it forever ("round N hung"). Put the flag and the wake-up pipe back to pass."""
+    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(os.cpu_count() or 2)]
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-c", _PRELUDE + _SIGTERM_AT_MANY_POINTS, "300", "56"],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+    finally:
+        for p in busy:
+            p.kill()
+            p.wait()
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "Exception ignored" not in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    words = proc.stdout.split()
+    assert words[0] == "slowest" and float(words[1]) < 5.0 and words[2:] == ["left", "[]"], proc.stdout
+
+
 _DRIVER_DIES = """
 def work(env):
     def fail():

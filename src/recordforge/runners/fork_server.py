@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -17,7 +18,7 @@ import threading
 import time
 import traceback
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from recordforge.output.lease import quiet_heartbeats
 from recordforge.progress.live import quiet_watches
@@ -119,18 +120,21 @@ class ForkServer:
         alive, self._alive = os.pipe()
         sys.stdout.flush()
         sys.stderr.flush()
-        with quiet_heartbeats(), quiet_watches():
-            pid = os.fork()
-        if pid == 0:  # the fork server
-            code = 0
-            os.close(self._alive)
-            try:
-                _serve(listener, parent, self._work, alive)
-            except BaseException:  # noqa: BLE001 - a child must never return into the parent
-                traceback.print_exc()
-                code = 1
-            finally:
-                os._exit(code)
+        # Blocked until the server has its own handler: a SIGTERM in between waits for it,
+        # instead of running this process's handler in the server.
+        with _sigterm_blocked():
+            with quiet_heartbeats(), quiet_watches():
+                pid = os.fork()
+            if pid == 0:  # the fork server
+                code = 0
+                os.close(self._alive)
+                try:
+                    _serve(listener, parent, self._work, alive)
+                except BaseException:  # noqa: BLE001 - a child must never return into the parent
+                    traceback.print_exc()
+                    code = 1
+                finally:
+                    os._exit(code)
         listener.close()
         os.close(alive)
         self._pid = pid
@@ -148,12 +152,38 @@ class ForkServer:
         shutil.rmtree(self._dir, ignore_errors=True)
 
 
-class _Stop(Exception):
-    pass
+@contextlib.contextmanager
+def _sigterm_blocked() -> Iterator[None]:
+    """SIGTERM held pending in this thread (delivered on leaving) around a fork: the child
+    installs its own disposition first."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
 
 
-def _stop(signum: int, frame: object) -> None:
-    raise _Stop
+class _StopRequest:
+    """SIGTERM recorded, never raised: a handler's exception lands wherever the interpreter
+    happens to be (inside logging's at-fork hook once, which swallowed it: the stop was lost
+    and the runner waited forever). The handler sets `requested` and writes to a pipe the
+    server's select watches, so that the wait ends at once."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self.wake, self._poke = os.pipe()
+        os.set_blocking(self._poke, False)
+
+    def __call__(self, signum: int, frame: object) -> None:
+        self.requested = True
+        try:
+            os.write(self._poke, b"\0")
+        except BlockingIOError:  # the pipe is full: a wake-up is already pending
+            pass
+
+    def close(self) -> None:
+        os.close(self.wake)
+        os.close(self._poke)
 
 
 # How long a stopped fork server waits for its workers to end before it ends them: a worker
@@ -163,13 +193,12 @@ _GRACE_S = 1.0
 
 
 def _serve(listener: socket.socket, parent: int, work: Work, alive: int) -> None:
-    signal.signal(signal.SIGTERM, _stop)
+    stop = _StopRequest()
+    signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})  # blocked by the fork (above)
     workers: set[int] = set()
-    try:
-        _accept_loop(listener, parent, work, alive, workers)
-    except _Stop:
-        pass
+    _accept_loop(listener, parent, work, alive, workers, stop)
     # Wait for the workers (they end when their work does), so that none is left a zombie and
     # their resource usage counts towards the parent's children; end those left running.
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -189,22 +218,32 @@ def _serve(listener: socket.socket, parent: int, work: Work, alive: int) -> None
         pass
 
 
-def _accept_loop(listener: socket.socket, parent: int, work: Work, alive: int, workers: set[int]) -> None:
-    while os.getppid() == parent:  # gone with the parent, whatever way it ended
-        ready, _, _ = select.select([listener], [], [], 0.5)
+def _accept_loop(
+    listener: socket.socket, parent: int, work: Work, alive: int, workers: set[int], stop: _StopRequest
+) -> None:
+    # Ends on SIGTERM, or with the parent, whatever way it ended.
+    while not stop.requested and os.getppid() == parent:
+        ready, _, _ = select.select([listener.fileno(), stop.wake], [], [], 0.5)
         _reap(workers)
-        if not ready:
+        if listener.fileno() not in ready or stop.requested:
             continue
         conn, _ = listener.accept()
-        env = _receive_env(conn)
+        # A driver sends its request as it connects; one that does not is not waited for long.
+        conn.settimeout(10.0)
+        try:
+            env = _receive_env(conn)
+        except OSError:
+            env = None
         if env is None:
             conn.close()
             continue
-        pid = os.fork()
-        if pid == 0:
-            listener.close()
-            _run(conn, env, work, alive)  # never returns
-        workers.add(pid)
+        with _sigterm_blocked():  # the worker sets its own disposition first (_run)
+            pid = os.fork()
+            if pid == 0:
+                listener.close()
+                stop.close()
+                _run(conn, env, work, alive)  # never returns
+            workers.add(pid)
         conn.close()
 
 
@@ -244,6 +283,8 @@ def _run(conn: socket.socket, env: dict[str, str], work: Work, alive: int) -> No
     (`alive`: the read end of a pipe only the driver writes to)."""
     status = 1
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the fork server's handler is not ours
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})  # blocked by the fork
+    conn.settimeout(None)
     threading.excepthook = functools.partial(_thread_failed, alive, threading.excepthook)
     try:
         work(env)
