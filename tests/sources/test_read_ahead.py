@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import os
 import pickle
+import signal
 import threading
 from collections.abc import Iterator
 
@@ -86,6 +87,83 @@ def test_a_consumer_that_stops_early_stops_and_closes_the_producer(depth: int) -
     del reader
     gc.collect()
     assert closed.is_set() and len(made) <= 1 + depth
+
+
+class _InterruptedStep:
+    """An iterator whose second step sends this process a SIGINT (its consumer is waiting for
+    that step) and then runs on: it records whether it was closed while still running."""
+
+    def __init__(self) -> None:
+        self.interrupted, self.closed = threading.Event(), threading.Event()
+        self.closed_while_running: list[bool] = []
+        self.n = 0
+
+    def __iter__(self) -> Iterator[int]:
+        return self
+
+    def __next__(self) -> int:
+        self.n += 1
+        if self.n == 2:
+            os.kill(os.getpid(), signal.SIGINT)
+            assert self.interrupted.wait(10)
+            # A cleanup that does not wait for this step closes now, within milliseconds; one
+            # that waits closes after it returns. The bound only separates the two.
+            self.closed.wait(1.0)
+            self.closed_while_running.append(self.closed.is_set())
+        return self.n
+
+    def close(self) -> None:
+        self.closed.set()
+
+
+def test_an_interrupt_while_waiting_stays_an_interrupt_and_closes_after_the_running_step() -> None:
+    """Ctrl-C landing while the consumer waits for a step (the step still running on the
+    read-ahead thread): the interrupt is what the consumer raises, and the iterator is closed
+    only once the step has returned (a generator closed while it runs raises "ValueError:
+    generator already executing", which the Parquet source wrapped as a SourceError: the run
+    was then treated as failed and its finished pieces deleted).
+    Mutation this catches: the cleanup as it was, `wait(pending)` (the future being waited on
+    already popped from it) then `items.close()` on the consumer's thread. Put back
+    `_close_after_steps` to pass."""
+    items = _InterruptedStep()
+
+    def interrupt(signum: int, frame: object) -> None:
+        items.interrupted.set()
+        raise KeyboardInterrupt
+
+    before = signal.signal(signal.SIGINT, interrupt)
+    try:
+        ahead = ReadAhead()
+        got = []
+        with pytest.raises(KeyboardInterrupt):
+            for item in ahead(items):
+                got.append(item)
+    finally:
+        signal.signal(signal.SIGINT, before)
+    assert got == [1]
+    assert items.closed_while_running == [False] and items.closed.is_set()
+    ahead.close()
+
+
+def test_an_interrupt_is_not_replaced_by_a_failure_to_close() -> None:
+    """A generator whose close fails (its own cleanup raising) while an interrupt ends the
+    consumer: the interrupt is raised, not the close's failure."""
+
+    def items() -> Iterator[int]:
+        try:
+            yield 1
+            yield 2
+        finally:
+            raise OSError("cleanup failed")
+
+    reader = ReadAhead()(items())
+    assert next(reader) == 1
+    with pytest.raises(KeyboardInterrupt):
+        reader.throw(KeyboardInterrupt)
+    reader = ReadAhead()(items())
+    assert next(reader) == 1
+    with pytest.raises(OSError, match="cleanup failed"):  # without an interrupt it is raised
+        reader.throw(ValueError("downstream"))
 
 
 def test_the_thread_ends_with_its_owner() -> None:

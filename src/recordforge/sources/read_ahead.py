@@ -8,7 +8,7 @@ import threading
 import weakref
 from collections import deque
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future, wait
+from concurrent.futures import Future
 from typing import Any, TypeVar
 
 __all__ = ["ReadAhead"]
@@ -71,15 +71,33 @@ class ReadAhead:
             return next(items, _END)
 
         pending: deque[Future] = deque(self._submit(step) for _ in range(self._depth))
+        stopped: BaseException | None = None
         try:
             while True:
-                item = pending.popleft().result()
+                # Left in `pending` while waited on: an interrupt here leaves its step running.
+                item = pending[0].result()
+                pending.popleft()
                 if item is _END:
                     return
                 pending.append(self._submit(step))
                 yield item
+        except BaseException as exn:
+            stopped = exn
+            raise
         finally:
-            wait(pending)  # a generator cannot be closed while a step runs it
-            close = getattr(items, "close", None)
-            if close is not None:
-                close()
+            self._close_after_steps(items, stopped)
+
+    def _close_after_steps(self, items: Iterator[Any], stopped: BaseException | None) -> None:
+        """Closes `items` on its own thread, after the steps already asked of it: a generator
+        cannot be closed while a step runs it, and an interrupt (Ctrl-C while the consumer
+        waited) leaves one running. An interrupt stays the exception that ends the consumer:
+        a failure to close is then not raised in its place."""
+        close = getattr(items, "close", None)
+        if close is None:
+            return
+        closing = self._submit(close)
+        try:
+            closing.result()
+        except Exception:
+            if stopped is None or isinstance(stopped, Exception | GeneratorExit):
+                raise
