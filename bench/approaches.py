@@ -189,7 +189,7 @@ def tft_census(source: str, output: str, rows: int) -> dict:
 
 def recordforge(source: str, output: str, rows: int, *extra: str) -> dict:
     """The real CLI path: `recordforge convert` on the local default runner, one worker, in a
-    process that, like the command's own, imports Beam lean and freezes its heap (startup.py)."""
+    process that, like the command's own, imports Beam lean and freezes its heap (runners/startup.py)."""
     from recordforge.runners import startup
 
     startup.own_process()

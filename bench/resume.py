@@ -48,7 +48,7 @@ def _run(argv: list[str], env: dict[str, str] | None = None) -> tuple[float, flo
 
 def _convert(argv: list[str]) -> None:
     """`recordforge convert ARGV` timed inside the process, as the command runs it (lean Beam
-    imports, a frozen heap: startup.py); prints {"seconds": ...}."""
+    imports, a frozen heap: runners/startup.py); prints {"seconds": ...}."""
     from recordforge.runners import startup
 
     startup.own_process()
