@@ -114,12 +114,16 @@ def test_a_small_conversion_keeps_one_worker_unless_workers_were_asked_for(
     csv = tmp_path / "t.csv"
     csv.write_text("x\n1\n")
     request = request_from_argv(["--source", str(csv), "--output", str(tmp_path / "csv")])
-    resolve(request.options, request.config, every_core=request.every_core)
-    assert request.options.view_as(DirectOptions).direct_num_workers == 1  # by its size in bytes
+    asked = request.options.get_all_options()
+    run = resolve(request.options, request.config, every_core=request.every_core)
+    assert run.options.view_as(DirectOptions).direct_num_workers == 1  # by its size in bytes
+    # The run holds options of its own: the request's are as the caller made them.
+    assert request.options.get_all_options() == asked
+    assert request.options.view_as(DirectOptions).direct_num_workers == 2
     monkeypatch.setattr(workers_module, "SMALL_BYTES", 2)
     request = request_from_argv(["--source", str(csv), "--output", str(tmp_path / "csv")])
-    resolve(request.options, request.config, every_core=request.every_core)
-    assert request.options.view_as(DirectOptions).direct_num_workers == 2
+    run = resolve(request.options, request.config, every_core=request.every_core)
+    assert run.options.view_as(DirectOptions).direct_num_workers == 2
 
 
 def test_each_parquet_footer_is_read_once_and_gives_the_row_total(

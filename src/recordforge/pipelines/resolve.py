@@ -196,11 +196,12 @@ def resolve(
     inputs: Inputs | None = None,
     every_core: bool = False,
 ) -> Run:
-    """The run `config` asks for, checked top to bottom before anything is written.
+    """The run `config` asks for, checked top to bottom before anything is written. Reads only:
+    it writes nothing, takes no lock and changes neither `options` nor `config` (the Run holds a
+    copy of the options of its own).
 
     `look_at_output`: read the output's state (refusing to replace a published bundle unless
-    asked to, deciding --if_changed); a dry run and a test
-    of the graph alone do not. `inputs`: already resolved (a run converted again with every row's
+    asked to, deciding --if_changed); a dry run and a test of the graph alone do not. `inputs`: already resolved (a run converted again with every row's
     types). `every_core`: the local workers were left to RecordForge (`Request.every_core`): a
     small conversion keeps one."""
     check_output_path(config.output)
@@ -217,8 +218,7 @@ def resolve(
     if inputs is None:
         compares = config.if_changed or config.append
         inputs = resolve_inputs(config, first_rows=look_at_output and not compares)
-    runner = RunnerAdapter(options, every_core)
-    runner.fit_workers(
+    runner = RunnerAdapter(options, every_core).for_input(
         images=int(inputs.folder.count) if inputs.folder is not None else None,
         rows=inputs.rows,
         sizes=[f.size for f in inputs.files],

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import copy
 import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -115,11 +116,16 @@ class RunnerAdapter:
 
             dataflow_preflight(self.options, paths, files)
 
-    def fit_workers(self, *, images: int | None, rows: int | None, sizes: Sequence[int | None]) -> None:
-        """A small input keeps one local worker, where the workers were left to RecordForge:
-        starting one per core costs more than the workers save there."""
+    def for_input(
+        self, *, images: int | None, rows: int | None, sizes: Sequence[int | None]
+    ) -> RunnerAdapter:
+        """The adapter a run over this input holds, with a copy of the options of its own (the
+        caller's are never changed): a small input keeps one local worker where the workers were
+        left to RecordForge, since starting one per core costs more than the workers save there."""
+        options = copy.deepcopy(self.options)
         if self.every_core and small_input(images=images, rows=rows, sizes=sizes):
-            one_worker(self.options)
+            one_worker(options)
+        return RunnerAdapter(options, self.every_core)
 
     def traits(self) -> RunnerTraits:
         """What the transforms need to know of the runner; fresh folders for each call."""
