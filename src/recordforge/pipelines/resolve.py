@@ -201,9 +201,9 @@ def resolve(
     copy of the options of its own).
 
     `look_at_output`: read the output's state (refusing to replace a published bundle unless
-    asked to, deciding --if_changed); a dry run and a test of the graph alone do not. `inputs`: already resolved (a run converted again with every row's
-    types). `every_core`: the local workers were left to RecordForge (`Request.every_core`): a
-    small conversion keeps one."""
+    asked to, deciding --if_changed); a dry run and a test of the graph alone do not. `inputs`:
+    already resolved (a run converted again with every row's types). `every_core`: the local
+    workers were left to RecordForge (`Request.every_core`): a small conversion keeps one."""
     check_output_path(config.output)
     state = None
     if look_at_output:
