@@ -4,6 +4,7 @@ name this one may not share: the test folders are not packages)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from pathlib import Path
@@ -12,8 +13,10 @@ import pytest
 
 from recordforge.errors import SourceError
 from recordforge.files import layout, storage
+from recordforge.output import crashpoints
 from recordforge.output.publishing import (
     check_inputs_unchanged,
+    commit_version,
     drop_empty_rejected,
     first_missing,
     publish_shards,
@@ -123,3 +126,94 @@ def test_a_dry_run_leaves_folders_it_did_not_make_and_anything_else(tmp_path: Pa
     storage.write_atomically(layout.join(str(output), _V1, "x"), b"x")
     undo_dry_run(str(output), _V1, None)
     assert [p.name for p in output.iterdir()] == ["notes"]
+
+
+class _Killed(Exception):
+    """Raised at a crash point in place of the SIGKILL a run gets there."""
+
+
+# The protocol's steps from the shards to the last top-level copy, in the order they must come.
+_STEPS = ("shards_published", "manifest_written", "staged", "committed", "copied")
+
+
+def _publish(
+    root: str, version: str, monkeypatch: pytest.MonkeyPatch, kill_at: str | None = None
+) -> list[str]:
+    """Publishes `version` (three shards, the small files, its manifest) as a run does, from its
+    temporary shards to the commit, raising at `kill_at`; returns the crash points reached."""
+    reached: list[str] = []
+
+    def reach(point: str) -> None:
+        reached.append(point)
+        if point == kill_at:
+            raise _Killed(point)
+
+    monkeypatch.setattr(crashpoints, "reached", reach)
+    vroot = layout.version_root(root, version)
+    temp = layout.temp_dir(vroot)
+    moves, shards = [], []
+    for i in range(3):
+        tmp = layout.temp_file(temp, f"part-{i}")
+        storage.write_atomically(tmp, f"{version} shard {i}".encode())
+        final = layout.shard_name(layout.shard_prefix(vroot, "data"), i, 3, ".tfrecord")
+        moves.append((tmp, final))
+        shards.append({"file": layout.relative(final, root), "bytes": len(f"{version} shard {i}")})
+    files = {name: f"{version} {name}".encode() for name in layout.TOP_COPIES}
+    manifest = json.dumps({"version": version, "shards": shards}).encode()
+    with contextlib.suppress(_Killed):
+        publish_shards(moves, temp)
+        commit_version(root, version, files, manifest)
+    return reached
+
+
+def _whole_as_readers_see_it(root: str) -> str | None:
+    """The version the top-level metadata.json names (None: none), after checking that a reader
+    finds all of it: the version's own manifest, the same, its small files and every shard."""
+    top = layout.join(root, layout.METADATA)
+    if not storage.exists(top):
+        return None
+    meta = json.loads(storage.read_bytes(top))
+    version = meta["version"]
+    vroot = layout.version_root(root, version)
+    assert storage.read_bytes(layout.join(vroot, layout.METADATA)) == storage.read_bytes(top), version
+    for name in layout.TOP_COPIES:
+        assert storage.read_bytes(layout.join(vroot, name)) == f"{version} {name}".encode(), name
+    for shard in meta["shards"]:
+        assert len(storage.read_bytes(layout.join(root, shard["file"]))) == shard["bytes"], shard
+    return version
+
+
+# The files published here are placeholders (the protocol does not read them), not a bundle that
+# `verify` could read: the suite's check of every published bundle is left out.
+@pytest.mark.corrupts
+def test_the_protocol_reaches_its_steps_in_order(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Mutation this catches (with the test below): in publishing.commit_version, `_commit(...)`
+    (the top-level metadata.json) moved before the loop that writes the version's own files and
+    manifest. Put it back after them to pass."""
+    root = str(tmp_path / "out")
+    assert _publish(root, _V1, monkeypatch) == list(_STEPS)
+    assert _whole_as_readers_see_it(root) == _V1
+    assert storage.exists(layout.join(root, layout.SUCCESS))
+
+
+@pytest.mark.corrupts
+@pytest.mark.parametrize("point", _STEPS)
+def test_a_run_killed_at_each_step_leaves_readers_a_whole_version(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, point: str
+) -> None:
+    """Killed at each named step while replacing a published version, in-process (the step
+    raises where a run would be killed): before the commit point readers see the old version
+    whole, from it on the new one, whole; the shards are in place before any file of the
+    version's is written, and the version's files before the top-level manifest."""
+    root = str(tmp_path / "out")
+    _publish(root, _V1, monkeypatch)
+    reached = _publish(root, _V2, monkeypatch, kill_at=point)
+    assert reached == list(_STEPS[: _STEPS.index(point) + 1])
+    committed = _STEPS.index(point) >= _STEPS.index("committed")
+    assert _whole_as_readers_see_it(root) == (_V2 if committed else _V1)
+    v2 = layout.version_root(root, _V2)
+    shards = [layout.shard_name(layout.shard_prefix(v2, "data"), i, 3, ".tfrecord") for i in range(3)]
+    assert [storage.read_bytes(s) for s in shards] == [f"{_V2} shard {i}".encode() for i in range(3)]
+    assert not [p for p in storage.list_files(v2) if f"/{layout.TEMP_DIR_PREFIX}" in p]  # no temporaries
+    own = [layout.join(v2, n) for n in (*layout.TOP_COPIES, layout.METADATA)]
+    assert [storage.exists(p) for p in own] == [point != "shards_published"] * len(own)
