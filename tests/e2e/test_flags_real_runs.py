@@ -136,6 +136,13 @@ CASES: dict[str, Case] = {
     "seed": lambda i: _pair(i, i.parquet, ["--shuffle"], ["--shuffle", "--seed", "7"]),
     "max_rejected": lambda i: _pair(i, i.bad_row(), [], ["--max_rejected", "5"]),
     "max_rejected_fraction": lambda i: _pair(i, i.bad_row(), [], ["--max_rejected_fraction", "0.5"]),
+    # Every record over a limit of 1 byte: each is rejected, none written.
+    "max_record_bytes": lambda i: _pair(
+        i,
+        i.parquet,
+        ["--max_rejected_fraction", "1"],
+        ["--max_rejected_fraction", "1", "--max_record_bytes", "1"],
+    ),
     "skip_unreadable_files": lambda i: _pair(i, i.with_unreadable(), [], ["--skip_unreadable_files"]),
     "splits": lambda i: _pair(i, i.parquet, [], _SPLITS),
     "split_key": lambda i: _pair(i, i.parquet, _SPLITS, [*_SPLITS, "--split_key", "id"]),

@@ -41,6 +41,7 @@ _OTHER: dict[str, dict[str, Any]] = {
     "seed": {"shuffle": True, "seed": 7},
     "max_rejected": {"max_rejected": 5},
     "max_rejected_fraction": {"max_rejected_fraction": 0.5},
+    "max_record_bytes": {"max_record_bytes": 1000},
     "skip_unreadable_files": {"skip_unreadable_files": True},
     "splits": {"splits": "train=1,test=1"},
     "split_key": {"splits": "train=1,test=1", "split_key": "id"},

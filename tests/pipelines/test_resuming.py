@@ -35,6 +35,7 @@ CHANGED: dict[str, Any] = {
     "seed": 7,
     "max_rejected": 5,
     "max_rejected_fraction": 0.5,
+    "max_record_bytes": 1000,
     "skip_unreadable_files": True,
     "splits": "train=3,eval=1",
     "split_key": "trip_id",

@@ -62,6 +62,7 @@ class ConvertConfig:
     seed: int = default("seed")
     max_rejected: int = default("max_rejected")
     max_rejected_fraction: float = default("max_rejected_fraction")
+    max_record_bytes: int = default("max_record_bytes")
     skip_unreadable_files: bool = default("skip_unreadable_files")
     overwrite: bool = default("overwrite")
     span: str | None = default("span")
@@ -111,6 +112,8 @@ class ConvertConfig:
             problems.append("--max_rejected must be 0 or more")
         if not 0.0 <= self.max_rejected_fraction <= 1.0:
             problems.append("--max_rejected_fraction must be between 0 and 1")
+        if self.max_record_bytes < 0:
+            problems.append("--max_record_bytes must be 0 (no limit) or more")
         if (self.shard_size or self.records_per_shard) and self.num_shards:
             problems.append("--shard_size and --records_per_shard do not combine with --num_shards")
         if self.records_per_shard and self.fixed_shards:

@@ -106,6 +106,7 @@ def build(pipeline: beam.Pipeline, run: Run) -> beam.PCollection[str]:
             encode=not run.preprocessing,
             progress=run.traits.progress,
             pieces=_pieces(run),
+            max_record_bytes=config.max_record_bytes,
         )
     # examples: ((split, file, first_row), pa.LargeBinaryArray of serialized tf.train.Examples),
     #   or with preprocessing the conformed rows as a pa.RecordBatch; split is "" without splits;

@@ -279,6 +279,19 @@ FLAGS: tuple[Flag, ...] = (
         row="rejected",
         metavar="F",
     ),
+    Flag(
+        "max_record_bytes",
+        "A record encoded larger is a bad row (rule record_size), rejected like any other; "
+        "default 64 MiB, under what TensorFlow's readers and protobuf parse reliably; 0: no limit.",
+        True,
+        "Largest record, in bytes",
+        _NUMBER,
+        "",
+        type=int,
+        default=64 << 20,
+        row="rejected",
+        metavar="BYTES",
+    ),
     _bool_flag(
         "skip_unreadable_files",
         "List unreadable input files in metadata.json instead of failing the job.",

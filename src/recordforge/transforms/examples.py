@@ -11,6 +11,7 @@ import pyarrow as pa
 from apache_beam import typehints
 from apache_beam.metrics import Metrics
 
+from recordforge.arrays import binary_parts
 from recordforge.conforming.conform import BadRow, Conformed, conform_batch
 from recordforge.conforming.splits import SplitSpec, assign_by_hash, assign_by_value
 from recordforge.errors import TypesChanged
@@ -94,8 +95,10 @@ class _ToExamplesFn(beam.DoFn):
         encode: bool,
         progress: str | None = None,
         pieces: str | None = None,
+        max_record_bytes: int = 0,
     ) -> None:
         self._plan = plan
+        self._max_record_bytes = max_record_bytes
         self._progress = progress
         self._pieces = pieces
         self._encode = encode
@@ -150,11 +153,56 @@ class _ToExamplesFn(beam.DoFn):
         if result is None or not result.batch.num_rows:
             return
         out = self._encoder.encode(result.batch) if self._encode else _compact(result.batch)
+        if self._encode and self._max_record_bytes:
+            out, result = yield from self._within_limit(element, result, out)
+            if not len(out):
+                return
         if self._splits is None:
             self._rows_encoded.inc(len(out))
             yield ("", element.file, element.first_row), out
             return
         yield from self._split(element, result, out)
+
+    def _within_limit(
+        self, element: SourceBatch, result: Conformed, out: pa.Array
+    ) -> Generator[beam.pvalue.TaggedOutput, None, tuple[pa.Array, Conformed]]:
+        """Records over --max_record_bytes are bad rows (rule record_size): a record that size
+        is more than TensorFlow's readers and protobuf parse reliably, and one such row must not
+        stop the job or reach a reader. Returns the records within the limit and their rows."""
+        offsets, _ = binary_parts(out)
+        sizes = np.diff(offsets)
+        over = np.flatnonzero(sizes > self._max_record_bytes)
+        if not over.size:
+            return out, result
+        rows = np.setdiff1d(np.arange(element.batch.num_rows), result.rejected_rows)  # source rows
+        found = []
+        for i in over.tolist():
+            largest = max(result.batch.schema.names, key=lambda name: result.batch[name].slice(i, 1).nbytes)
+            bad = BadRow(
+                element.file,
+                element.first_row + int(rows[i]) + 1,
+                largest,
+                "record_size",
+                f"the record is {int(sizes[i])} bytes, over --max_record_bytes {self._max_record_bytes} "
+                f"(its largest feature: {largest!r})",
+                None,
+            )
+            if self._strict:
+                raise bad.error()
+            found.append(bad)
+            self._rows_rejected.inc()
+            Metrics.counter(self._namespace, "rejected_record_size").inc()
+            csv_types = self._csv_types if element.text_lists else None
+            yield beam.pvalue.TaggedOutput(
+                REJECTED, rejected_line(bad, source_record(element.batch, int(rows[i]), csv_types))
+            )
+        keep = pa.array(np.setdiff1d(np.arange(len(out)), over))
+        kept = Conformed(
+            result.batch.take(keep),
+            [*result.rejected, *found],
+            np.sort(np.concatenate([result.rejected_rows, rows[over]])),
+        )
+        return out.take(keep), kept
 
     def _split(self, element: SourceBatch, result: Any, out: pa.Array | pa.RecordBatch) -> Iterator[Any]:
         spec = self._splits
@@ -215,7 +263,8 @@ class ToExamples(beam.PTransform):
     `rows_rejected`, `rejected_<rule>`. With `progress` (RunnerTraits.progress), the rows read are
     also counted into that folder for the run's progress line. With `pieces` (a folder), each
     batch converted without a rejected row is recorded there (pieces.py) once its records are
-    handed on, so that a rerun after a crash can keep it.
+    handed on, so that a rerun after a crash can keep it. With `max_record_bytes`, a record
+    encoded larger is a bad row of rule `record_size` (rejected, or in strict mode the failure).
     """
 
     def __init__(
@@ -228,8 +277,10 @@ class ToExamples(beam.PTransform):
         encode: bool = True,
         progress: str | None = None,
         pieces: str | None = None,
+        max_record_bytes: int = 0,
     ) -> None:
         super().__init__()
+        self._max_record_bytes = max_record_bytes  # 0: no limit
         self._pieces = pieces  # where finished batches are recorded for a rerun (pieces.py)
         self._encode = encode
         self._progress = progress
@@ -248,6 +299,7 @@ class ToExamples(beam.PTransform):
                 self._encode,
                 self._progress,
                 self._pieces,
+                self._max_record_bytes,
             )
         ).with_outputs(REJECTED, main="examples")
         records = pa.Array if self._encode else pa.RecordBatch

@@ -1,0 +1,71 @@
+"""--max_record_bytes: a record too large for TensorFlow's readers is a bad row (rule record_size),
+not a failed job or an unreadable shard; with the limit raised it is written and read back."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+import recordforge
+from recordforge.errors import DataError
+
+_HUGE = 70 << 20  # over the default limit of 64 MiB
+
+
+def _source(tmp_path: Path) -> tuple[str, list[dict[str, object]]]:
+    rows = [{"i": i, "s": f"row {i}"} for i in range(50)]
+    rows[17]["s"] = "x" * _HUGE
+    path = tmp_path / "in.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    return str(path), rows
+
+
+def _read_back(out: str) -> list[dict[str, object]]:
+    """Every record, by tf.data with the bundle's own feature spec."""
+    got = []
+    for example in recordforge.read(out).as_numpy_iterator():
+        got.append({"i": int(example["i"]), "s": example["s"].decode()})
+    return sorted(got, key=lambda r: r["i"])  # type: ignore[arg-type,return-value]
+
+
+def _rejected(out: str) -> list[dict[str, object]]:
+    version = json.loads((Path(out) / "metadata.json").read_text())["version"]
+    lines = []
+    for f in sorted((Path(out) / version / "_rejected").glob("*.jsonl")):
+        lines += [json.loads(line) for line in f.read_text().splitlines()]
+    return lines
+
+
+def test_a_record_over_the_limit_is_rejected_and_the_rest_converts(tmp_path: Path) -> None:
+    source, rows = _source(tmp_path)
+    out = str(tmp_path / "out")
+    meta = recordforge.convert(source, out, max_rejected=1, direct_num_workers=1)
+    assert (meta["rows_read"], meta["rows_written"], meta["rows_rejected"]) == (50, 49, 1)
+    assert meta["rejected_by_rule"] == {"record_size": 1}
+    (bad,) = _rejected(out)
+    assert (bad["file"], bad["row"], bad["column"], bad["rule"]) == (source, 18, "s", "record_size")
+    assert "over --max_record_bytes 67108864" in str(bad["reason"])
+    assert bad["record"]["i"] == 17 and len(bad["record"]["s"]) == _HUGE  # type: ignore[index]
+    assert _read_back(out) == [r for r in rows if r["i"] != 17]
+
+
+def test_by_default_the_record_fails_the_job_naming_file_row_and_rule(tmp_path: Path) -> None:
+    source, _ = _source(tmp_path)
+    with pytest.raises(
+        DataError, match=r"row 18, column 's': the record is \d+ bytes.*\[rule: record_size\]"
+    ):
+        recordforge.convert(source, str(tmp_path / "out"), direct_num_workers=1)
+    assert not (tmp_path / "out" / "metadata.json").exists()
+
+
+@pytest.mark.parametrize("limit", [0, 100 << 20])
+def test_with_the_limit_raised_the_record_is_written_and_read_back(tmp_path: Path, limit: int) -> None:
+    source, rows = _source(tmp_path)
+    out = str(tmp_path / "out")
+    meta = recordforge.convert(source, out, max_record_bytes=limit, direct_num_workers=1)
+    assert (meta["rows_written"], meta["rows_rejected"]) == (50, 0)
+    assert _read_back(out) == rows
