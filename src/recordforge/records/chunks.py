@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from recordforge.errors import CorruptFile
 from recordforge.records import _native, array_records
 from recordforge.records.crc32c import masked_crc32c
 from recordforge.records.tfrecord import (
@@ -63,7 +64,12 @@ def _frame(
     lengths = np.diff(heads, append=used) - 16
     problem = None
     needed = 12
-    if bad:
+    over = np.flatnonzero(lengths > bound.max_record_bytes)
+    if len(over):  # whole, but longer than a record may be
+        first = int(over[0])
+        used, problem = int(heads[first]), bound.problem(base + int(heads[first]), int(lengths[first]))
+        heads, lengths = heads[:first], lengths[:first]
+    elif bad:
         problem = "corrupt length (CRC mismatch)"
     elif used < len(data):
         tail = data[used : used + 12]
@@ -155,12 +161,17 @@ def _array_record_chunks(
     with array_records.local_copy(path, count) as local:
         pending: list[bytes] = []
         size = 0
-        for batch in array_records.batches(local):
-            pending += batch
-            size += sum(map(len, batch))
-            if size >= chunk_bytes:
+        try:
+            for batch in array_records.batches(local):
+                pending += batch
+                size += sum(map(len, batch))
+                if size >= chunk_bytes:
+                    yield _framed_chunk(pending, first, raw)
+                    first, pending, size = first + len(pending), [], 0
+        except CorruptFile:
+            if pending:  # the records before the one refused count as read
                 yield _framed_chunk(pending, first, raw)
-                first, pending, size = first + len(pending), [], 0
+            raise
         if pending or not first:
             yield _framed_chunk(pending, first, raw)
 

@@ -104,14 +104,13 @@ class CorruptRecord(CorruptFile):
     stream. At offset 0 the file is most likely not a TFRecord file at all, and says so."""
 
     def __init__(self, path: str, offset: int, what: str) -> None:
-        self.path = path
+        super().__init__(path, what)
         self.offset = offset
-        self.what = what
         if offset == 0:
             found = looks_like(path)
-            super().__init__(f"{path}: not a TFRecord file ({found}{what} at byte 0)")
+            self.args = (f"{path}: not a TFRecord file ({found}{what} at byte 0)",)
         else:
-            super().__init__(f"{path}: {what} at byte {offset}")
+            self.args = (f"{path}: {what} at byte {offset}",)
 
     def __reduce__(self) -> tuple[Any, ...]:
         # Three-argument __init__: tell pickle how to rebuild it across Beam worker boundaries.
@@ -184,21 +183,23 @@ class RecordBound:
     def __init__(self, path: str, compression: str, max_record_bytes: int = MAX_RECORD_BYTES) -> None:
         self._path = path
         self._compression = compression
-        self._max = max_record_bytes
+        self.max_record_bytes = max_record_bytes
         self._size: int | None = None
 
     def problem(self, offset: int, length: int) -> str | None:
         """What is wrong with a header at `offset` (in the decompressed stream) claiming
         `length` bytes; None where the record can be there."""
-        if length > self._max:
-            return f"record length {length} over the limit of {self._max} bytes (max_record_bytes)"
-        if self._compression != "none" or length <= _READ_CHUNK:
-            return None  # a short record: the read finds out, no need to ask for the size
-        if self._size is None:
-            self._size = stat(self._path).size
-        left = max(self._size - offset - 12, 0)
-        if length + 4 > left:
-            return f"truncated record (its header claims {length} bytes, {left} follow)"
+        # A short record needs no look at the size: the read finds out.
+        if self._compression == "none" and length > _READ_CHUNK:
+            if self._size is None:
+                self._size = stat(self._path).size
+            left = max(self._size - offset - 12, 0)
+            if length + 4 > left:
+                return f"truncated record (its header claims {length} bytes, {left} follow)"
+        if length > self.max_record_bytes:
+            return (
+                f"record length {length} over the limit of {self.max_record_bytes} bytes (max_record_bytes)"
+            )
         return None
 
 
