@@ -4,6 +4,7 @@ unusual, shuffled and corrupted layouts."""
 from __future__ import annotations
 
 import struct
+import time
 
 import numpy as np
 import pytest
@@ -224,3 +225,39 @@ def test_unpacked_numbers_and_an_unknown_field_go_to_protobuf() -> None:
     two_packed = b"\n\x0e\n\x0c\n\x01n\x12\x07\x1a\x05\x0a\x01\x03\x0a\x00"
     records = [unpacked_ints, unpacked_float, two_packed, _entry(b"k", 9)[2:]]
     _check_against_protobuf(records)
+
+
+def _unpacked_int_record(i: int) -> bytes:
+    """An Example whose int64 list is not packed (protobuf reads it; the C pass leaves it to
+    protobuf), beside a bytes list."""
+
+    def field(number: int, payload: bytes) -> bytes:
+        return bytes([number << 3 | 2, len(payload)]) + payload
+
+    ints = field(3, b"\x08" + bytes([i % 100]))
+    strings = field(1, field(1, b"value %d" % i))
+    entries = field(1, field(1, b"x") + field(2, ints)) + field(1, field(1, b"s") + field(2, strings))
+    return field(1, entries)
+
+
+def test_records_left_to_protobuf_are_merged_in_linear_time() -> None:
+    """16,000 records decoded by protobuf take about 4 times as long as 4,000 (before: each
+    appended to the columns and the chunk's bytes copied once per record, quadratic), and
+    decode as protobuf does, beside records of the canonical layout."""
+    plain = Example()
+    plain.features.feature["x"].int64_list.value.append(7)
+    records = [_unpacked_int_record(i) if i % 50 else plain.SerializeToString() for i in range(300)]
+    _check_against_protobuf(records)
+
+    def seconds(n: int) -> float:
+        part = [_unpacked_int_record(i) for i in range(n)]
+        lengths = np.array([len(r) for r in part], np.int64)
+        starts = np.cumsum(lengths) - lengths
+        best = float("inf")
+        for _ in range(3):
+            start = time.perf_counter()
+            decode_batch(b"".join(part), starts, starts + lengths, KeyTable())
+            best = min(best, time.perf_counter() - start)
+        return best
+
+    assert seconds(16_000) <= 8 * seconds(4_000) + 0.2
