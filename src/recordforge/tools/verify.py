@@ -17,7 +17,7 @@ from recordforge.files.storage import exists, is_local, list_files, open_read, r
 from recordforge.output.state import committed_versions
 from recordforge.records.array_records import reading
 from recordforge.records.chunks import RecordChunk, data_crc_mismatches
-from recordforge.records.wire import BYTES, FLOAT, INT64, NONE, Batch, decode_batch, kind_name
+from recordforge.records.wire import BYTES, FLOAT, INT64, NONE, Batch, Column, decode_batch, kind_name
 from recordforge.records.wire_keys import KeyTable
 from recordforge.tools.scan import ShardResult, scan_shards
 
@@ -85,7 +85,7 @@ def _index_problems(out: str, shard: dict[str, Any], result: ShardResult) -> lis
         return [f"{name}: missing record index"]
     try:
         listed = np.array(read_bytes(path).split(), dtype=np.int64).reshape(-1, 2)
-    except ValueError:
+    except (ValueError, OverflowError):  # not numbers, an odd count, or over 2**63
         return [f"{name}: not a record index (one `offset size` line per record)"]
     expected = result.acc.index()
     if len(listed) != len(expected):
@@ -101,51 +101,95 @@ def _index_problems(out: str, shard: dict[str, Any], result: ShardResult) -> lis
 
 
 def _spec_problems(batch: Batch, spec: dict[str, dict]) -> dict[int, list[str]]:
-    """{record: [what is wrong]} for the records of a batch that do not parse with the spec:
-    each test runs over the whole batch; only the records it flags are named one by one."""
+    """{record: [what is wrong]} for the records of a batch that tf.io.parse_example refuses with
+    the spec, or parses into a malformed RaggedTensor (it checks no row lengths): each test runs
+    over the whole batch; only the records it flags are named one by one."""
     out: dict[int, list[str]] = {}
-    n = batch.size
     refused = set(batch.not_examples)
-    empty = np.zeros(0, np.int64)
     for name, entry in spec.items():
-        found: list[tuple[int, str]] = []
         if entry["kind"] == "RaggedFeature":
-            values = batch.columns.get(entry["value_key"])
-            lengths = batch.columns.get(entry["partitions"][0]["row_lengths"])
-            have = np.bincount(values.rec, weights=values.count, minlength=n) if values else np.zeros(n)
-            want: np.ndarray = np.zeros(n)
-            if lengths is not None and len(lengths.ints):
-                sel = lengths.kind == INT64
-                owner = np.repeat(lengths.rec[sel], lengths.count[sel])
-                want = np.bincount(owner, weights=lengths.ints, minlength=n)
-            for r in np.flatnonzero(have != want).tolist():
-                found.append(
-                    (r, f"ragged feature {name!r}: row lengths sum to {int(want[r])}, {int(have[r])} values")
-                )
+            found = _ragged_problems(batch, name, entry)
         else:
             col = batch.columns.get(name)
-            rec = col.rec if col is not None else empty
-            if col is not None:
-                wrong = np.flatnonzero((col.kind != _KINDS[entry["dtype"]]) & (col.kind != NONE))
-                for r, k in zip(col.rec[wrong].tolist(), col.kind[wrong].tolist(), strict=True):
-                    found.append((r, f"feature {name!r} is {kind_name(k)}, the spec says {entry['dtype']}"))
+            found = _kind_problems(col, repr(name), entry["dtype"])
             if entry["kind"] == "FixedLenFeature":
-                need = math.prod(entry["shape"])
-                present = np.zeros(n, bool)
-                present[rec] = True
-                for r in np.flatnonzero(~present).tolist():
-                    found.append((r, f"feature {name!r} is missing (FixedLenFeature)"))
-                if col is not None:
-                    off = np.flatnonzero(col.count != need)
-                    shape = entry["shape"]
-                    for r, c in zip(col.rec[off].tolist(), col.count[off].tolist(), strict=True):
-                        found.append(
-                            (r, f"feature {name!r} has {c} values, the spec's shape {shape} needs {need}")
-                        )
+                found += _fixed_problems(batch.size, col, name, entry)
         for r, text in found:
             if r not in refused:
                 out.setdefault(r, []).append(text)
     return out
+
+
+def _kind_problems(col: Column | None, what: str, dtype: str) -> list[tuple[int, str]]:
+    """Entries whose list is of another kind than the spec's: tf.io refuses them even empty
+    ("Data types don't match"); an entry with no list at all is as good as absent."""
+    if col is None:
+        return []
+    wrong = np.flatnonzero((col.kind != _KINDS[dtype]) & (col.kind != NONE))
+    return [
+        (r, f"feature {what} is {kind_name(k)}, the spec says {dtype}")
+        for r, k in zip(col.rec[wrong].tolist(), col.kind[wrong].tolist(), strict=True)
+    ]
+
+
+def _fixed_problems(n: int, col: Column | None, name: str, entry: dict) -> list[tuple[int, str]]:
+    """A FixedLenFeature: absent (or with no list) only where the spec has a default, and
+    otherwise exactly as many values as its shape holds."""
+    found = []
+    listed = np.zeros(n, bool)
+    if col is not None:
+        has_list = col.kind != NONE
+        listed[col.rec[has_list]] = True
+        need = math.prod(entry["shape"])
+        off = np.flatnonzero(has_list & (col.count != need))
+        shape = entry["shape"]
+        for r, c in zip(col.rec[off].tolist(), col.count[off].tolist(), strict=True):
+            found.append((r, f"feature {name!r} has {c} values, the spec's shape {shape} needs {need}"))
+    if "default_value" not in entry:
+        found += [
+            (r, f"feature {name!r} is missing (FixedLenFeature)") for r in np.flatnonzero(~listed).tolist()
+        ]
+    return found
+
+
+def _ragged_problems(batch: Batch, name: str, entry: dict) -> list[tuple[int, str]]:
+    """A RaggedFeature: its values of the spec's kind, each partition's row lengths int64,
+    none negative, and summing to the rows of the next partition (the innermost: to the
+    values), as a well-formed RaggedTensor needs."""
+    n = batch.size
+    values = batch.columns.get(entry["value_key"])
+    found = _kind_problems(values, f"{entry['value_key']!r} (values of ragged {name!r})", entry["dtype"])
+    inner = np.zeros(n, np.int64)  # values per record, then rows of the partition below
+    if values is not None:
+        ok = values.kind == _KINDS[entry["dtype"]]
+        inner = np.bincount(values.rec[ok], weights=values.count[ok], minlength=n).astype(np.int64)
+    below = "values"
+    for part in reversed(entry["partitions"]):
+        key = part["row_lengths"]
+        lengths = batch.columns.get(key)
+        found += _kind_problems(lengths, f"{key!r} (row lengths of ragged {name!r})", "int64")
+        rows: np.ndarray = np.zeros(n, np.int64)
+        total: np.ndarray = np.zeros(n, np.int64)
+        shown: np.ndarray = np.zeros(n)
+        negative: np.ndarray = np.zeros(0, np.int64)
+        if lengths is not None:
+            ints = lengths.kind == INT64
+            owner = np.repeat(lengths.rec[ints], lengths.count[ints])
+            negative = np.unique(owner[lengths.ints < 0]).astype(np.int64)
+            found += [
+                (r, f"ragged feature {name!r}: a negative row length in {key!r}") for r in negative.tolist()
+            ]
+            # Clipped, the sum cannot wrap around, and still differs wherever it did.
+            np.add.at(total, owner, np.clip(lengths.ints, 0, int(inner.max(initial=0)) + 1))
+            shown = np.bincount(owner, weights=lengths.ints, minlength=n)
+            rows = np.bincount(owner, minlength=n).astype(np.int64)
+        mismatch = total != inner
+        mismatch[negative] = False  # named for its negative length already
+        for r in np.flatnonzero(mismatch).tolist():
+            why = f"row lengths {key!r} sum to {int(shown[r])}, {int(inner[r])} {below}"
+            found.append((r, f"ragged feature {name!r}: {why}"))
+        inner, below = rows, f"rows in {key!r}"
+    return found
 
 
 def _shard_problems(name: str, shard: dict[str, Any], result: ShardResult) -> list[str]:
