@@ -37,8 +37,17 @@ class Interrupted(BaseException):
 
 
 class CorruptFile(RecordForgeError, ValueError):
-    """A file being read is damaged, or is not what it claims to be: the message names the file
-    and the record (or byte) where that shows."""
+    """A file being read is damaged, or is not what it claims to be: `what` says what is wrong
+    and where (the record, or the byte) in the file at `path`."""
+
+    def __init__(self, path: str, what: str) -> None:
+        self.path = path
+        self.what = what
+        super().__init__(f"{path}: {what}")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Two-argument __init__: tell pickle how to rebuild it across process boundaries.
+        return (type(self), (self.path, self.what))
 
 
 class SchemaError(RecordForgeError, ValueError):

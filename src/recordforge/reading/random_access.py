@@ -13,9 +13,9 @@ from typing import Any, SupportsIndex
 
 import numpy as np
 
-from recordforge.errors import RecordForgeError
+from recordforge.errors import CorruptFile, RecordForgeError
 from recordforge.files import layout
-from recordforge.files.storage import is_local, open_read, read_bytes
+from recordforge.files.storage import is_local, open_read, read_bytes, stat
 from recordforge.reading.tf_data import load_bundle
 from recordforge.records import array_records
 from recordforge.records.crc32c import masked_crc32c
@@ -150,23 +150,20 @@ class DataSource:
     def _index(self, shard: int) -> np.ndarray:
         rows = self._offsets.get(shard)
         if rows is None:
-            rows = np.array(read_bytes(self._indexes[shard]).split(), dtype=np.int64).reshape(-1, 2)
-            if len(rows) != self._counts[shard]:
-                raise RecordForgeError(
-                    f"{self._indexes[shard]}: lists {len(rows)} records, the manifest says "
-                    f"{self._counts[shard]}; `recordforge verify {self._out}` checks the bundle"
-                )
+            rows = _read_index(self._indexes[shard], self._files[shard], self._counts[shard], self._out)
             self._offsets[shard] = rows
         return rows
 
     def _read(self, shard: int, ats: list[int]) -> list[bytes]:
         handle = self._handle(shard)
         if self._array_record:
+            path = self._files[shard]
             with self._shard_locks[shard]:
                 if len(ats) == 1:  # a seek and a read: no thread pool for one record
                     handle.seek(ats[0])
-                    return [handle.read()]
-                return list(handle.read(ats))
+                    return [array_records.read_or_refuse(path, f"record at index {ats[0]}", handle.read)]
+                got = array_records.read_or_refuse(path, f"records at index {ats}", handle.read, ats)
+                return list(got)
         rows = self._index(shard)
         out = []
         for at in ats:
@@ -191,6 +188,32 @@ class DataSource:
         if struct.unpack_from("<I", framed, size - 4)[0] != masked_crc32c(data):
             raise CorruptRecord(path, offset, "corrupt data (CRC mismatch)")
         return data
+
+
+def _read_index(path: str, shard: str, records: int, out: str) -> np.ndarray:
+    """A shard's record index as (offset, size) rows, each checked to lie within the shard
+    before it is used to read (a size of 9e18 would be one allocation of that many bytes)."""
+    try:
+        rows = np.array(read_bytes(path).split(), dtype=np.int64).reshape(-1, 2)
+    except (ValueError, OverflowError) as exn:  # not numbers, an odd count, or over 2**63
+        raise CorruptFile(path, "not a record index (one `offset size` line per record)") from exn
+    if len(rows) != records:
+        raise CorruptFile(
+            path,
+            f"lists {len(rows)} records, the manifest says {records}; "
+            f"`recordforge verify {out}` checks the bundle",
+        )
+    size = stat(shard).size
+    offsets, sizes = rows[:, 0], rows[:, 1]
+    outside = np.flatnonzero((offsets < 0) | (sizes < 16) | (sizes > size) | (offsets > size - sizes))
+    if len(outside):
+        at = int(outside[0])
+        raise CorruptFile(
+            path,
+            f"line {at + 1} says offset {offsets[at]} size {sizes[at]}, not a record of the shard's "
+            f"{size} bytes; `recordforge verify {out}` checks the bundle",
+        )
+    return rows
 
 
 def parse_example(record: bytes, spec: dict[str, dict[str, Any]]) -> dict[str, Any]:

@@ -10,7 +10,7 @@ import tempfile
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from recordforge.errors import RecordForgeError
+from recordforge.errors import CorruptFile, RecordForgeError
 from recordforge.files.storage import is_local, open_read, open_write
 
 __all__ = [
@@ -23,6 +23,7 @@ __all__ = [
     "local_copy",
     "open_reader",
     "open_writer",
+    "read_or_refuse",
     "reading",
     "upload",
     "writer_options",
@@ -74,10 +75,10 @@ def open_reader(local_path: str, options: str = READ_OPTIONS) -> Any:
     with open(local_path, "rb") as f:
         head = f.read(len(SIGNATURE))
     if head != SIGNATURE:
-        raise RecordForgeError(f"{local_path}: not an ArrayRecord file (no riegeli signature)")
-    reader = _module().ArrayRecordReader(local_path, options)
+        raise CorruptFile(local_path, "not an ArrayRecord file (no riegeli signature)")
+    reader = read_or_refuse(local_path, "its index", _module().ArrayRecordReader, local_path, options)
     if not reader.ok():
-        raise RecordForgeError(f"{local_path}: cannot be read as an ArrayRecord file")
+        raise CorruptFile(local_path, "cannot be read as an ArrayRecord file")
     return reader
 
 
@@ -133,11 +134,31 @@ def cached_copy(path: str, cache_dir: str) -> str:
 
 
 def batches(local_path: str, start: int = 0, stop: int | None = None) -> Iterator[list[bytes]]:
-    """The records [start, stop) of a local ArrayRecord file, in order, a batch at a time."""
+    """The records [start, stop) of a local ArrayRecord file, in order, a batch at a time.
+    Raises CorruptFile naming the first record whose chunk riegeli refuses, after the records
+    before it."""
     reader = open_reader(local_path, _SEQUENTIAL)
     try:
         end = reader.num_records() if stop is None else stop
         for at in range(start, end, _BATCH):
-            yield reader.read(at, min(end, at + _BATCH))
+            last = min(end, at + _BATCH)
+            try:
+                batch = read_or_refuse(local_path, f"records at index {at}-{last - 1}", reader.read, at, last)
+            except CorruptFile:
+                # Record by record, to name the first one refused.
+                for i in range(at, last):
+                    yield [read_or_refuse(local_path, f"record at index {i}", reader.read, i, i + 1)[0]]
+                raise
+            yield batch
     finally:
         reader.close()
+
+
+def read_or_refuse(local_path: str, what: str, read: Callable[..., Any], *args: Any) -> Any:
+    """`read(*args)`, riegeli's errors for a damaged file (RuntimeError "Corrupted Riegeli...",
+    ValueError) raised as CorruptFile naming the file and `what` was read."""
+    try:
+        return read(*args)
+    except (RuntimeError, ValueError) as exn:
+        text = " ".join(str(exn).split()) or type(exn).__name__
+        raise CorruptFile(local_path, f"{what} cannot be read ({text})") from exn

@@ -13,7 +13,7 @@ from recordforge.files.storage import exists, open_read
 from recordforge.records.array_records import reading
 from recordforge.records.example_pb import parse_example
 from recordforge.records.tfrecord import detect_compression, read_records
-from recordforge.tools.records import infer_feature_spec
+from recordforge.tools.records import infer_feature_spec, parsed_records
 
 __all__ = [
     "feature_description_code",
@@ -94,15 +94,17 @@ def format_record(record: dict[str, tuple[str, list[Any]]]) -> str:
 def head(path: str, n: int = 5, *, sample: int = 1000) -> dict[str, Any]:
     """Works on any TFRecord file of tf.train.Examples, no bundle needed."""
     compression = detect_compression(path)
-    raws = [raw for _, raw in itertools.islice(read_records(path, compression), sample)]
-    summaries, spec = infer_feature_spec(raws)
+    records = list(
+        parsed_records(path, itertools.islice(read_records(path, compression), sample), compression)
+    )
+    summaries, spec = infer_feature_spec(records)
     return {
         "path": path,
         "compression": compression,
-        "sampled": len(raws),
+        "sampled": len(records),
         "feature_spec": spec,
-        "presence": {k: s.present / max(len(raws), 1) for k, s in sorted(summaries.items())},
-        "records": [parse_example(r) for r in raws[:n]],
+        "presence": {k: s.present / max(len(records), 1) for k, s in sorted(summaries.items())},
+        "records": records[:n],
     }
 
 
@@ -137,13 +139,18 @@ def inspect(path: str, *, split: str | None = None, n: int = 5) -> dict[str, Any
         spec = json.loads(f.read())
     if split:
         meta = {**meta, "shards": [s for s in meta["shards"] if s.get("split") == split]}
-    records = []
-    parse = _parse_sequence if "sequence" in meta else parse_example
+    records: list[dict[str, Any]] = []
+    parse, message = (
+        (_parse_sequence, "tf.train.SequenceExample")
+        if "sequence" in meta
+        else (parse_example, "tf.train.Example")
+    )
     for shard in meta["shards"]:
-        for _, raw in read_records(f"{out}/{shard['file']}", reading(meta)):
-            records.append(parse(raw))
-            if len(records) >= n:
-                break
+        path = f"{out}/{shard['file']}"
+        got = read_records(path, reading(meta))
+        records += itertools.islice(
+            parsed_records(path, got, reading(meta), parse=parse, message=message), n - len(records)
+        )
         if len(records) >= n:
             break
     return {

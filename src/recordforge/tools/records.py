@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from recordforge.errors import CorruptFile
 from recordforge.files.storage import exists, open_read
-from recordforge.records.array_records import reading
+from recordforge.records.array_records import ARRAY_RECORD, reading
 from recordforge.records.example_pb import parse_example
 from recordforge.records.tfrecord import detect_compression
 
-__all__ = ["FeatureSummary", "infer_feature_spec", "record_files"]
+__all__ = ["FeatureSummary", "infer_feature_spec", "parsed_records", "record_files"]
 
 _CHUNK = 4 << 20
 
@@ -44,14 +46,39 @@ class FeatureSummary:
         self.max_count = max(self.max_count, count)
 
 
+def parsed_records(
+    path: str,
+    records: Iterable[tuple[int, bytes]],
+    reading: str,
+    *,
+    parse: Callable[[bytes], Any] = parse_example,
+    message: str = "tf.train.Example",
+) -> Iterator[Any]:
+    """`records` of the file at `path` ((offset, bytes), as `read_records` gives them for its
+    `reading`), parsed; one that does not parse raises CorruptFile naming it (its number from
+    1 and its byte offset; in an ArrayRecord file, its index)."""
+    for number, (offset, raw) in enumerate(records, 1):
+        try:
+            yield parse(raw)
+        except Exception as exn:  # protobuf's DecodeError and friends
+            where = (
+                f"record at index {offset}"
+                if reading == ARRAY_RECORD
+                else f"record {number} at byte {offset}"
+            )
+            text = " ".join(str(exn).split()) or type(exn).__name__
+            raise CorruptFile(path, f"{where} is not a {message} ({text})") from exn
+
+
 def infer_feature_spec(
-    records: list[bytes],
+    records: list[dict[str, tuple[str, list[Any]]]],
 ) -> tuple[dict[str, FeatureSummary], dict[str, dict[str, Any]]]:
-    """Summaries per feature and a JSON feature spec: FixedLenFeature where every sampled record
-    has the feature with the same number of values, VarLenFeature otherwise."""
+    """Summaries per feature and a JSON feature spec of parsed records (`parse_example`):
+    FixedLenFeature where every sampled record has the feature with the same number of values,
+    VarLenFeature otherwise."""
     summaries: dict[str, FeatureSummary] = {}
-    for raw in records:
-        for name, (kind, values) in parse_example(raw).items():
+    for record in records:
+        for name, (kind, values) in record.items():
             summaries.setdefault(name, FeatureSummary(kind)).add(kind, len(values))
     spec: dict[str, dict[str, Any]] = {}
     dtypes = {"int64": "int64", "float": "float32", "bytes": "string", "none": "string"}

@@ -18,6 +18,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from recordforge.errors import CorruptFile
 from recordforge.files.storage import exists
 from recordforge.progress.scan import Progress
 from recordforge.records.chunks import RecordChunk, read_record_chunks
@@ -76,6 +77,8 @@ def _read(path: str, compression: str, each: Callable[[RecordChunk], None], hash
             each(chunk)
     except CorruptRecord as exn:
         result.error, result.error_offset = exn.what, exn.offset
+    except CorruptFile as exn:  # an ArrayRecord file riegeli refuses
+        result.error = exn.what
     except Exception as exn:  # a non-gzip stream, an unreadable file
         result.error = f"cannot be read as {compression}: {exn}"
     result.size, result.sha256 = digest.size, digest.hexdigest()

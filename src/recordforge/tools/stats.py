@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from recordforge.errors import CorruptFile
 from recordforge.files.storage import exists, open_read
 from recordforge.images.headers import FORMATS, header_values, sniff
 from recordforge.records.chunks import RecordChunk, data_crc_mismatches
@@ -336,7 +337,7 @@ def stats(path: str, *, workers: int | None = None) -> dict[str, Any]:
         if r.error is not None:
             if r.error_offset is not None:
                 raise CorruptRecord(r.path, r.error_offset, r.error)
-            raise ValueError(f"{r.path}: {r.error}")
+            raise CorruptFile(r.path, r.error)
         total.merge(r.acc)
     spec = _spec(path)
     # SequenceExamples: the context is summarised (laid out as an Example's features); the
