@@ -23,6 +23,7 @@ __all__ = [
     "image_grid",
     "inspect",
     "load_bundle",
+    "plan",
     "read",
     "stats",
     "verify",
@@ -53,6 +54,18 @@ def convert(
     from recordforge.pipelines.resolve import request_from_kwargs
 
     return _convert(request_from_kwargs(source, output, schema, flags))[1]
+
+
+def plan(source: str | Sequence[str], output: str, schema: str | None = None, **flags: Any) -> dict[str, Any]:
+    """What `convert(source, output, schema, **flags)` would read, write and cost, as `recordforge
+    plan --json` prints it, without converting: rows per split (exact from Parquet footers),
+    output bytes and shards (measured on a sample converted by the real encoder and writer),
+    work items and workers, time and memory on this machine, and on Dataflow workers and cost.
+    Raises what `convert` would raise before moving data."""
+    from recordforge.pipelines.planning import plan_request
+    from recordforge.pipelines.resolve import request_from_kwargs
+
+    return plan_request(request_from_kwargs(source, output, schema, flags)).to_dict()
 
 
 def add_conversion(

@@ -26,6 +26,7 @@ _USAGE = """recordforge COMMAND [flags]
 
 commands:
   convert        convert Parquet/CSV files to TFRecords (recordforge convert --help)
+  plan           estimate a conversion (rows, bytes, shards, time, cost) before running it
   infer-schema   print the schema YAML inferred from a source file
   inspect        schema, counts per shard and first records of an output (or any TFRecord file)
   verify         check every shard, record CRC, parse and count against the manifest
@@ -117,17 +118,26 @@ def _convert(argv: list[str]) -> int:
     return 0
 
 
+def _plan(argv: list[str]) -> int:
+    from recordforge.cli.plan import plan_command
+
+    return plan_command(argv)
+
+
 def _infer_schema(argv: list[str]) -> int:
     parser = _Parser(
         "recordforge infer-schema",
         "Print a complete, commented schema YAML for the source's columns. float64 columns "
         "become float32 features (narrow: true), as convert infers them, unless --lossless_float64.",
     )
-    where = "a Parquet or CSV file (or pattern; the first match is used)"
+    where = "a Parquet, CSV, JSON Lines, ORC or Arrow file (or pattern; the first match is used)"
     parser.add_argument("source", nargs="?", default=None, help=f"{where}; or --source, as convert takes it")
     parser.add_argument("--source", dest="source_flag", default=None, metavar="SOURCE", help=where)
     parser.add_argument(
-        "--format", choices=("parquet", "csv"), default=None, help="default: from the file name"
+        "--format",
+        choices=("parquet", "csv", "jsonl", "orc", "arrow"),
+        default=None,
+        help="default: from the file name",
     )
     parser.add_argument(
         "--sample_rows",
@@ -337,6 +347,7 @@ def main(argv: list[str] | None = None) -> int:
     command, rest = argv[0], argv[1:]
     commands = {
         "convert": _convert,
+        "plan": _plan,
         "infer-schema": _infer_schema,
         "inspect": _inspect,
         "head": _head,

@@ -14,6 +14,7 @@ from recordforge.files.layout import (
 )
 from recordforge.records.array_records import ARRAY_RECORD, writer_options
 from recordforge.records.tfrecord import Compression, ShardInfo
+from recordforge.records.webdataset import WEBDATASET, webdataset_facts
 from recordforge.schemas.plan import Plan
 from recordforge.schemas.sequence_spec import POLICY_RULES
 from recordforge.version import __version__
@@ -41,6 +42,7 @@ class RunFacts:
     shuffle_seed: int | None = None
     sharding: dict[str, dict[str, Any]] | None = None  # how each split's shards were cut
     settings: dict[str, Any] | None = None  # the flags that change the output (--append compares)
+    estimated: dict[str, Any] | None = None  # what the plan estimated (pipelines/planning.py)
 
     def metadata(self) -> dict[str, Any]:
         out: dict[str, Any] = {"input_fingerprint": self.input_fingerprint}
@@ -54,6 +56,7 @@ class RunFacts:
             ("shuffle_seed", self.shuffle_seed),
             ("sharding", self.sharding),
             ("settings", self.settings),
+            ("estimated", self.estimated),
         ):
             if value is not None:
                 out[name] = list(value) if isinstance(value, tuple) else value
@@ -150,6 +153,8 @@ def _split_totals(spec: BundleSpec, shards: list[dict[str, Any]]) -> dict[str, A
 
 def _format_facts(spec: BundleSpec) -> dict[str, Any]:
     """How the shards are written: the file format, its compression and how to read them."""
+    if spec.output_format == WEBDATASET:
+        return {"format": WEBDATASET, "compression": "none", "webdataset": webdataset_facts()}
     if spec.output_format == ARRAY_RECORD:
         return {
             "format": ARRAY_RECORD,

@@ -30,6 +30,16 @@ def done_lines(meta: dict[str, Any]) -> list[str]:
             f"{kept_files(resumed)}) of the interrupted run; "
             f"converted {_n(resumed['rows_converted'], 'row')}"
         )
+    estimated = meta.get("estimated")
+    # An append's estimate is of its new files alone, its shards beside the kept ones: not comparable.
+    if estimated and not (meta.get("skipped") or appended) and estimated.get("output_bytes") is not None:
+        wrote = sum(int(shard["bytes"]) for shard in meta.get("shards", ()))
+        off = (estimated["output_bytes"] / wrote - 1) * 100 if wrote else 0.0
+        lines.append(
+            f"planned: {_n(estimated['rows'] or 0, 'row')}, {estimated['output_bytes'] / 1e6:.1f} MB in "
+            f"{_n(estimated['shards'] or 0, 'shard')}; wrote {wrote / 1e6:.1f} MB "
+            f"(the plan's bytes {off:+.0f}%)"
+        )
     return lines
 
 

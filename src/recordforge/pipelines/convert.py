@@ -22,6 +22,7 @@ run() holds the output's lock around the run and deletes what a failed run wrote
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import shutil
@@ -41,6 +42,7 @@ from recordforge.files.storage import is_local, list_files
 from recordforge.output.publishing import Publication, finish_interrupted_commit
 from recordforge.output.state import OutputState, check_output_path, read_state
 from recordforge.pipelines.config import ConvertConfig
+from recordforge.pipelines.planning import estimate
 from recordforge.pipelines.resolve import (
     DEFAULT_RUNNER,
     Request,
@@ -49,6 +51,7 @@ from recordforge.pipelines.resolve import (
     resolve,
     retyped,
 )
+from recordforge.records.webdataset import WEBDATASET, SampleCodec
 from recordforge.runners import startup
 from recordforge.runners.adapter import discard
 from recordforge.runners.unwrap import from_worker
@@ -62,6 +65,7 @@ from recordforge.transforms.rejects import WriteRejected
 from recordforge.transforms.sequences import COUNTS, ToSequences
 from recordforge.transforms.sinks import WriteTFRecords
 from recordforge.transforms.source_types import UNREADABLE, SourceBatch
+from recordforge.transforms.table_source import TABLE_FORMATS, ReadTables
 
 if TYPE_CHECKING:  # tensorflow-transform is imported only by runs that preprocess
     from recordforge.transforms.analyze_transform import Transformed
@@ -169,6 +173,18 @@ def _read(run: Run) -> beam.PTransform:
             finished=reuse.batch_rows if reuse is not None else None,  # not even decoded
             traits=run.traits,
         )
+    if inputs.fmt in TABLE_FORMATS:
+        return ReadTables(
+            list(config.sources),
+            inputs.fmt,
+            columns=columns,
+            batch_size=config.batch_size,
+            expanded=inputs.files,
+            json_types=inputs.json_types,
+            strict=config.strict,
+            skip_unreadable=config.skip_unreadable_files,
+            traits=run.traits,
+        )
     return ReadCsv(
         list(config.sources),
         column_types=csv_types,
@@ -217,6 +233,7 @@ def _write_shards(run: Run, examples: beam.PCollection) -> beam.PCollection:
     kept = reuse.parts if reuse is not None else {}
     held = reuse.held if reuse is not None else {}
     placed = reuse.placed if reuse is not None else {}
+    samples = SampleCodec.of(run.plan.features) if run.config.output_format == WEBDATASET else None
     if run.splits is None:
         writer = WriteTFRecords(
             run.root,
@@ -226,6 +243,7 @@ def _write_shards(run: Run, examples: beam.PCollection) -> beam.PCollection:
             reused=kept.get("data", ()),
             held=held.get("data"),
             placed=placed.get("data"),
+            samples=samples,
         )
         return examples | "WriteTFRecords" >> writer
     names = run.splits.names
@@ -246,6 +264,7 @@ def _write_shards(run: Run, examples: beam.PCollection) -> beam.PCollection:
                 reused=kept.get(name, ()),
                 held=held.get(name),
                 placed=placed.get(name),
+                samples=samples,
             )
         )
     return written | "AllSplits" >> beam.Flatten()
@@ -296,6 +315,7 @@ def _bundle_spec(run: Run, transformed: Transformed | None) -> BundleSpec:
             shuffle_seed=config.seed if config.shuffle else None,
             sharding={name: spec.describe() for name, spec in run.shards.items()},
             settings=config.settings(),
+            estimated=run.estimated,
         ),
         base=run.appending.base if run.appending is not None else None,
         max_rejected=config.max_rejected,
@@ -350,6 +370,8 @@ def _run_once(pipeline: beam.Pipeline, run: Run) -> dict[str, Any]:
     """Builds `run` on `pipeline` and runs it under the output's lock; returns the metadata it
     published. A RecordForge error raised in a worker reaches the caller as itself
     (`unwrap.from_worker`), not as the runner's wrapping of it."""
+    # What the plan would have said, recorded beside what the run does (metadata.json).
+    run = dataclasses.replace(run, estimated=estimate(run).recorded())
     assert run.state is not None
     try:
         build(pipeline, run)

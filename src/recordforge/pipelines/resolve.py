@@ -85,6 +85,7 @@ class Run:
     up_to_date: dict[str, Any] | None = None  # --if_changed: the published metadata, if it is current
     appending: Appending | None = None  # --append over a published version
     resuming: Resuming | None = None  # the run's record for a rerun, and what it keeps of a killed one
+    estimated: dict[str, Any] | None = None  # the plan's figures, recorded beside the run's (planning.py)
 
     @property
     def plan(self) -> Plan:
@@ -269,7 +270,7 @@ def _run(
         # The tools read SequenceExamples from TFRecord shards only, and data_source parses Examples.
         raise UsageError(
             "a schema with a `sequence:` block writes TFRecord shards: --output_format array_record "
-            "and --record_index are not supported with it"
+            "or webdataset and --record_index are not supported with it"
         )
     shares: dict[str, float] = {}
     if splits is None and folder is not None and folder.splits:
@@ -279,6 +280,8 @@ def _run(
         for _, names, _, split in folder.groups:  # each split's share of the images, for sizing
             shares[split] = shares.get(split, 0.0) + len(names) / max(1, folder.count)
     preprocessing = plan.schema.has_transforms or bool(config.preprocessing_fn)
+    if preprocessing and config.output_format == "webdataset":
+        raise UsageError("--output_format webdataset writes the schema's features: not with transforms")
     compression = config.resolved_compression(any(f.is_image for f in plan.features))
     shards = {}
     for name in splits.names if splits is not None else ("data",):

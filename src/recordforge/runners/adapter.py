@@ -104,6 +104,10 @@ class RunnerAdapter:
     every_core: bool = False
 
     @property
+    def is_dataflow(self) -> bool:
+        return _is_dataflow(self.options)
+
+    @property
     def dry_run(self) -> bool:
         """The run builds a Dataflow job offline and submits nothing (--dry_run=True)."""
         return bool(self.options.view_as(TestOptions).dry_run)
