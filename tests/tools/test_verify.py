@@ -66,7 +66,9 @@ def _good(spec: dict[str, Any]) -> bytes:
 
 
 @pytest.mark.corrupts
-@pytest.mark.parametrize(("spec", "record", "said"), CASES)
+@pytest.mark.parametrize(
+    ("spec", "record", "said"), CASES, ids=[f"{i}:{c[2] or 'OK'}" for i, c in enumerate(CASES)]
+)
 def test_verify_refuses_what_tf_refuses(tmp_path: Path, spec: dict, record: bytes, said: str | None) -> None:
     """The record third of three: named by number and byte offset, with its feature."""
     good = _good(spec)
