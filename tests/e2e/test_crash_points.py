@@ -16,6 +16,7 @@ from forked_runs import ForkedRuns
 from demo.sampledata import taxi_table
 from recordforge.files import layout
 from recordforge.output import crashpoints
+from recordforge.records.array_records import reading
 from recordforge.records.tfrecord import iter_records
 from recordforge.tools.verify import verify
 
@@ -25,6 +26,7 @@ WRITERS = {
     "deterministic": ["--deterministic", "--num_shards", "2"],
     "shuffle": ["--shuffle", "--num_shards", "2"],
     "splits": ["--splits", "train=3,eval=1"],
+    "webdataset": ["--output_format", "webdataset", "--num_shards", "2"],
 }
 # The protocol's steps; a run killed at a finished piece is tests/e2e/test_resume.py's, one
 # interrupted as the local runner closes its workers tests/e2e/test_workers.py's.
@@ -53,7 +55,7 @@ def _whole(out: Path) -> dict:
     for shard in meta["shards"]:
         path = out / shard["file"]
         assert hashlib.sha256(path.read_bytes()).hexdigest() == shard["sha256"], shard["file"]
-        assert sum(1 for _ in iter_records(str(path), meta["compression"])) == shard["records"]
+        assert sum(1 for _ in iter_records(str(path), reading(meta))) == shard["records"]
     assert sum(s["records"] for s in meta["shards"]) == meta["num_records"]
     return meta
 

@@ -18,6 +18,7 @@ from recordforge.records.shard_spec import (
     parse_size,
 )
 from recordforge.records.tfrecord import Compression
+from recordforge.records.webdataset import WEBDATASET
 from recordforge.schemas.plan import Plan
 
 __all__ = ["ConvertConfig", "parse_splits"]
@@ -95,6 +96,8 @@ class ConvertConfig:
                 f"--output_format array_record compresses each record itself: --compression "
                 f"{' or '.join(ARRAY_RECORD_COMPRESSIONS)}, not {self.compression}"
             )
+        if self.output_format == WEBDATASET and self.compression not in (None, "none"):
+            problems.append("--output_format webdataset writes plain tar shards: --compression none")
         if not array_record and self.compression not in (None, *Compression.CHOICES):
             problems.append(f"--compression {self.compression} is for --output_format array_record")
         if self.record_index and array_record:
@@ -179,7 +182,8 @@ class ConvertConfig:
         """An explicit --compression always wins."""
         if self.compression is not None:
             return self.compression
-        return "none" if has_images or self.record_index or self.output_format == ARRAY_RECORD else "gzip"
+        plain = has_images or self.record_index or self.output_format in (ARRAY_RECORD, WEBDATASET)
+        return "none" if plain else "gzip"
 
     def settings(self) -> dict[str, object]:
         """What, besides inputs and schema, decides the output's bytes (for --if_changed): every

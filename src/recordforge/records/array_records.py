@@ -43,9 +43,11 @@ _COPY_CHUNK = 8 << 20
 
 
 def reading(meta: dict[str, Any]) -> str:
-    """How a bundle's shards are read, from its metadata.json: "array_record", or the TFRecord
-    compression (what the tools' readers take)."""
-    return ARRAY_RECORD if meta.get("format") == ARRAY_RECORD else str(meta["compression"])
+    """How a bundle's shards are read, from its metadata.json: "array_record", "webdataset", or
+    the TFRecord compression (what the tools' readers take)."""
+    if meta.get("format") in (ARRAY_RECORD, "webdataset"):
+        return str(meta["format"])
+    return str(meta["compression"])
 
 
 def writer_options(compression: str) -> str:

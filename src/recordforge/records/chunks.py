@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from recordforge.errors import CorruptFile
-from recordforge.records import _native, array_records
+from recordforge.records import _native, array_records, webdataset
 from recordforge.records.crc32c import masked_crc32c
 from recordforge.records.tfrecord import (
     MAX_RECORD_BYTES,
@@ -105,6 +105,9 @@ def read_record_chunks(
     if compression == array_records.ARRAY_RECORD:
         yield from _array_record_chunks(path, on_raw, chunk_bytes)
         return
+    if compression == webdataset.WEBDATASET:
+        yield from _webdataset_chunks(path, on_raw, chunk_bytes)
+        return
     bound = RecordBound(path, compression, max_record_bytes)
     base = 0
     records = 0
@@ -174,6 +177,34 @@ def _array_record_chunks(
             raise
         if pending or not first:
             yield _framed_chunk(pending, first, raw)
+
+
+def _webdataset_chunks(
+    path: str, on_raw: Callable[[bytes], None] | None, chunk_bytes: int
+) -> Iterator[RecordChunk]:
+    """The samples of a WebDataset shard as the Examples they were written from (webdataset.py),
+    framed as TFRecords; a sample that does not decode is CorruptFile after the ones before it."""
+    raw = [0]
+
+    def count(data: bytes) -> None:
+        raw[0] += len(data)
+        if on_raw is not None:
+            on_raw(data)
+
+    first, pending, size = 0, [], 0
+    try:
+        for _, example in webdataset.read_examples(path, count):
+            pending.append(example)
+            size += len(example)
+            if size >= chunk_bytes:
+                yield _framed_chunk(pending, first, raw)
+                first, pending, size = first + len(pending), [], 0
+    except CorruptFile:
+        if pending:
+            yield _framed_chunk(pending, first, raw)
+        raise
+    if pending or not first:
+        yield _framed_chunk(pending, first, raw)
 
 
 def _framed_chunk(records: list[bytes], first: int, raw: list[int]) -> RecordChunk:

@@ -17,7 +17,7 @@ import pyarrow as pa
 from recordforge.arrays import binary_parts
 from recordforge.files import layout
 from recordforge.files.storage import delete_files, exists, is_local, open_read, open_write
-from recordforge.records import array_records
+from recordforge.records import array_records, webdataset
 from recordforge.records.shard_spec import ShardSpec
 from recordforge.records.streams import Segment, StreamWriter, splice, stream_file
 from recordforge.records.tfrecord import Compression, FileDigest, framed, iter_records
@@ -29,6 +29,7 @@ __all__ = [
     "ShardWriter",
     "TFRecordFormat",
     "TempShard",
+    "WebDatasetFormat",
     "abandon",
     "shard_format",
 ]
@@ -369,8 +370,59 @@ class ArrayRecordFormat:
                 yield from batch
 
 
+class _TarWriter(_TFRecordWriter):
+    """Samples (already tar members: webdataset.py) streamed uncompressed, the end-of-archive
+    after the last segment, outside every segment."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(path, "none", 0, False)
+
+    def close(self) -> tuple[TempShard, tuple[Segment, ...]]:
+        self._stream.end_segment()
+        self._stream.write(webdataset.END_OF_ARCHIVE, 0)
+        return super().close()
+
+
+@dataclass(frozen=True)
+class WebDatasetFormat:
+    """WebDataset tar shards of samples (records that are a sample's tar members already,
+    written by webdataset.SampleCodec): concatenated, spliced byte for byte, uncompressed."""
+
+    compression: str = "none"
+
+    @property
+    def suffix(self) -> str:
+        return webdataset.SUFFIX
+
+    @property
+    def index(self) -> bool:
+        return False
+
+    def frame(self, records: pa.Array) -> Framed:
+        return Framed(*binary_parts(records))
+
+    def open(self, path: str) -> ShardWriter:
+        return _TarWriter(path)
+
+    def splice(
+        self, path: str, pieces: Iterable[tuple[str, Segment]]
+    ) -> tuple[TempShard, tuple[Segment, ...]]:
+        try:
+            records, size, sha, segments = splice(path, "none", pieces, webdataset.END_OF_ARCHIVE)
+        except BaseException:
+            abandon(path)
+            raise
+        return TempShard(path, records, size, sha), segments
+
+    def records(self, path: str) -> Iterator[bytes]:
+        for _, key, members in webdataset.read_samples(path):
+            yield webdataset.sample_bytes(key, members)
+
+
 def shard_format(spec: ShardSpec) -> ShardFormat:
     """The format a writer of `spec` writes."""
+    if spec.format == webdataset.WEBDATASET:
+        return WebDatasetFormat()
     if spec.format == array_records.ARRAY_RECORD:
         return ArrayRecordFormat(spec.compression)
     return TFRecordFormat(spec.compression, spec.level, spec.index)

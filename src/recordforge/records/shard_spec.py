@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from recordforge.records.array_records import ARRAY_RECORD, COMPRESSIONS
 from recordforge.records.tfrecord import Compression
+from recordforge.records.webdataset import WEBDATASET
 
 __all__ = [
     "DEFAULT_LEVEL",
@@ -20,7 +21,7 @@ __all__ = [
 ]
 
 TFRECORD = "tfrecord"
-OUTPUT_FORMATS = (TFRECORD, ARRAY_RECORD)
+OUTPUT_FORMATS = (TFRECORD, ARRAY_RECORD, WEBDATASET)
 
 DEFAULT_SHARD_SIZE = 128 << 20  # TensorFlow's guidance: 100-200 MB per shard
 # ISA-L levels run 0-3; level 1 trades a few percent of size for most of the throughput
@@ -88,6 +89,7 @@ class ShardSpec:
         if self.format not in OUTPUT_FORMATS:
             raise ValueError(f"format must be one of {OUTPUT_FORMATS}, not {self.format!r}")
         choices = tuple(COMPRESSIONS) if self.format == ARRAY_RECORD else Compression.CHOICES
+        choices = ("none",) if self.format == WEBDATASET else choices
         if self.compression not in choices:
             raise ValueError(f"{self.format} compression must be one of {choices}, not {self.compression!r}")
         if self.index and (self.format != TFRECORD or self.compression != "none"):

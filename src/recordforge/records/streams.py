@@ -245,10 +245,10 @@ class StreamWriter:
 
 
 def splice(
-    path: str, compression: str, pieces: Iterable[tuple[str, Segment]]
+    path: str, compression: str, pieces: Iterable[tuple[str, Segment]], trailer: bytes = b""
 ) -> tuple[int, int, str, tuple[Segment, ...]]:
-    """Writes the segments `pieces` ((file, segment), in order) as one new stream at `path`.
-    Returns its records, bytes, sha256 and segments."""
+    """Writes the segments `pieces` ((file, segment), in order) as one new stream at `path`,
+    `trailer` after them (a tar's end). Returns its records, bytes, sha256 and segments."""
     out = stream_file(path, compression)
     out.write(_header(compression))
     check, raw, records, segments = _EMPTY_CHECK[compression], 0, 0, []
@@ -274,6 +274,6 @@ def splice(
                     raise OSError(f"{source}: ended before byte {end} while splicing a shard")
                 out.write(data)
                 left -= len(data)
-    out.write(_end(compression, check, raw))
+    out.write(_end(compression, check, raw) + trailer)
     out.close()
     return records, out.bytes, out.hexdigest(), tuple(segments)

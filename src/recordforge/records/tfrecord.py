@@ -14,7 +14,7 @@ import pyarrow as pa
 from recordforge.errors import CorruptFile
 from recordforge.files import layout
 from recordforge.files.storage import open_read, stat
-from recordforge.records import _native, array_records
+from recordforge.records import _native, array_records, webdataset
 from recordforge.records.crc32c import masked_crc32c
 from recordforge.records.file_kinds import looks_like
 
@@ -242,6 +242,9 @@ def read_records(
     compression = compression or detect_compression(path)
     if compression == array_records.ARRAY_RECORD:
         yield from _array_records(path, on_raw)
+        return
+    if compression == webdataset.WEBDATASET:
+        yield from webdataset.read_examples(path, on_raw)
         return
     stream = _Stream(decompressed_chunks(path, compression, on_raw))
     bound = RecordBound(path, compression, max_record_bytes)

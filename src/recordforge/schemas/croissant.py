@@ -17,6 +17,7 @@ __all__ = ["CONFORMS_TO", "croissant_json", "croissant_metadata", "split_regex"]
 CONFORMS_TO = "http://mlcommons.org/croissant/1.0"
 TFRECORD_MIME = "application/x-tfrecord"  # no registered type; the one in common use
 ARRAY_RECORD_MIME = "application/x-array-record"  # no registered type either
+WEBDATASET_MIME = "application/x-tar"
 # The recommended 1.0 context (as mlcroissant writes it), plus the two array terms.
 _CONTEXT: dict[str, Any] = {
     "@language": "en",
@@ -195,7 +196,10 @@ def croissant_metadata(plan: Plan, meta: Mapping[str, Any], *, output: str) -> d
     compression = meta["compression"]
     suffix = meta["shards"][0]["file"].rsplit("/", 1)[-1].split(".", 1)[1] if meta["shards"] else "tfrecord"
     mime = TFRECORD_MIME
-    if meta.get("format") == "array_record":
+    if meta.get("format") == "webdataset":
+        mime = WEBDATASET_MIME
+        reading = "WebDataset tar files, one sample per record (docs/webdataset.md), each a"
+    elif meta.get("format") == "array_record":
         mime = ARRAY_RECORD_MIME
         reading = f"ArrayRecord files (writer options {meta['array_record_options']})"
     elif compression == "none":

@@ -163,6 +163,9 @@ def _dataset_name(output: str) -> str:
 def tfds_metadata(plan: Plan, meta: Mapping[str, Any], *, output: str) -> dict[str, bytes]:
     """The TFDS files of a bundle ({} when TFDS cannot read its shards), given metadata.json."""
     array_record = meta.get("format") == "array_record"
+    if meta.get("format") == "webdataset":
+        _LOGGER.info("%s: no TFDS metadata: TFDS reads no WebDataset tar shards", output)
+        return {}
     if meta["compression"] != "none" and not array_record:
         _LOGGER.info(
             "%s: no TFDS metadata: TFDS reads TFRecords without a compression type, and these "

@@ -12,6 +12,8 @@ from recordforge.output.shard_files import ShardFiles, shard_prefix
 from recordforge.records.shard_format import shard_format
 from recordforge.records.shard_spec import ShardSpec, Sizing
 from recordforge.records.tfrecord import BatchKey, ShardInfo
+from recordforge.records.webdataset import WEBDATASET, SampleCodec
+from recordforge.transforms.coders import declare_element_type
 from recordforge.transforms.placed import write_placed
 from recordforge.transforms.rolling import WriteRollingShards
 
@@ -44,8 +46,12 @@ class WriteTFRecords(beam.PTransform):
         reused: tuple[dict[str, Any], ...] = (),
         held: dict[BatchKey, tuple[tuple[int, int], ...]] | None = None,
         placed: PlacedKeep | None = None,
+        samples: SampleCodec | None = None,
     ) -> None:
         super().__init__()
+        if (spec.format == WEBDATASET) != (samples is not None):
+            raise ValueError("WebDataset shards, and only they, take a SampleCodec")
+        self._samples = samples
         if (reused or held) and not spec.sizing.rolling:
             raise ValueError("only the rolling writer reuses parts")
         if placed is not None and spec.sizing.rolling:
@@ -61,6 +67,10 @@ class WriteTFRecords(beam.PTransform):
     def expand(self, batches: beam.PCollection[tuple[BatchKey, pa.Array]]) -> beam.PCollection[ShardInfo]:
         spec = self._spec
         files = ShardFiles.beside(shard_prefix(self._output, spec.name), shard_format(spec))
+        if self._samples is not None:
+            # (key, samples): each record as its sample's tar members, keyed by its place
+            samples = batches | "ToSamples" >> beam.Map(_to_samples, self._samples)
+            batches = declare_element_type(samples, batches.element_type)
         if not spec.sizing.rolling:
             return write_placed(
                 batches, files, spec, spill=self._spill, pieces=self._pieces, keep=self._placed
@@ -69,3 +79,8 @@ class WriteTFRecords(beam.PTransform):
         if spec.sizing is Sizing.COUNT:
             return batches | "WriteByCount" >> rolling
         return batches | "WriteBySize" >> rolling  # by bytes or by records
+
+
+def _to_samples(element: tuple[BatchKey, pa.Array], codec: SampleCodec) -> tuple[BatchKey, pa.Array]:
+    (split, file, first_row), records = element
+    return (split, file, first_row), codec.encode_batch(file, first_row, records)
