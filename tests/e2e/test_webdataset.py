@@ -318,3 +318,18 @@ def test_a_corrupt_member_fails_verify_naming_its_sample(tmp_path: Path) -> None
         example_of([("x", "npy", b"not an npy")])
     with pytest.raises(Exception, match="names"):
         example_of([("x", "pyd", pickle.dumps([np.int64(1)]))])  # a global: never unpickled
+
+
+def test_append_adds_samples_and_tf_data_refuses_in_one_line(tmp_path: Path) -> None:
+    import recordforge
+
+    (tmp_path / "in").mkdir()
+    pq.write_table(pa.table({"id": list(range(10))}), tmp_path / "in" / "a.parquet")
+    argv = ["--source", str(tmp_path / "in" / "*.parquet"), "--output", str(tmp_path / "out")]
+    run([*argv, "--output_format", "webdataset"])
+    pq.write_table(pa.table({"id": list(range(10, 15))}), tmp_path / "in" / "b.parquet")
+    meta = run([*argv, "--output_format", "webdataset", "--append"])
+    assert meta["num_records"] == 15
+    assert sorted(_ids(_urls(tmp_path / "out", meta))) == list(range(15))
+    with pytest.raises(Exception, match="WebDataset tar shards, which tf.data does not read"):
+        recordforge.read(str(tmp_path / "out"))

@@ -124,13 +124,13 @@ FLAGS: tuple[Flag, ...] = (
     ),
     Flag(
         "output_format",
-        "Shard file format: tfrecord (default), or array_record (random access: Grain, "
-        "tfds.data_source, recordforge.data_source).",
+        "Shard file format: tfrecord (default), array_record (random access: Grain, "
+        "tfds.data_source, recordforge.data_source), or webdataset (tar shards for PyTorch).",
         True,
         "Shard file format",
-        "^(tfrecord|array_record)$",
-        "`array_record` for random access (`recordforge.data_source`, Grain, TFDS); see "
-        "Output formats and random access",
+        "^(tfrecord|array_record|webdataset)$",
+        "`array_record` for random access (`recordforge.data_source`, Grain, TFDS), "
+        "`webdataset` for PyTorch; see Output formats and random access",
         default=OUTPUT_FORMATS[0],
         choices=OUTPUT_FORMATS,
         row="output_format",

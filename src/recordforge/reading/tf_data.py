@@ -86,6 +86,11 @@ def read(
             f"{path.rstrip('/')} holds ArrayRecord shards, which tf.data cannot read: use "
             f"recordforge.data_source({path!r}) (Grain, tfds.data_source), or convert TFRecords"
         )
+    if bundle["metadata"].get("format") == "webdataset":
+        raise RecordForgeError(
+            f"{path.rstrip('/')} holds WebDataset tar shards, which tf.data does not read: use "
+            "webdataset.WebDataset(urls).decode() (docs/webdataset.md), or convert TFRecords"
+        )
     json_spec = bundle["feature_spec"]
     compression = bundle["metadata"]["tf_compression_type"]
     files = tf.constant(bundle["files"], dtype=tf.string)
