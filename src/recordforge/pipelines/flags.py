@@ -13,7 +13,7 @@ from recordforge.records.tfrecord import Compression
 
 __all__ = ["add_flags", "COMPRESSIONS", "default", "Flag", "FLAGS", "FORMATS", "parse_bool", "readme_table"]
 
-FORMATS = ("parquet", "csv", "images")
+FORMATS = ("parquet", "csv", "images", "jsonl", "orc", "arrow")
 # TFRecord's (Compression.CHOICES) and zstd, which only ArrayRecord shards take.
 COMPRESSIONS = (*Compression.CHOICES, "zstd")
 _ANY = r"^\S+$"
@@ -114,10 +114,11 @@ FLAGS: tuple[Flag, ...] = (
         "format",
         "Source format; defaults from the file extension of the first match. images: --source "
         "is a folder (labels from folder names) or a CSV/Parquet manifest whose schema marks "
-        "`type: image` columns.",
+        "`type: image` columns. jsonl: JSON Lines (.jsonl, .json, .jsonl.gz); orc; arrow: Arrow "
+        "IPC file or stream, Feather v2.",
         True,
         "Source format",
-        "^(parquet|csv|images)$",
+        "^(parquet|csv|images|jsonl|orc|arrow)$",
         "default: from the file extension",
         choices=FORMATS,
         field="source_format",

@@ -9,6 +9,7 @@ import json
 import logging
 from collections.abc import Mapping
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from recordforge.errors import RecordForgeError
@@ -17,7 +18,7 @@ from recordforge.pipelines.config import ConvertConfig
 from recordforge.schemas import Plan, compile_schema, load_schema
 from recordforge.schemas.infer import inferred_schema
 from recordforge.schemas.loader import dump_schema
-from recordforge.sources.probe import format_from_path, parquet_footers
+from recordforge.sources.probe import format_from_path, parquet_footers, read_arrow_schema
 from recordforge.transforms.image_folder import ImageFolder, folder_schema, list_image_folder
 from recordforge.transforms.source_types import FileInfo, expand_patterns
 
@@ -44,6 +45,7 @@ class Inputs:
     fingerprint: str
     folder: ImageFolder | None = None
     rows: int | None = None  # from the Parquet footers, where they were read (progress total)
+    json_types: pa.Schema | None = None  # JSON Lines: the types lines are parsed with (the first file's)
 
 
 def resolve_inputs(config: ConvertConfig, *, first_rows: bool = False) -> Inputs:
@@ -71,7 +73,8 @@ def resolve_inputs(config: ConvertConfig, *, first_rows: bool = False) -> Inputs
         footers = parquet_footers(paths)
     plan = resolve_plan(config, fmt, files[0].path, paths, first_rows=first_rows, footers=footers)
     rows = sum(f.num_rows for f in footers.values()) if footers is not None else None
-    return Inputs(files, fmt, plan, input_fingerprint(files, plan, config), rows=rows)
+    json_types = read_arrow_schema(files[0].path, fmt) if fmt == "jsonl" else None
+    return Inputs(files, fmt, plan, input_fingerprint(files, plan, config), rows=rows, json_types=json_types)
 
 
 def input_fingerprint(files: list[FileInfo], plan: Plan, config: ConvertConfig) -> str:

@@ -12,6 +12,7 @@ import pyarrow.parquet as pq
 from recordforge.errors import SchemaError
 from recordforge.schemas.kinds import RAGGED, VARIABLE, DType, NullPolicy, normalize_name
 from recordforge.schemas.model import Feature, Schema
+from recordforge.sources import table_files
 from recordforge.sources.probe import never_null_columns, parquet_footers, read_arrow_schema
 
 __all__ = ["infer_schema", "inferred_schema", "sample_notes"]
@@ -243,6 +244,8 @@ def inferred_schema(
     if fmt == "parquet":
         footers = footers if footers is not None else parquet_footers(files)
         never_null = never_null_columns(footers)
+    elif fmt in table_files.FORMATS:  # ORC statistics, Arrow null counts (none for JSON Lines)
+        never_null = table_files.never_null_columns(files, fmt)
     if footers is not None and first_file in footers:
         arrow_schema = footers[first_file].schema.to_arrow_schema()
     elif not retype:

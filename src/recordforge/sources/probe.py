@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 
 from recordforge.errors import SourceError
 from recordforge.files.storage import is_local, open_input
-from recordforge.sources import csv_types, fixed_lists
+from recordforge.sources import csv_types, fixed_lists, table_files
 
 __all__ = [
     "csv_reader",
@@ -32,7 +32,20 @@ __all__ = [
 # Footers read to find columns without nulls; beyond, inference keeps every column nullable.
 MAX_FOOTERS = 1000
 
-_EXTENSIONS = {".parquet": "parquet", ".pq": "parquet", ".csv": "csv", ".tsv": "csv"}
+_EXTENSIONS = {
+    ".parquet": "parquet",
+    ".pq": "parquet",
+    ".csv": "csv",
+    ".tsv": "csv",
+    ".jsonl": "jsonl",
+    ".ndjson": "jsonl",
+    ".json": "jsonl",
+    ".orc": "orc",
+    ".arrow": "arrow",
+    ".arrows": "arrow",
+    ".feather": "arrow",
+    ".ipc": "arrow",
+}
 
 
 def format_from_path(path: str) -> str | None:
@@ -113,6 +126,8 @@ def with_json_lists(table: pa.Table) -> pa.Table:
 def read_sample(path: str, fmt: str, rows: int) -> pa.Table:
     """The first `rows` rows of a file, with the types the readers would produce (a CSV file's
     from all its rows)."""
+    if fmt in table_files.FORMATS:
+        return table_files.sample(path, fmt, rows)
     try:
         whole = csv_schema(path) if fmt == "csv" else pa.schema([])
         with open_source(path) as f:
@@ -155,6 +170,8 @@ def _parsed_stamps(table: pa.Table, stamps: dict[str, pa.DataType]) -> pa.Table:
 def read_arrow_schema(path: str, fmt: str, *, every_row: bool = True) -> pa.Schema:
     """A file's Arrow schema; a CSV file's types from every row (or, unless `every_row`, from its
     first block), with its columns of JSON arrays told."""
+    if fmt in table_files.FORMATS:
+        return table_files.arrow_schema(path, fmt)
     try:
         whole = csv_schema(path) if fmt == "csv" and every_row else pa.schema([])
         with open_source(path) as f:
