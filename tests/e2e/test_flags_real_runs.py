@@ -132,6 +132,8 @@ CASES: dict[str, Case] = {
     "deterministic": lambda i: _pair(
         i, i.parquet, ["--num_shards", "3"], ["--num_shards", "3", "--deterministic"]
     ),
+    # A timeline of the run, written beside: the output the same.
+    "profile": lambda i: _pair(i, i.parquet, [], ["--profile", str(i.root / "trace.json")]),
     "shuffle": lambda i: _pair(i, i.parquet, [], ["--shuffle"]),
     "seed": lambda i: _pair(i, i.parquet, ["--shuffle"], ["--shuffle", "--seed", "7"]),
     "max_rejected": lambda i: _pair(i, i.bad_row(), [], ["--max_rejected", "5"]),

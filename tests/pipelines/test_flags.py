@@ -36,6 +36,7 @@ _OTHER: dict[str, dict[str, Any]] = {
     "records_per_shard": {"records_per_shard": 10},
     "num_shards": {"num_shards": 4},
     "batch_size": {"batch_size": 100},
+    "profile": {"profile": "/tmp/trace.json"},
     "deterministic": {"deterministic": True},
     "shuffle": {"shuffle": True},
     "seed": {"shuffle": True, "seed": 7},

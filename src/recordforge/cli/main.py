@@ -114,6 +114,10 @@ def _convert(argv: list[str]) -> int:
         print(f"  {why}: nothing was run ({'--append' if run.config.append else '--if_changed'})")
     for line in done_lines(meta):
         print(f"  {line}")
+    if run.config.profile:
+        from recordforge.tracing.trace import read_summary, summary_lines
+
+        print("\n".join(summary_lines(read_summary(run.config.profile), run.config.profile)))
     print(f"  read it back: recordforge.read({out!r})")
     return 0
 

@@ -29,6 +29,8 @@ from recordforge.files.storage import (
 from recordforge.output import crashpoints
 from recordforge.output.lease import Lease, OutputLocked
 from recordforge.output.state import OutputState, check_state, read_state
+from recordforge.tracing.spans import flush as flush_spans
+from recordforge.tracing.spans import span
 
 __all__ = [
     "Publication",
@@ -338,6 +340,14 @@ def commit_version(
 ) -> None:
     """Publishes `version`, its shards in place: deletes the working folders `temp_dirs`, writes
     the version's small `files` then its metadata.json (`manifest`), then commits it (`_commit`)."""
+    with span("commit"):
+        _commit_version(output, version, files, manifest, temp_dirs)
+    flush_spans()  # the last step a worker runs: nothing flushes after it
+
+
+def _commit_version(
+    output: str, version: str, files: dict[str, bytes], manifest: bytes, temp_dirs: Iterable[str]
+) -> None:
     root = layout.version_root(output, version)
     for temp in temp_dirs:
         delete_tree(temp)

@@ -55,6 +55,7 @@ class ConvertConfig:
     record_index: bool = default("record_index")
     num_shards: int = default("num_shards")
     batch_size: int = default("batch_size")
+    profile: str | None = default("profile")
     shard_size: str | None = default("shard_size")
     records_per_shard: int = default("records_per_shard")
     compression_level: int = default("compression_level")

@@ -27,7 +27,9 @@ import logging
 import os
 import shutil
 import sys
-from collections.abc import Sequence
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import apache_beam as beam
@@ -39,6 +41,7 @@ from recordforge.errors import RecordForgeError, TypesChanged, UsageError
 from recordforge.files import layout
 from recordforge.files.layout import new_version
 from recordforge.files.storage import is_local, list_files
+from recordforge.output.finished import commit_finished
 from recordforge.output.publishing import Publication, finish_interrupted_commit
 from recordforge.output.state import OutputState, check_output_path, read_state
 from recordforge.pipelines.config import ConvertConfig
@@ -55,12 +58,15 @@ from recordforge.records.webdataset import WEBDATASET, SampleCodec
 from recordforge.runners import startup
 from recordforge.runners.adapter import discard
 from recordforge.runners.unwrap import from_worker
+from recordforge.tracing import spans as tracing
+from recordforge.tracing.trace import write_trace
 from recordforge.transforms.bundle import BundleSpec, RunFacts, WriteBundle, rule_of
 from recordforge.transforms.coders import declare_element_type
 from recordforge.transforms.csv_source import ReadCsv
 from recordforge.transforms.examples import REJECTED, ToExamples
 from recordforge.transforms.image_folder import ReadImageFolder
 from recordforge.transforms.parquet_source import ReadParquet
+from recordforge.transforms.published import KeepPublished
 from recordforge.transforms.rejects import WriteRejected
 from recordforge.transforms.sequences import COUNTS, ToSequences
 from recordforge.transforms.sinks import WriteTFRecords
@@ -111,6 +117,7 @@ def build(pipeline: beam.Pipeline, run: Run) -> beam.PCollection[str]:
             progress=run.traits.progress,
             pieces=_pieces(run),
             max_record_bytes=config.max_record_bytes,
+            profile=run.profile_dir,
         )
     # examples: ((split, file, first_row), pa.LargeBinaryArray of serialized tf.train.Examples),
     #   or with preprocessing the conformed rows as a pa.RecordBatch; split is "" without splits;
@@ -233,17 +240,22 @@ def _write_shards(run: Run, examples: beam.PCollection) -> beam.PCollection:
     kept = reuse.parts if reuse is not None else {}
     held = reuse.held if reuse is not None else {}
     placed = reuse.placed if reuse is not None else {}
+    published = reuse.published if reuse is not None else {}
     samples = SampleCodec.of(run.plan.features) if run.config.output_format == WEBDATASET else None
     if run.splits is None:
-        writer = WriteTFRecords(
-            run.root,
-            run.shards["data"],
-            spill=spill,
-            pieces=pieces,
-            reused=kept.get("data", ()),
-            held=held.get("data"),
-            placed=placed.get("data"),
-            samples=samples,
+        writer = (
+            KeepPublished(published["data"])
+            if "data" in published
+            else WriteTFRecords(
+                run.root,
+                run.shards["data"],
+                spill=spill,
+                pieces=pieces,
+                reused=kept.get("data", ()),
+                held=held.get("data"),
+                placed=placed.get("data"),
+                samples=samples,
+            )
         )
         return examples | "WriteTFRecords" >> writer
     names = run.splits.names
@@ -253,10 +265,10 @@ def _write_shards(run: Run, examples: beam.PCollection) -> beam.PCollection:
     for name, chosen in zip(names, by_split, strict=True):
         chosen = declare_element_type(chosen, examples.element_type)  # keeps the batches' coder
         into = layout.join(run.root, name)
-        written.append(
-            chosen
-            | f"WriteTFRecords[{name}]"
-            >> WriteTFRecords(
+        writer = (
+            KeepPublished(published[name])
+            if name in published
+            else WriteTFRecords(
                 into,
                 run.shards[name],
                 spill=spill,
@@ -267,6 +279,7 @@ def _write_shards(run: Run, examples: beam.PCollection) -> beam.PCollection:
                 samples=samples,
             )
         )
+        written.append(chosen | f"WriteTFRecords[{name}]" >> writer)
     return written | "AllSplits" >> beam.Flatten()
 
 
@@ -288,7 +301,7 @@ def _bundle_spec(run: Run, transformed: Transformed | None) -> BundleSpec:
     if _pieces(run) is not None:  # the record of pieces, and the killed run's part folders
         temp_dirs.append(layout.pieces_dir(run.root))
     if reuse is not None:
-        temp_dirs.extend(sorted({f.rsplit("/", 1)[0] for f in reuse.files}))
+        temp_dirs.extend(sorted(reuse.temp_dirs))
     return BundleSpec(
         output=config.output,
         version=run.version,
@@ -371,17 +384,20 @@ def _run_once(pipeline: beam.Pipeline, run: Run) -> dict[str, Any]:
     published. A RecordForge error raised in a worker reaches the caller as itself
     (`unwrap.from_worker`), not as the runner's wrapping of it."""
     # What the plan would have said, recorded beside what the run does (metadata.json).
-    run = dataclasses.replace(run, estimated=estimate(run).recorded())
+    with tracing.span("plan"):
+        run = dataclasses.replace(run, estimated=estimate(run).recorded())
     assert run.state is not None
+    reuse = run.resuming.reuse if run.resuming is not None else None
     try:
-        build(pipeline, run)
+        with tracing.span("build"):
+            build(pipeline, run)
         with (
             Publication(
                 run.config.target,
                 run.version,
                 published_is_success=True,
                 resume=run.resuming.journal() if run.resuming is not None else None,
-                kept=run.resuming.reuse.files if run.resuming and run.resuming.reuse else None,
+                kept=reuse.files if reuse is not None and reuse.finished is None else None,
             ) as publication,
             _progress(run),
         ):
@@ -398,7 +414,11 @@ def _run_once(pipeline: beam.Pipeline, run: Run) -> dict[str, Any]:
                     f"--append was prepared over {run.appending.base['version']}; run it again"
                 )
             try:
-                pipeline.run().wait_until_finish()
+                if reuse is not None and reuse.finished is not None:  # killed with its version whole
+                    commit_finished(run.output, run.version, reuse.finished)
+                else:
+                    with tracing.span("run"):
+                        pipeline.run().wait_until_finish()
             except Exception as exn:
                 raised = from_worker(exn)
                 if raised is None:
@@ -451,17 +471,41 @@ def convert(request: Request) -> tuple[Run | None, dict[str, Any]]:
     if run.up_to_date is not None:
         _finish_killed_commit(run.config, run.state)
         return run, _up_to_date(run, run.up_to_date)
+    with _profiled(run.config.profile) as traced:
+        # The workers are told where to record (they may have been forked before it existed).
+        run = dataclasses.replace(run, profile_dir=traced)
+        try:
+            # A pipeline of the options as resolved (Beam copies them: resolve may size the workers).
+            return run, _run_once(_pipeline(run.options), run)
+        except TypesChanged as exn:
+            if not run.plan.retype_file:
+                raise
+            _LOGGER.warning(
+                "%s; the run published nothing, and converts again with types inferred from every row", exn
+            )
+            run = retyped(run)
+            return run, _run_once(_pipeline(run.options), run)
+
+
+@contextlib.contextmanager
+def _profiled(path: str | None) -> Iterator[str | None]:
+    """With --profile: every process of the run records its stages' spans (tracing/), merged at
+    the end into one trace at `path` that also carries where the time went (`read_summary`)."""
+    if not path:
+        yield None
+        return
+    folder = tempfile.mkdtemp(prefix="recordforge-profile-")
+    tracing.start(folder)
+    begin = time.perf_counter_ns()
     try:
-        # A pipeline of the options as resolved (Beam copies them: resolve may size the workers).
-        return run, _run_once(_pipeline(run.options), run)
-    except TypesChanged as exn:
-        if not run.plan.retype_file:
-            raise
-        _LOGGER.warning(
-            "%s; the run published nothing, and converts again with types inferred from every row", exn
-        )
-        run = retyped(run)
-        return run, _run_once(_pipeline(run.options), run)
+        yield folder
+    finally:
+        end = time.perf_counter_ns()
+        tracing.stop()
+        try:
+            write_trace(folder, path, driver=os.getpid(), run_start_ns=begin, run_end_ns=end)
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 def run(argv: Sequence[str] | None = None) -> dict[str, Any]:

@@ -216,9 +216,22 @@ FLAGS: tuple[Flag, ...] = (
         True,
         "Rows per batch",
         "^[1-9][0-9]*$",
-        "rows per Arrow record batch (default 16,384)",
+        "rows per Arrow record batch (default 16,384);",
         type=int,
         default=16384,
+    ),
+    Flag(
+        "profile",
+        "Write a timeline of the run to this path (Chrome trace-event JSON; open it in "
+        "ui.perfetto.dev): the spans of each stage per worker and thread, and print where the "
+        "time went. Local runs only (workers are forked from this process).",
+        False,
+        "Timeline of the run",
+        _ANY,
+        "`--profile`: a timeline of the run (Chrome trace JSON, for Perfetto) and where the time went",
+        default=None,
+        row="batch_size",
+        metavar="PATH",
     ),
     _bool_flag(
         "deterministic",

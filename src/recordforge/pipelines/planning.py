@@ -15,6 +15,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from recordforge.conforming.conform import conform_batch
+from recordforge.errors import RecordForgeError
 from recordforge.files.storage import open_input
 from recordforge.pipelines.resolve import Request, Run, resolve
 from recordforge.records.encoding import ExampleEncoder
@@ -226,7 +227,10 @@ def _rows(run: Run) -> tuple[int | None, bool, int | None]:
         count = int(inputs.folder.count)
         return count, True, math.ceil(count / batch)
     if inputs.fmt == "parquet":
-        footers = [parquet_footer(f.path) for f in inputs.files]
+        try:
+            footers = [parquet_footer(f.path) for f in inputs.files]
+        except (OSError, ValueError, pa.ArrowException):
+            return None, False, len(inputs.files)  # an unreadable file: its reader reports it, or skips it
         rows = sum(m.num_rows for m in footers)
         return rows, True, sum(max(1, m.num_row_groups) for m in footers)
     if inputs.fmt == "csv":
@@ -276,7 +280,11 @@ def _sample(run: Run, notes: list[str], *, timed: bool) -> tuple[int, int, int |
     """(rows, bytes written, largest record, seconds per row on one core) of a sample of the
     input conformed, encoded and written by the run's own shard format, into a local temporary
     file (the output is not touched)."""
-    batch = _sample_batch(run)
+    try:
+        batch = _sample_batch(run)
+    except (RecordForgeError, OSError, ValueError, pa.ArrowException) as exn:
+        notes.append(f"no sample could be read ({exn}): output bytes and time not estimated")
+        return 0, 0, None, None
     if batch is None or batch.num_rows == 0:
         return 0, 0, None, None
     encoder = ExampleEncoder(run.plan)

@@ -86,6 +86,7 @@ class Run:
     appending: Appending | None = None  # --append over a published version
     resuming: Resuming | None = None  # the run's record for a rerun, and what it keeps of a killed one
     estimated: dict[str, Any] | None = None  # the plan's figures, recorded beside the run's (planning.py)
+    profile_dir: str | None = None  # --profile: where every process records its spans (tracing/)
 
     @property
     def plan(self) -> Plan:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import IO, TYPE_CHECKING, Any
 
 from recordforge.files.storage import open_read, open_write
+from recordforge.tracing.spans import span
 
 if TYPE_CHECKING:  # imported where a stream is compressed
     from isal import isal_zlib
@@ -120,7 +121,11 @@ class _Behind:
         if self._thread is None:
             self._thread = threading.Thread(target=self._work, name="recordforge-stream", daemon=True)
             self._thread.start()
-        self._jobs.put((fn, args))
+        if self._jobs.full():  # the stream's thread is behind: the caller waits for it
+            with span("wait for writer"):
+                self._jobs.put((fn, args))
+        else:
+            self._jobs.put((fn, args))
 
     def _work(self) -> None:
         while True:
@@ -130,7 +135,8 @@ class _Behind:
                     return
                 if self._error is None:
                     fn, args = job
-                    fn(*args)
+                    with span("deflate, hash, write"):
+                        fn(*args)
             except BaseException as exn:  # handed to the caller's thread
                 self._error = exn
             finally:

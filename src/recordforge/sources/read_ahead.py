@@ -11,6 +11,8 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from typing import Any, TypeVar
 
+from recordforge.tracing.spans import span
+
 __all__ = ["ReadAhead"]
 
 _T = TypeVar("_T")
@@ -24,7 +26,9 @@ def _work(jobs: queue.SimpleQueue[_Job]) -> None:
     while (job := jobs.get()) is not None:
         future, step = job
         try:
-            future.set_result(step())
+            with span("read"):
+                result = step()
+            future.set_result(result)
         except BaseException as exn:  # handed to the consumer, which raises it
             future.set_exception(exn)
 
@@ -75,7 +79,11 @@ class ReadAhead:
         try:
             while True:
                 # Left in `pending` while waited on: an interrupt here leaves its step running.
-                item = pending[0].result()
+                if pending[0].done():
+                    item = pending[0].result()
+                else:
+                    with span("wait for input"):
+                        item = pending[0].result()
                 pending.popleft()
                 if item is _END:
                     return

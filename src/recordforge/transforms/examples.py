@@ -20,6 +20,7 @@ from recordforge.progress import counts as progress_counts
 from recordforge.records.encoding import ExampleEncoder
 from recordforge.schemas.model import Schema
 from recordforge.schemas.plan import Plan, compile_schema
+from recordforge.tracing import spans as tracing
 from recordforge.transforms.coders import ArrowCoder, declare_element_type
 from recordforge.transforms.rejects import rejected_line, source_record
 from recordforge.transforms.source_types import SourceBatch
@@ -62,14 +63,15 @@ def conform_rows(
         progress_counts.count(progress, batch.num_rows)
     if batch.num_rows == 0:
         return None
-    result = conform_batch(
-        batch,
-        plan,
-        file=element.file,
-        first_row=element.first_row,
-        text_lists=element.text_lists,
-        read=element.read,
-    )
+    with tracing.span("conform"):
+        result = conform_batch(
+            batch,
+            plan,
+            file=element.file,
+            first_row=element.first_row,
+            text_lists=element.text_lists,
+            read=element.read,
+        )
     if result.rejected:
         if plan.retype_file:
             _check_types(result.rejected, plan.retype_file)
@@ -96,8 +98,10 @@ class _ToExamplesFn(beam.DoFn):
         progress: str | None = None,
         pieces: str | None = None,
         max_record_bytes: int = 0,
+        profile: str | None = None,
     ) -> None:
         self._plan = plan
+        self._profile = profile
         self._max_record_bytes = max_record_bytes
         self._progress = progress
         self._pieces = pieces
@@ -111,6 +115,8 @@ class _ToExamplesFn(beam.DoFn):
         self._rows_rejected = Metrics.counter(namespace, "rows_rejected")
 
     def setup(self) -> None:
+        if self._profile is not None:
+            tracing.start(self._profile)  # this worker's stages, its stream's and reader's threads too
         self._encoder = ExampleEncoder(self._plan)
         self._key_encoder = None
         if self._splits is not None and self._splits.key_feature is not None:
@@ -125,6 +131,7 @@ class _ToExamplesFn(beam.DoFn):
     def finish_bundle(self) -> None:
         if self._ledger is not None:
             self._ledger.flush()
+        tracing.flush()
 
     def process(self, element: SourceBatch) -> Iterator[Any]:
         if self._ledger is None:
@@ -152,7 +159,8 @@ class _ToExamplesFn(beam.DoFn):
         )
         if result is None or not result.batch.num_rows:
             return
-        out = self._encoder.encode(result.batch) if self._encode else _compact(result.batch)
+        with tracing.span("encode"):
+            out = self._encoder.encode(result.batch) if self._encode else _compact(result.batch)
         if self._encode and self._max_record_bytes:
             out, result = yield from self._within_limit(element, result, out)
             if not len(out):
@@ -265,6 +273,7 @@ class ToExamples(beam.PTransform):
     batch converted without a rejected row is recorded there (pieces.py) once its records are
     handed on, so that a rerun after a crash can keep it. With `max_record_bytes`, a record
     encoded larger is a bad row of rule `record_size` (rejected, or in strict mode the failure).
+    With `profile` (a local folder), each worker records its stages' spans there (tracing/).
     """
 
     def __init__(
@@ -278,8 +287,10 @@ class ToExamples(beam.PTransform):
         progress: str | None = None,
         pieces: str | None = None,
         max_record_bytes: int = 0,
+        profile: str | None = None,
     ) -> None:
         super().__init__()
+        self._profile = profile  # --profile: the folder each worker records its spans in
         self._max_record_bytes = max_record_bytes  # 0: no limit
         self._pieces = pieces  # where finished batches are recorded for a rerun (pieces.py)
         self._encode = encode
@@ -300,6 +311,7 @@ class ToExamples(beam.PTransform):
                 self._progress,
                 self._pieces,
                 self._max_record_bytes,
+                self._profile,
             )
         ).with_outputs(REJECTED, main="examples")
         records = pa.Array if self._encode else pa.RecordBatch

@@ -20,6 +20,8 @@ from recordforge.output.shard_plans import Join, Limits, Part, order, plan, shor
 from recordforge.records.shard_format import ShardFormat, ShardWriter
 from recordforge.records.shard_spec import ShardSpec, Sizing
 from recordforge.records.tfrecord import BatchKey, ShardInfo
+from recordforge.tracing.spans import flush as flush_spans
+from recordforge.tracing.spans import span
 
 __all__ = ["Limits", "WriteRollingShards"]
 
@@ -89,7 +91,8 @@ class _Roller:
 
     def _add(self, key: BatchKey | None, records: pa.Array, first_record: int) -> Iterator[Part]:
         limits = self._limits
-        framed = self._format.frame(records)
+        with span("frame"):
+            framed = self._format.frame(records)
         offsets = framed.offsets
         start, n = 0, len(records)
         while start < n:
@@ -127,6 +130,7 @@ class _RollingWriteFn(beam.DoFn):
 
     def finish_bundle(self) -> Iterator[WindowedValue]:
         part = self._roller.close()
+        flush_spans()  # the stream's spans, now that it is closed
         if part is not None:
             yield GlobalWindows.windowed_value(part)
 
@@ -148,7 +152,8 @@ def _join(join: Join, tmp_dir: str, fmt: ShardFormat, limits: Limits) -> list[Pa
         return [join.pieces[0][0]]
     if not limits.max_records:
         pieces = ((part.tmp, seg) for part, segs in join.pieces for seg in segs)
-        spliced, segments = fmt.splice(tmp, pieces)
+        with span("join"):
+            spliced, segments = fmt.splice(tmp, pieces)
         s = spliced
         return [Part(s.tmp, s.records, s.bytes, s.sha256, first_key, segments, first_record)]
     roller = _Roller(tmp_dir, fmt, limits)
@@ -175,10 +180,12 @@ def _publish(
     fmt: ShardFormat,
     tmp_dir: str,
     limits: Limits,
+    pieces: tuple[str, str] | None = None,
 ) -> list[ShardInfo]:
     """Names the shards in input order (by records, the short one last) and publishes them
     (shard_files.py): leftovers of retried bundles and joined parts go with the temporary folder,
-    and a retried publish is harmless."""
+    and a retried publish is harmless. With `pieces`, the shards are recorded there first: the
+    parts joined into them go with the temporary folder, and a rerun keeps the shards instead."""
     short = {p.tmp for p in short_parts(parts, limits)}
     shards = [p for p in parts if p.tmp not in short] + [p for group in joined for p in group]
     if limits.sizing is Sizing.RECORDS:
@@ -187,7 +194,7 @@ def _publish(
     else:
         shards.sort(key=order)
     _LOGGER.debug("%s: %d parts, %d joins", prefix, len(parts), len(joined))
-    return ShardFiles(prefix, fmt, tmp_dir).publish(shards)
+    return ShardFiles(prefix, fmt, tmp_dir).publish(shards, pieces=pieces)
 
 
 def _unheld(
@@ -266,5 +273,6 @@ class WriteRollingShards(beam.PTransform):
                 fmt,
                 tmp,
                 limits,
+                self._pieces,
             )
         )
