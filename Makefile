@@ -52,6 +52,7 @@ lint: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python -m bench.run $(BENCH_ARGS)
 	$(BIN)/python -m bench.sequences
+	$(BIN)/python -m bench.workers
 
 clean:
 	rm -rf out bench/out

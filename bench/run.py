@@ -92,6 +92,9 @@ def _run_child(args: list[str], tree: Path | None = None) -> dict:
         raise SystemExit(f"benchmark {args[0]} failed:\n{err_chunks[-3000:]}")
     result = json.loads(out_chunks.strip().splitlines()[-1])
     result["peak_rss_mb"] = rusage.ru_maxrss / 1024  # Linux reports KiB
+    # User + system CPU of the process tree: the workers are waited for by their fork server,
+    # the fork server by the driver, so wait4 sums them all.
+    result["cpu_s"] = rusage.ru_utime + rusage.ru_stime
     # Steal: time the hypervisor gave this VM's CPUs to someone else while the run wanted them.
     # Shared VMs vary run to run; a slow run with high steal was slowed from outside.
     after = _cpu_times()
