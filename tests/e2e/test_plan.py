@@ -190,3 +190,21 @@ def test_the_command_prints_the_plan_and_json(tmp_path: Path) -> None:
     assert as_json["rows"] == 20_000 and as_json["shards"] == 400 and as_json["warnings"]
     assert not (tmp_path / "out").exists()
     shutil.rmtree(tmp_path / "out", ignore_errors=True)
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "orc", "arrow"])
+def test_the_table_formats(tmp_path: Path, fmt: str) -> None:
+    """ORC and Arrow files' rows exact (footer, batches), JSON Lines' estimated from its lines."""
+    import pyarrow.feather as feather
+    import pyarrow.orc as orc
+
+    table = make_table(40_000).drop_columns(["ilist", "flist"])
+    src = tmp_path / f"t.{fmt}"
+    if fmt == "jsonl":
+        src.write_text("\n".join(json.dumps(row) for row in table.to_pylist()) + "\n")
+    elif fmt == "orc":
+        orc.write_table(table, src, stripe_size=1 << 20)
+    else:
+        feather.write_feather(table, src, chunksize=5_000)
+    plan, meta = _plan_then_convert(str(src), tmp_path / "out", format=fmt)
+    _check(plan, meta, rows_exact=fmt != "jsonl")

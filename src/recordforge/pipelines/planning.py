@@ -219,8 +219,8 @@ def _input_bytes(run: Run) -> int | None:
 
 
 def _rows(run: Run) -> tuple[int | None, bool, int | None]:
-    """(rows, exact, work items): Parquet's from the footers (read here if resolve did not),
-    an image folder's from its listing, a CSV file's estimated from its first lines."""
+    """(rows, exact, work items): Parquet's and ORC's from their footers, an Arrow file's from its
+    batches, an image folder's from its listing; CSV and JSON Lines estimated from first lines."""
     inputs = run.inputs
     batch = run.config.batch_size
     if inputs.folder is not None:
@@ -233,10 +233,18 @@ def _rows(run: Run) -> tuple[int | None, bool, int | None]:
             return None, False, len(inputs.files)  # an unreadable file: its reader reports it, or skips it
         rows = sum(m.num_rows for m in footers)
         return rows, True, sum(max(1, m.num_row_groups) for m in footers)
-    if inputs.fmt == "csv":
+    if inputs.fmt in ("orc", "arrow"):
+        try:
+            counted = [_table_rows(f.path, inputs.fmt) for f in inputs.files]
+        except (OSError, ValueError, pa.ArrowException):
+            return None, False, len(inputs.files)
+        if all(c is not None for c in counted):
+            return sum(c[0] for c in counted if c), True, sum(c[1] for c in counted if c)
+        return None, False, len(inputs.files)
+    if inputs.fmt in ("csv", "jsonl"):
         total = 0
         for f in inputs.files:
-            estimated = _csv_rows(f.path, f.size)
+            estimated = _line_rows(f.path, f.size, header=inputs.fmt == "csv")
             if estimated is None:
                 return None, False, None
             total += estimated
@@ -262,18 +270,39 @@ def _local(path: str) -> bool:
     return "://" not in path
 
 
-def _csv_rows(path: str, size: int | None) -> int | None:
-    """A CSV file's rows, from the bytes per line of its first MiB (uncompressed files only)."""
+def _table_rows(path: str, fmt: str) -> tuple[int, int] | None:
+    """(rows, units of work) of an ORC file (its footer) or an Arrow IPC file (its batches'
+    metadata); None for an Arrow stream, which has no footer to count from."""
+    if fmt == "orc":
+        import pyarrow.orc as orc
+
+        f = orc.ORCFile(path)
+        return f.nrows, max(1, f.nstripes)
+    import pyarrow.ipc as ipc
+
+    source = pa.memory_map(path) if _local(path) else open_input(path)
+    try:
+        reader = ipc.open_file(source)
+    except pa.ArrowInvalid:
+        return None  # a stream: counted only by reading it
+    batches = reader.num_record_batches
+    return sum(reader.get_batch(i).num_rows for i in range(batches)), max(1, batches)
+
+
+def _line_rows(path: str, size: int | None, *, header: bool) -> int | None:
+    """A CSV or JSON Lines file's rows, from the bytes per line of its first MiB (uncompressed
+    files only; a CSV file's header line is not a row)."""
     if size is None or path.lower().endswith((".gz", ".bz2", ".zst")):
         return None
     with open_source(path) as f:
         head = f.read(1 << 20)
     lines = head.count(b"\n")
-    if lines <= 1:
-        return max(0, lines - 1) if len(head) >= size else None
-    if len(head) >= size:
-        return lines - 1 if head.endswith(b"\n") else lines
-    return max(0, round(size / (len(head) / lines)) - 1)
+    skip = 1 if header else 0
+    if len(head) >= size:  # the whole file: counted
+        return max(0, (lines if head.endswith(b"\n") else lines + 1) - skip)
+    if not lines:
+        return None
+    return max(0, round(size / (len(head) / lines)) - skip)
 
 
 def _sample(run: Run, notes: list[str], *, timed: bool) -> tuple[int, int, int | None, float | None]:
