@@ -312,3 +312,24 @@ def test_a_split_conversion_equals_the_whole_read(
     monkeypatch.setattr(table_files, "PIECE_BYTES", size // 6)
     assert len(table_files.pieces(str(source), size, "arrow" if fmt == "ipc_stream" else fmt)) > 2
     assert convert("split", ["--direct_num_workers=2"]) == whole
+
+
+@pytest.mark.parametrize("fmt", ["orc", "feather", "jsonl"])
+def test_an_unreadable_file_fails_naming_it_or_is_listed_with_skip_unreadable_files(
+    tmp_path: Path, fmt: str
+) -> None:
+    (tmp_path / "src").mkdir()
+    name = _FORMATS[fmt]
+    _write(fmt, _rows(30), tmp_path / "src" / f"a{name}")
+    # A file cut short: ORC and Arrow lose their footer; a JSON line is cut in its middle.
+    (tmp_path / "src" / f"b{name}").write_bytes((tmp_path / "src" / f"a{name}").read_bytes()[:-40])
+    args = ["--source", str(tmp_path / "src" / f"*{name}"), "--format", "arrow" if fmt == "feather" else fmt]
+    if fmt == "jsonl":  # a cut line is a bad row, not a bad file
+        meta = run([*args, "--output", str(tmp_path / "o"), "--max_rejected", "1"])
+        assert (meta["rows_read"], meta["rows_written"], meta["rows_rejected"]) == (60, 59, 1)
+        return
+    with pytest.raises(Exception, match=rf"b{name}: cannot read"):
+        run([*args, "--output", str(tmp_path / "o1")])
+    meta = run([*args, "--output", str(tmp_path / "o2"), "--skip_unreadable_files"])
+    assert [u["file"] for u in meta["unreadable_files"]] == [str(tmp_path / "src" / f"b{name}")]
+    assert (meta["rows_read"], meta["rows_written"]) == (30, 30)
