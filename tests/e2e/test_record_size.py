@@ -69,3 +69,36 @@ def test_with_the_limit_raised_the_record_is_written_and_read_back(tmp_path: Pat
     meta = recordforge.convert(source, out, max_record_bytes=limit, direct_num_workers=1)
     assert (meta["rows_written"], meta["rows_rejected"]) == (50, 0)
     assert _read_back(out) == rows
+
+
+def test_a_sequence_over_the_limit_rejects_its_rows(tmp_path: Path) -> None:
+    """A SequenceExample is one record: over the limit, every row of its group is a bad row."""
+    import yaml
+
+    rows = [{"session": f"s{i % 5}", "ts": i, "page": f"p{i}"} for i in range(200)]
+    for i in range(0, 200, 5):  # session s0's steps carry large pages: its sequence is ~8 KB
+        rows[i]["page"] = "x" * 200
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "clicks.parquet")
+    schema = {
+        "features": [
+            {"name": "session", "type": "string", "nulls": "required"},
+            {"name": "ts", "type": "int64", "nulls": "required"},
+            {"name": "page", "type": "string"},
+        ],
+        "sequence": {"key": "session", "order": "ts"},
+    }
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(schema))
+    out = str(tmp_path / "out")
+    meta = recordforge.convert(
+        str(tmp_path / "clicks.parquet"),
+        out,
+        str(tmp_path / "s.yaml"),
+        max_record_bytes=4096,
+        max_rejected=100,
+        direct_num_workers=1,
+    )
+    assert meta["rejected_by_rule"] == {"record_size": 40}
+    assert (meta["rows_read"], meta["rows_written"], meta["num_records"]) == (200, 160, 4)
+    assert {bad["record"]["session"] for bad in _rejected(out)} == {"s0"}
+    sessions = {context["session"].numpy().decode() for context, _ in recordforge.read(out)}
+    assert sessions == {"s1", "s2", "s3", "s4"}

@@ -106,6 +106,7 @@ def build(pipeline: beam.Pipeline, run: Run) -> beam.PCollection[str]:
             partitions=run.sequence_partitions,
             spill_dir=run.sequence_spill_dir,
             progress=run.traits.progress,
+            max_record_bytes=config.max_record_bytes,
         )
     else:
         # tensorflow-transform reads the conformed rows themselves, not their encoded Examples.

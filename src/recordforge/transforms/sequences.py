@@ -24,6 +24,7 @@ import pyarrow as pa
 from apache_beam import typehints
 from apache_beam.metrics import Metrics
 
+from recordforge.arrays import binary_parts
 from recordforge.conforming.conform import BadRow
 from recordforge.conforming.splits import SplitSpec, assign_by_hash
 from recordforge.records.encoding import ExampleEncoder
@@ -68,8 +69,11 @@ class _EncodePartitionFn(beam.DoFn):
     """Reads one partition's rows (over-limit groups apart), sorts them, checks and cuts their
     groups, and encodes their sequences."""
 
-    def __init__(self, plan: Plan, strict: bool, splits: SplitSpec | None, partitions: int) -> None:
+    def __init__(
+        self, plan: Plan, strict: bool, splits: SplitSpec | None, partitions: int, max_record_bytes: int = 0
+    ) -> None:
         self._plan = plan
+        self._max_record_bytes = max_record_bytes
         self._strict = strict
         self._splits = splits
         self._bits = partitions.bit_length() - 1
@@ -167,6 +171,23 @@ class _EncodePartitionFn(beam.DoFn):
             table.select(self._step_columns).take(pa.array(rows)).combine_chunks().to_batches()[0],
             offsets,
         )
+        if self._max_record_bytes:
+            sizes = np.diff(binary_parts(records)[0])
+            over = sizes > self._max_record_bytes
+            if over.any():
+                # A sequence too large for TensorFlow's readers: every row of it is a bad row.
+                for i in np.flatnonzero(over).tolist():
+                    limit = self._max_record_bytes
+                    reason = f"its sequence is {int(sizes[i])} bytes, over --max_record_bytes {limit}"
+                    seq_rows = rows[offsets[i] : offsets[i + 1]]
+                    yield from self._rejected(
+                        Dropped(table, seq_rows, spec.order, "record_size", reason), files
+                    )
+                keep = pa.array(~over)
+                records, first = records.filter(keep), first.filter(keep)
+                rows = rows[np.repeat(~over, np.diff(offsets))]
+                if not len(records):
+                    return
         self._sequences.inc(len(records))
         # Sequences and the rows in them, summed where the bundle is written.
         yield beam.pvalue.TaggedOutput(COUNTS, (len(records), int(rows.size)))
@@ -229,7 +250,8 @@ class ToSequences(beam.PTransform):
     the shuffle makes, each held by one worker at a time. `spill_dir` (for a runner that holds a
     grouping in memory, RunnerTraits.spill): the rows wait for the shuffle in files there, and
     the shuffle holds their names; the caller deletes it once the records are written.
-    `progress`: RunnerTraits.progress, where the rows read are counted.
+    `progress`: RunnerTraits.progress, where the rows read are counted. A sequence encoded larger
+    than `max_record_bytes` (0: no limit) has every row rejected, rule `record_size`.
     Metrics: `recordforge/rows_read`, `rows_rejected`, `rejected_<rule>`, `sequences_written`.
     """
 
@@ -242,6 +264,7 @@ class ToSequences(beam.PTransform):
         partitions: int = 4,
         spill_dir: str | None = None,
         progress: str | None = None,
+        max_record_bytes: int = 0,
     ) -> None:
         super().__init__()
         if partitions < 1 or partitions & (partitions - 1):
@@ -256,6 +279,7 @@ class ToSequences(beam.PTransform):
         self._partitions = partitions
         self._spill_dir = spill_dir
         self._progress = progress
+        self._max_record_bytes = max_record_bytes
 
     def expand(self, batches: beam.PCollection) -> dict[str, beam.PCollection]:
         keyed = batches | "KeyRows" >> KeyRows(
@@ -271,7 +295,9 @@ class ToSequences(beam.PTransform):
             | "GroupPartitions" >> beam.GroupByKey()
             | "EncodeSequences"
             >> beam.ParDo(
-                _EncodePartitionFn(self._plan, self._strict, self._splits, self._partitions)
+                _EncodePartitionFn(
+                    self._plan, self._strict, self._splits, self._partitions, self._max_record_bytes
+                )
             ).with_outputs(REJECTED, COUNTS, main="examples")
         )
         declare_element_type(encoded.examples, typehints.Tuple[typehints.Any, pa.Array])
