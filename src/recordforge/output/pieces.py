@@ -9,7 +9,9 @@ worker that made it, so that no file is shared or modified (format: docs/archite
   rejected row are recorded;
 - `part-<hex>.json` (the rolling writer, once a part is closed): the temporary part (path, records,
   bytes, sha256, segments, its record index if any) and, per batch key, the range of that
-  batch's records it holds.
+  batch's records it holds;
+- `published-<hex>.json` (either writer, before it moves its shards to their final names): each
+  shard's final name, records, bytes, sha256 and index: the writer is finished.
 
 A rerun keeps a part when the file of every batch it holds is as the killed run listed it, its
 bytes still hash to its sha256, and no other part holds any of the same records (a retried step
@@ -18,6 +20,9 @@ each of its splits' records; a batch the kept parts hold only some records of (i
 while the rest was still being written) is converted again, and the writers drop the records
 already held (`Reuse.held`): encoding is deterministic, so a record's place in its batch is too.
 Placed writers record whole shards instead, and keep them by their own rules (placed_pieces.py).
+A writer that published keeps its shards as they are, where the inputs are listed exactly as the
+killed run listed them (its shards hold records of every file), every shard is there with its
+size and sha256 and its records agree; its records are then never written again.
 """
 
 from __future__ import annotations
@@ -33,10 +38,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from recordforge.files import layout
-from recordforge.files.storage import exists, list_files, open_read, read_bytes, write_atomically
+from recordforge.files.storage import exists, list_files, open_read, read_bytes, stat, write_atomically
+from recordforge.output.finished import finished_resumed
 from recordforge.output.placed_pieces import PlacedKeep, kept_placed, placed_batches
 
-__all__ = ["BatchLedger", "Reuse", "part_record", "reusable", "write_part_record"]
+__all__ = ["BatchLedger", "Reuse", "part_record", "reusable", "write_part_record", "write_published_record"]
 
 _LOGGER = logging.getLogger("recordforge.pipelines.convert")  # the name users see
 # A ledger file every this many seconds of a worker's batches, at its end, and before a part's
@@ -99,6 +105,13 @@ def write_part_record(folder: str, record: dict[str, Any]) -> None:
     crashpoints.reached("piece_written")
 
 
+def write_published_record(folder: str, writer: str, shards: list[dict[str, Any]]) -> None:
+    """Records, before a writer moves its shards into place, what each final name will hold
+    (`file`, records, bytes, sha256, `index`): synced, so that it is there whenever they are."""
+    record = {"writer": writer, "published": shards}
+    write_atomically(layout.temp_file(folder, "published", ".json"), json.dumps(record).encode())
+
+
 @dataclass(frozen=True)
 class Reuse:
     """What a rerun keeps of a killed run's version folder."""
@@ -112,28 +125,46 @@ class Reuse:
     held: dict[str, dict[BatchKey, tuple[tuple[int, int], ...]]] = field(default_factory=dict)
     batch_rows: dict[Batch, int] = field(default_factory=dict)  # the rows of each of `batches`
     placed: dict[str, PlacedKeep] = field(default_factory=dict)  # by placed writer (placed_pieces.py)
+    # By writer, the shards of a writer that published them, at their final names: kept as they are.
+    published: dict[str, tuple[dict[str, Any], ...]] = field(default_factory=dict)
+    # The killed run's own manifest, where its version was finished: committed as it is (finished.py).
+    finished: dict[str, Any] | None = None
+
+    @property
+    def _temporary(self) -> list[dict[str, Any]]:
+        kept = [p for parts in self.parts.values() for p in parts]
+        return kept + [r for keep in self.placed.values() for _, r in keep.shards]
 
     @property
     def files(self) -> frozenset[str]:
         """The kept parts' and shards' files, their record indexes among them."""
-        kept = [p for parts in self.parts.values() for p in parts]
-        kept += [r for keep in self.placed.values() for _, r in keep.shards]
-        return frozenset([*(p["tmp"] for p in kept), *(p["index"] for p in kept if p.get("index"))])
+        tmp = [(p["tmp"], p.get("index")) for p in self._temporary]
+        final = [(s["file"], s.get("index")) for shards in self.published.values() for s in shards]
+        return frozenset(f for pair in [*tmp, *final] for f in pair if f)
+
+    @property
+    def temp_dirs(self) -> frozenset[str]:
+        """The killed run's writer folders the kept temporary files lie in, deleted at the commit
+        (published shards lie in the version folder itself, which is not a temporary)."""
+        return frozenset(p["tmp"].rsplit("/", 1)[0] for p in self._temporary)
 
     @property
     def empty(self) -> bool:
         """Nothing kept: the rerun may as well start clean."""
-        return not self.batches and not self.placed
+        return not self.batches and not self.placed and not self.published and self.finished is None
 
     def describe(self) -> dict[str, Any]:
         """metadata.json's `resumed`: a rolling writer's kept files are parts (joined into shards
         by this run), a placed writer's are whole shards, so they are counted apart."""
+        if self.finished is not None:
+            return finished_resumed(self.version, self.finished)
         return {
             "version": self.version,
             "pieces": len(self.batches),
             "rows": self.rows,
             "parts": sum(len(p) for p in self.parts.values()),
-            "shards": sum(len(keep.shards) for keep in self.placed.values()),
+            "shards": sum(len(keep.shards) for keep in self.placed.values())
+            + sum(len(shards) for shards in self.published.values()),
         }
 
 
@@ -154,12 +185,34 @@ def _sha256(path: str) -> str:
     return digest.hexdigest()
 
 
-def _intact(part: dict[str, Any]) -> bool:
-    """The part's bytes hash as recorded, and its record index (if it has one) is there."""
+def _intact(part: dict[str, Any], path: str = "tmp") -> bool:
+    """The part's (or a published shard's, `path="file"`) size and bytes are as recorded, and
+    its record index (if it has one) is there."""
     index = part.get("index")
     if index is not None and not exists(index):
         return False
-    return exists(part["tmp"]) and _sha256(part["tmp"]) == part["sha256"]
+    if not exists(part[path]):
+        return False
+    if path == "file" and stat(part[path]).size != part["bytes"]:  # a published shard: cheap first
+        return False
+    return _sha256(part[path]) == part["sha256"]
+
+
+def _published(records: list[dict[str, Any]], same_inputs: bool) -> dict[str, tuple[dict[str, Any], ...]]:
+    """By writer, the shards it published, each checked against the record written before they
+    were moved; a writer recorded twice with different shards (which is not known) keeps none."""
+    found: dict[str, list[list[dict[str, Any]]]] = {}
+    for record in records:
+        if "published" in record:
+            found.setdefault(record["writer"], []).append(record["published"])
+    if not same_inputs:  # a new, gone or changed file has records in every one of its shards
+        return {}
+    kept = {}
+    for writer, copies in found.items():
+        shards = copies[0]
+        if all(c == shards for c in copies) and all(_intact(s, "file") for s in shards):
+            kept[writer] = tuple(shards)
+    return kept
 
 
 def reusable(
@@ -186,14 +239,16 @@ def reusable(
         if "tmp" in record and "keys" in record:
             parts.append(record)
     unchanged = {f for f, listed in listed_then.items() if listed is not None and listed == listed_now.get(f)}
+    published = _published(records, listed_then == listed_now)
     if placed is not None:
         writers = kept_placed(records, listed_then == listed_now, placed, _intact)
-        done, keeps = placed_batches(ledger, writers, shuffled=shuffled)
+        writers = {w: kept for w, kept in writers.items() if w not in published}
+        done, keeps = placed_batches(ledger, writers, shuffled=shuffled, published=frozenset(published))
         rows = {b: ledger[b][0] for b in done}
-        return Reuse(version, {}, frozenset(done), sum(rows.values()), {}, rows, keeps)
-    parts = [p for p in parts if all(k[1] in unchanged for k in p["keys"])]
+        return Reuse(version, {}, frozenset(done), sum(rows.values()), {}, rows, keeps, published)
+    parts = [p for p in parts if all(k[1] in unchanged for k in p["keys"]) and p["writer"] not in published]
     parts = [p for p in _without_overlaps(parts) if _intact(p)]
-    batches = _covered(ledger, parts)
+    batches = _covered(ledger, parts, frozenset(published))
     held: dict[str, dict[BatchKey, list[tuple[int, int]]]] = {}
     for p in parts:
         for split, file, first_row, start, end in p["keys"]:
@@ -210,6 +265,7 @@ def reusable(
         rows,
         {w: {k: tuple(sorted(r)) for k, r in keys.items()} for w, keys in held.items()},
         {b: ledger[b][0] for b in batches},
+        published=published,
     )
 
 
@@ -232,9 +288,12 @@ def _without_overlaps(parts: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [p for i, p in enumerate(parts) if i not in bad]
 
 
-def _covered(ledger: dict[Batch, tuple[int, dict[str, int]]], parts: list[dict[str, Any]]) -> set[Batch]:
+def _covered(
+    ledger: dict[Batch, tuple[int, dict[str, int]]], parts: list[dict[str, Any]], published: frozenset[str]
+) -> set[Batch]:
     """The recorded batches whose every split's records the `parts` hold exactly once (a retried
-    step may have written a batch twice: then neither copy counts)."""
+    step may have written a batch twice: then neither copy counts) or a `published` writer holds
+    (it published after every batch was written to it)."""
     ranges: dict[tuple[str, str, int], list[tuple[int, int]]] = {}
     for p in parts:
         for split, file, first_row, start, end in p["keys"]:
@@ -243,6 +302,8 @@ def _covered(ledger: dict[Batch, tuple[int, dict[str, int]]], parts: list[dict[s
     for (file, first_row), (_, records) in ledger.items():
         whole = True
         for split, n in records.items():
+            if (split or "data") in published:
+                continue
             at = 0
             for start, end in sorted(ranges.get((split, file, first_row), [])):
                 if start != at:

@@ -157,14 +157,22 @@ def _within(writer: _Writer | None, batch: Batch, n: int, shuffled: bool) -> boo
 
 
 def placed_batches(
-    ledger: dict[Batch, tuple[int, dict[str, int]]], writers: dict[str, _Writer], *, shuffled: bool
+    ledger: dict[Batch, tuple[int, dict[str, int]]],
+    writers: dict[str, _Writer],
+    *,
+    shuffled: bool,
+    published: frozenset[str] = frozenset(),
 ) -> tuple[set[Batch], dict[str, PlacedKeep]]:
-    """The recorded batches whose records, in every split, all lie in kept shards, and what each
-    writer keeps: its shards, and the counts of the skipped batches for its placing step."""
+    """The recorded batches whose records, in every split, all lie in kept shards (or in the
+    shards of a writer that `published` them: it did so once every batch was placed), and what
+    each writer keeps: its shards, and the counts of the skipped batches for its placing step."""
     done: set[Batch] = set()
     for batch, (_, records) in ledger.items():
         placed = (
-            not n or _within(writers.get(split or "data"), batch, n, shuffled) for split, n in records.items()
+            not n
+            or (split or "data") in published
+            or _within(writers.get(split or "data"), batch, n, shuffled)
+            for split, n in records.items()
         )
         if all(placed):
             done.add(batch)

@@ -24,7 +24,12 @@ def done_lines(meta: dict[str, Any]) -> list[str]:
             f"of {appended['base_version']} as they are"
         )
     resumed = meta.get("resumed")
-    if resumed:
+    if resumed and resumed.get("finished"):  # killed once its version was whole (output/finished.py)
+        lines.append(
+            f"resumed: kept the finished version of the interrupted run ({_n(resumed['rows'], 'row')}, "
+            f"{kept_files(resumed)}), its shards checked; converted {_n(resumed['rows_converted'], 'row')}"
+        )
+    elif resumed:
         lines.append(
             f"resumed: kept {_n(resumed['pieces'], 'finished piece')} ({_n(resumed['rows'], 'row')}, "
             f"{kept_files(resumed)}) of the interrupted run; "

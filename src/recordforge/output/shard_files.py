@@ -20,11 +20,13 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import pyarrow as pa
 
 from recordforge.files import layout
 from recordforge.files.storage import delete_tree
+from recordforge.output.pieces import write_published_record
 from recordforge.output.publishing import publish_shards
 from recordforge.records.shard_format import ShardFormat, TempShard, abandon
 from recordforge.records.streams import Segment
@@ -101,10 +103,13 @@ class ShardFiles:
         """A whole shard, its arrays in the order given, to a fresh temporary file."""
         return write_shard(self.temp(kind), arrays, self.format)[0]
 
-    def publish(self, shards: Sequence[TempShard]) -> list[ShardInfo]:
+    def publish(
+        self, shards: Sequence[TempShard], *, pieces: tuple[str, str] | None = None
+    ) -> list[ShardInfo]:
         """Moves `shards` into place as shards 0..n-1, in the order given (with their indexes),
         and deletes the temporary folder with whatever else is in it (files of discarded
-        attempts, spills).
+        attempts, spills). With `pieces` (the run's record of pieces, the writer's name), what
+        each final name will hold is recorded there first, for a rerun (pieces.py).
 
         Idempotent: a shard already moved (a retried publish) is not moved again, and its
         description is the one recorded when it was written. A final name missing afterwards
@@ -116,14 +121,20 @@ class ShardFiles:
         if self.format.index:
             indexes = [layout.shard_name(self.prefix, i, n, layout.INDEX_SUFFIX) for i in range(n)]
             moves += [(layout.temp_index(s.tmp), i) for s, i in zip(shards, indexes, strict=True) if i]
-        publish_shards(moves, self.temp_dir)
-        _LOGGER.info("published %d shards as %s-*-of-%05d%s", n, self.prefix, n, self.suffix)
-        return [
+        infos = [
             ShardInfo(path=f, records=s.records, bytes=s.bytes, sha256=s.sha256, index=i)
             for f, s, i in zip(finals, shards, indexes, strict=True)
         ]
+        if pieces is not None:
+            folder, writer = pieces
+            write_published_record(folder, writer, [_described(info) for info in infos])
+        publish_shards(moves, self.temp_dir)
+        _LOGGER.info("published %d shards as %s-*-of-%05d%s", n, self.prefix, n, self.suffix)
+        return infos
 
-    def publish_slots(self, count: int, written: Iterable[tuple[int, TempShard]]) -> list[ShardInfo]:
+    def publish_slots(
+        self, count: int, written: Iterable[tuple[int, TempShard]], *, pieces: tuple[str, str] | None = None
+    ) -> list[ShardInfo]:
         """Publishes exactly `count` shards from `(shard, temp)` pairs; a shard no record went
         to is written empty first (shard counts are part of the output's contract)."""
         slots: dict[int, TempShard] = {}
@@ -131,8 +142,20 @@ class ShardFiles:
             if shard in slots or not 0 <= shard < count:
                 raise RuntimeError(f"shard {shard} of {count} written twice or out of range")
             slots[shard] = temp
-        return self.publish([slots.get(i) or self.write(f"empty-{i:05d}", []) for i in range(count)])
+        filled = [slots.get(i) or self.write(f"empty-{i:05d}", []) for i in range(count)]
+        return self.publish(filled, pieces=pieces)
 
     def cleanup(self) -> int:
         """Deletes the temporary folder and everything in it; returns the files deleted."""
         return delete_tree(self.temp_dir)
+
+
+def _described(info: ShardInfo) -> dict[str, Any]:
+    """A shard as its writer's record of publishing lists it (pieces.write_published_record)."""
+    return {
+        "file": info.path,
+        "records": info.records,
+        "bytes": info.bytes,
+        "sha256": info.sha256,
+        "index": info.index,
+    }

@@ -11,6 +11,7 @@ from typing import Any
 
 from recordforge.files import layout
 from recordforge.files.storage import exists, read_bytes
+from recordforge.output.finished import finished_manifest
 from recordforge.output.pieces import Reuse, reusable
 from recordforge.output.run_report import kept_files
 from recordforge.output.state import OutputState
@@ -77,11 +78,23 @@ def plan_resume(
             continue
         if not isinstance(facts, dict) or facts.get("key") != key:
             continue
-        reuse = reusable(
-            state.output, version, facts.get("inputs") or {}, listing, placed=placed, shuffled=config.shuffle
-        )
+        listed = facts.get("inputs") or {}
+        # Killed once its version was whole (manifest written), it is committed as it is.
+        finished = finished_manifest(state.output, version, listed, listing)
+        if finished is not None:
+            reuse = Reuse(version, {}, frozenset(), 0, finished=finished)
+        else:
+            reuse = reusable(state.output, version, listed, listing, placed=placed, shuffled=config.shuffle)
         if reuse.empty:
             return plain
+        if finished is not None:
+            _LOGGER.warning(
+                "%s: the run that wrote %s was killed with its version finished: its shards are checked "
+                "and it is published as it is (--resume=false starts clean)",
+                state.output,
+                version,
+            )
+            return Resuming(key, listing, eligible, reuse)
         _LOGGER.warning(
             "%s: resuming the run that wrote %s: keeping %d finished pieces (%d rows, %s) "
             "(--resume=false starts clean)",

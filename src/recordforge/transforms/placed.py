@@ -48,9 +48,10 @@ def _publish_slots(
     files: ShardFiles,
     count: int,
     kept: tuple[tuple[int, dict[str, Any]], ...],
+    pieces: tuple[str, str] | None = None,
 ) -> list[ShardInfo]:
     finished = [(s, TempShard(r["tmp"], r["records"], r["bytes"], r["sha256"])) for s, r in kept]
-    return files.publish_slots(count, [*written, *finished])
+    return files.publish_slots(count, [*written, *finished], pieces=pieces)
 
 
 def write_placed(
@@ -101,6 +102,11 @@ def write_placed(
         | "Once" >> beam.Impulse()
         | "Publish"
         >> beam.FlatMap(
-            _publish_slots, beam.pvalue.AsList(written), files, spec.count, keep.shards if keep else ()
+            _publish_slots,
+            beam.pvalue.AsList(written),
+            files,
+            spec.count,
+            keep.shards if keep else (),
+            recorded,  # the shards are recorded there before they are moved into place
         )
     )
