@@ -19,6 +19,7 @@ __all__ = [
     "add_conversion",
     "convert",
     "data_source",
+    "export",
     "head",
     "image_grid",
     "inspect",
@@ -108,6 +109,17 @@ def data_source(path: str, split: str | None = None, *, cache_dir: str | None = 
     from recordforge.reading.random_access import DataSource as _DataSource
 
     return _DataSource(path, split, cache_dir=cache_dir)
+
+
+def export(
+    output: str, dest: str, *, to: str = "parquet", split: str | None = None, overwrite: bool = False
+) -> dict[str, Any]:
+    """Every record of the bundle at `output` (or of one split) back to a table at `dest`
+    (part-*.parquet) with the source's column names and types (docs/export.md), as `recordforge
+    export` does; returns the export's manifest. A damaged bundle raises CorruptFile."""
+    from recordforge.exporting.parquet import export as _export
+
+    return _export(output, dest, to=to, split=split, overwrite=overwrite)
 
 
 def load_bundle(path: str) -> dict[str, Any]:

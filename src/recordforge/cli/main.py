@@ -32,6 +32,7 @@ commands:
   verify         check every shard, record CRC, parse and count against the manifest
   stats          per-feature statistics (terminal table, --html page)
   head           first records of any TFRecord file, with an inferred parse spec
+  export         a bundle back to Parquet, the source's columns and types (docs/export.md)
   version        print the version (also: recordforge --version)
 
 --debug (anywhere on the command line) or RECORDFORGE_DEBUG=1: show tracebacks and library logs.
@@ -297,6 +298,25 @@ def _stats(argv: list[str]) -> int:
 _received: list[int] = []  # signals received while a command ran
 
 
+def _export(argv: list[str]) -> int:
+    parser = _Parser(
+        "recordforge export",
+        "Every record of a published bundle (TFRecord, ArrayRecord, WebDataset) back to a table "
+        "with the source's column names and types (docs/export.md), as DEST/part-*.parquet.",
+    )
+    parser.add_argument("output", help="a published output folder")
+    parser.add_argument("--to", choices=["parquet"], required=True, help="the table format")
+    parser.add_argument("dest", help="the folder to write (local or gs://)")
+    parser.add_argument("--split", default=None, help="export this split only (default: every record)")
+    parser.add_argument("--overwrite", action="store_true", help="replace an earlier export at DEST")
+    args = parser.parse_args(argv)
+    from recordforge.exporting.parquet import export
+
+    manifest = export(args.output, args.dest, to=args.to, split=args.split, overwrite=args.overwrite)
+    print(f"{args.dest}: {manifest['rows']} rows in {_plural(len(manifest['files']), 'file')}")
+    return 0
+
+
 def _raise_interrupted(signum: int, frame: Any) -> NoReturn:
     _received.append(signum)
     raise Interrupted(signum)
@@ -357,6 +377,7 @@ def main(argv: list[str] | None = None) -> int:
         "head": _head,
         "verify": _verify,
         "stats": _stats,
+        "export": _export,
     }
     if command in ("version", "--version", "-V"):
         print(f"recordforge {__version__}")

@@ -1,0 +1,1 @@
+"""Export: a published bundle's records back to a table (Parquet), column by column, on every core."""

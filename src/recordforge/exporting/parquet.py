@@ -1,0 +1,332 @@
+"""`recordforge export`: a bundle's records back to Parquet parts, on every core, published safely."""
+# Two passes. 1: every shard through tools/scan.py (all cores, bounded memory, each shard's size,
+# sha256 and record count checked against the manifest); each chunk of records is decoded in C
+# (records/wire.py), turned into the source's columns (columns.py) and staged as an Arrow IPC
+# file named by (shard, first record). 2: the staged files, in bundle order, grouped into parts
+# written by a process each; the decimals' common type is known only once every chunk is seen.
+
+from __future__ import annotations
+
+import functools
+import logging
+import math
+import multiprocessing
+import os
+import posixpath
+import shutil
+import tempfile
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import yaml
+
+from recordforge.errors import CorruptFile, RecordForgeError, UsageError
+from recordforge.exporting.columns import (
+    BadRecord,
+    Decimals,
+    Tree,
+    arrow_schema,
+    column_tree,
+    merge_decimals,
+    retyped,
+    to_record_batch,
+)
+from recordforge.exporting.destination import ours, publish, temporary_folder
+from recordforge.files import layout
+from recordforge.files.storage import delete_tree, is_local, join, open_write, read_bytes
+from recordforge.reading.tf_data import load_bundle
+from recordforge.records.array_records import reading
+from recordforge.records.chunks import RecordChunk, data_crc_mismatches
+from recordforge.records.wire import decode_batch
+from recordforge.records.wire_keys import KeyTable
+from recordforge.schemas.loader import schema_from_dict
+from recordforge.schemas.model import Schema
+from recordforge.tools.scan import ShardResult, scan_shards
+from recordforge.version import __version__
+
+__all__ = ["export"]
+
+_LOGGER = logging.getLogger(__name__)
+
+FORMATS = ("parquet",)
+# Arrow bytes per part and per row group: parts large enough for any reader, and a row group's
+# rows held in memory once per writing process.
+_PART_BYTES = 512 << 20
+_MIN_PART_BYTES = 32 << 20
+_ROW_GROUP_BYTES = 64 << 20
+
+
+@dataclass(frozen=True)
+class _Job:
+    """What each scanning process needs: the columns, where to stage, each shard's number."""
+
+    tree: Tree
+    stage: str
+    shards: dict[str, int]  # shard file name -> its place in the bundle's order
+
+
+@dataclass(frozen=True)
+class _Staged:
+    shard: int
+    first_record: int
+    rows: int
+    path: str
+    size: int
+
+
+@dataclass
+class _Stager:
+    """The accumulator of the scan: each chunk decoded and staged; the first bad record kept."""
+
+    job: _Job
+    files: list[_Staged] = field(default_factory=list)
+    decimals: Decimals = field(default_factory=dict)
+    bad: dict[int, tuple[int, str]] = field(default_factory=dict)  # shard -> (record, what)
+    keys: KeyTable = field(default_factory=KeyTable)
+
+    def add(self, chunk: RecordChunk, shard: str) -> None:
+        index = self.job.shards[shard]
+        if index in self.bad or not len(chunk):
+            return
+        crc = data_crc_mismatches(chunk)
+        batch = decode_batch(chunk.data, chunk.starts, chunk.ends, self.keys, padded=chunk.padded)
+        try:
+            if len(crc):
+                raise BadRecord(int(crc[0]), "corrupt data (CRC mismatch)")
+            if batch.not_examples:
+                r = batch.not_examples[0]
+                raise BadRecord(r, batch.errors.get(r, "not a tf.train.Example"))
+            table, decimals = to_record_batch(batch, self.job.tree)
+        except BadRecord as exn:
+            self._refuse(index, chunk.first_record + exn.record, exn.what)
+            return
+        path = os.path.join(self.job.stage, f"{index:06d}-{chunk.first_record:012d}.arrow")
+        with pa.OSFile(path, "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
+            writer.write_batch(table)
+        self.files.append(_Staged(index, chunk.first_record, table.num_rows, path, os.path.getsize(path)))
+        self.decimals = merge_decimals(self.decimals, decimals)
+
+    def _refuse(self, shard: int, record: int, what: str) -> None:
+        if shard not in self.bad or record < self.bad[shard][0]:
+            self.bad[shard] = (record, what)
+
+    def merge(self, other: _Stager) -> None:
+        self.files += other.files
+        self.decimals = merge_decimals(self.decimals, other.decimals)
+        for shard, (record, what) in other.bad.items():
+            self._refuse(shard, record, what)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "keys": None}  # names seen: rebuilt where it is read
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update({**state, "keys": KeyTable()})
+
+
+def export(
+    output: str,
+    dest: str,
+    *,
+    to: str = "parquet",
+    split: str | None = None,
+    overwrite: bool = False,
+    workers: int | None = None,
+) -> dict[str, Any]:
+    """Every record of the published bundle `output` (or of its split `split`) as rows of the
+    source's columns (docs/export.md), written to DEST as part-00000.parquet, ... and an
+    `_export.json` manifest, which it returns. Refuses an existing DEST without `overwrite`,
+    and one holding files it did not write; a damaged shard or record raises CorruptFile naming
+    it, and nothing is published."""
+    if to not in FORMATS:
+        raise UsageError(f"--to {to!r}: one of {', '.join(FORMATS)}")
+    start = time.monotonic()
+    bundle = load_bundle(output, split=split)
+    meta = bundle["metadata"]
+    if "sequence" in meta:
+        raise UsageError(f"{output}: a bundle of SequenceExamples cannot be exported to a table")
+    ours(dest, overwrite=overwrite)  # refused before any work
+    schema = _schema(bundle)
+    tree = column_tree(schema)
+    shards = [s for s in meta["shards"] if split is None or s.get("split") == split]
+    paths = [(path, reading(meta)) for path in bundle["files"]]
+    names = {posixpath.basename(path): i for i, (path, _) in enumerate(paths)}
+    if len(names) != len(paths):
+        raise RecordForgeError(f"{output}: two shards share a file name")
+    workers = workers or len(os.sched_getaffinity(0))
+    tmp = temporary_folder(dest)
+    stage = tempfile.mkdtemp(prefix="export-", dir=tmp if _mkdir(tmp) else None)
+    try:
+        job = _Job(tree, stage, names)
+        results = scan_shards(
+            paths,
+            functools.partial(_Stager, job),
+            what="exported",
+            total_bytes=sum(int(s["bytes"]) for s in shards),
+            workers=workers,
+        )
+        staged = _checked(results, shards)
+        table_schema = arrow_schema(tree, staged.decimals)
+        parts = _write_parts(
+            sorted(staged.files, key=lambda s: (s.shard, s.first_record)), table_schema, tmp, workers
+        )
+        shutil.rmtree(stage, ignore_errors=True)
+        rows = sum(p["rows"] for p in parts)
+        expected = sum(int(s["records"]) for s in shards)
+        if rows != expected:  # the invariant the manifest is published under
+            raise RecordForgeError(
+                f"{output}: exported {rows} rows, the manifest holds {expected}; nothing published"
+            )
+        manifest = {
+            "recordforge_version": __version__,
+            "source": output,
+            "version": meta.get("version"),
+            "split": split,
+            "format": to,
+            "rows": rows,
+            "schema": table_schema.to_string(show_schema_metadata=False),
+            "files": parts,
+        }
+        publish(tmp, dest, manifest, overwrite=overwrite)
+    except BaseException:
+        shutil.rmtree(stage, ignore_errors=True)
+        delete_tree(tmp)
+        raise
+    _LOGGER.info("exported %d rows to %s in %.1f s", rows, dest, time.monotonic() - start)
+    return manifest
+
+
+def _schema(bundle: dict[str, Any]) -> Schema:
+    """The bundle's schema, from the schema.yaml beside its shards."""
+    path = join(bundle["root"], layout.SCHEMA_YAML)
+    try:
+        return schema_from_dict(yaml.safe_load(read_bytes(path)), origin=path)
+    except (ValueError, yaml.YAMLError) as exn:
+        raise CorruptFile(path, f"not the bundle's schema ({exn})") from exn
+
+
+def _mkdir(folder: str) -> bool:
+    """Makes a local folder (the staging area goes inside it); False for an object store."""
+    if not is_local(folder):
+        return False
+    os.makedirs(folder)
+    return True
+
+
+@dataclass
+class _Checked:
+    files: list[_Staged]
+    decimals: Decimals
+
+
+def _checked(results: list[ShardResult], shards: list[dict[str, Any]]) -> _Checked:
+    """The staged chunks, once every shard is whole and as the manifest says; else CorruptFile."""
+    files: list[_Staged] = []
+    decimals: Decimals = {}
+    for i, (result, shard) in enumerate(zip(results, shards, strict=True)):
+        path = result.path
+        if result.missing:
+            raise CorruptFile(path, "missing (the manifest lists it)")
+        if result.error is not None:
+            at = f" at byte {result.error_offset}" if result.error_offset is not None else ""
+            raise CorruptFile(path, f"{result.error}{at}")
+        acc: _Stager = result.acc
+        if i in acc.bad:
+            record, what = acc.bad[i]
+            raise CorruptFile(path, f"record {record}: {what}")
+        if result.size != int(shard["bytes"]) or result.sha256 != shard["sha256"]:
+            raise CorruptFile(
+                path,
+                f"{result.size} bytes with sha256 {result.sha256[:16]}..., the manifest says "
+                f"{shard['bytes']} bytes with {shard['sha256'][:16]}...",
+            )
+        if result.records != int(shard["records"]):
+            raise CorruptFile(path, f"{result.records} records, the manifest says {shard['records']}")
+        files += [f for f in acc.files if f.shard == i]
+        decimals = merge_decimals(decimals, acc.decimals)
+    return _Checked(files, decimals)
+
+
+def _groups(files: list[_Staged], workers: int) -> list[list[_Staged]]:
+    """Consecutive staged files per part: parts of at most _PART_BYTES, and one per worker when
+    there is enough to share (at least _MIN_PART_BYTES each)."""
+    total = sum(f.size for f in files)
+    count = max(1, math.ceil(total / _PART_BYTES), min(workers, total // _MIN_PART_BYTES))
+    target = total / count
+    groups: list[list[_Staged]] = [[]]
+    size = 0
+    for f in files:
+        if groups[-1] and size + f.size / 2 > target * len(groups):
+            groups.append([])
+        groups[-1].append(f)
+        size += f.size
+    return groups
+
+
+def _write_parts(files: list[_Staged], schema: pa.Schema, folder: str, workers: int) -> list[dict[str, Any]]:
+    groups = _groups(files, workers)
+    names = [f"part-{i:05d}.parquet" for i in range(len(groups))]
+    jobs = [([f.path for f in g], join(folder, name), schema) for g, name in zip(groups, names, strict=True)]
+    if len(jobs) == 1 or workers == 1:
+        done = [_write_part(*job) for job in jobs]
+    else:
+        context = multiprocessing.get_context(
+            "fork" if "fork" in multiprocessing.get_all_start_methods() else None
+        )
+        with ProcessPoolExecutor(min(workers, len(jobs)), mp_context=context) as pool:
+            done = list(pool.map(_write_part, *zip(*jobs, strict=True)))
+    return [
+        {"file": name, "rows": rows, "bytes": size} for name, (rows, size) in zip(names, done, strict=True)
+    ]
+
+
+def _write_part(paths: list[str], dest: str, schema: pa.Schema) -> tuple[int, int]:
+    """The staged files, in order, as one Parquet file of `schema`: (rows, bytes)."""
+    rows = 0
+    pending: list[pa.Table] = []
+    size = 0
+    with open_write(dest) as sink:
+        counted = _Counted(sink)
+        with pq.ParquetWriter(counted, schema) as writer:
+            for path in paths:
+                with pa.memory_map(path) as source:
+                    table = pa.ipc.open_file(source).read_all()
+                if table.schema != schema:
+                    columns = [c.combine_chunks() for c in table.columns]
+                    table = pa.table(
+                        [retyped(c, f.type) for c, f in zip(columns, schema, strict=True)], schema=schema
+                    )
+                pending.append(table)
+                size += table.nbytes
+                rows += table.num_rows
+                if size >= _ROW_GROUP_BYTES:
+                    writer.write_table(pa.concat_tables(pending), row_group_size=1 << 30)
+                    pending, size = [], 0
+            if pending:
+                writer.write_table(pa.concat_tables(pending), row_group_size=1 << 30)
+    return rows, counted.written
+
+
+class _Counted:
+    """A file object that counts the bytes written through it (Parquet's size, without a stat)."""
+
+    def __init__(self, sink: Any) -> None:
+        self.sink = sink
+        self.written = 0
+        self.closed = False
+
+    def write(self, data: Any) -> int:
+        self.written += len(data)
+        return int(self.sink.write(data) or len(data))
+
+    def flush(self) -> None:
+        self.sink.flush()
+
+    def tell(self) -> int:
+        return self.written
+
+    def close(self) -> None:
+        self.closed = True
