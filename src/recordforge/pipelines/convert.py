@@ -67,6 +67,7 @@ from recordforge.transforms.examples import REJECTED, ToExamples
 from recordforge.transforms.image_folder import ReadImageFolder
 from recordforge.transforms.parquet_source import ReadParquet
 from recordforge.transforms.published import KeepPublished
+from recordforge.transforms.record_source import RECORD_FORMATS, ReadRecords
 from recordforge.transforms.rejects import WriteRejected
 from recordforge.transforms.sequences import COUNTS, ToSequences
 from recordforge.transforms.sinks import WriteTFRecords
@@ -179,6 +180,17 @@ def _read(run: Run) -> beam.PTransform:
             expanded=inputs.files,
             skip_unreadable=config.skip_unreadable_files,
             finished=reuse.batch_rows if reuse is not None else None,  # not even decoded
+            traits=run.traits,
+        )
+    if inputs.fmt in RECORD_FORMATS:
+        return ReadRecords(
+            list(config.sources),
+            run.plan,
+            batch_size=config.batch_size,
+            expanded=inputs.files,
+            max_record_bytes=config.max_record_bytes,
+            strict=config.strict,
+            skip_unreadable=config.skip_unreadable_files,
             traits=run.traits,
         )
     if inputs.fmt in TABLE_FORMATS:

@@ -13,7 +13,7 @@ from recordforge.records.tfrecord import Compression
 
 __all__ = ["add_flags", "COMPRESSIONS", "default", "Flag", "FLAGS", "FORMATS", "parse_bool", "readme_table"]
 
-FORMATS = ("parquet", "csv", "images", "jsonl", "orc", "arrow")
+FORMATS = ("parquet", "csv", "images", "jsonl", "orc", "arrow", "tfrecord", "array_record")
 # TFRecord's (Compression.CHOICES) and zstd, which only ArrayRecord shards take.
 COMPRESSIONS = (*Compression.CHOICES, "zstd")
 _ANY = r"^\S+$"
@@ -115,10 +115,11 @@ FLAGS: tuple[Flag, ...] = (
         "Source format; defaults from the file extension of the first match. images: --source "
         "is a folder (labels from folder names) or a CSV/Parquet manifest whose schema marks "
         "`type: image` columns. jsonl: JSON Lines (.jsonl, .json, .jsonl.gz); orc; arrow: Arrow "
-        "IPC file or stream, Feather v2.",
+        "IPC file or stream, Feather v2. tfrecord, array_record: tf.train.Examples (or an output "
+        "folder as --source), the schema from their bundle, else --schema, else inferred.",
         True,
         "Source format",
-        "^(parquet|csv|images|jsonl|orc|arrow)$",
+        "^(parquet|csv|images|jsonl|orc|arrow|tfrecord|array_record)$",
         "default: from the file extension",
         choices=FORMATS,
         field="source_format",

@@ -15,6 +15,8 @@ import pyarrow.parquet as pq
 from recordforge.errors import RecordForgeError
 from recordforge.files.storage import is_local, open_input
 from recordforge.pipelines.config import ConvertConfig
+from recordforge.pipelines.record_inputs import FORMATS as RECORD_FORMATS
+from recordforge.pipelines.record_inputs import is_records, record_inputs
 from recordforge.schemas import Plan, compile_schema, load_schema
 from recordforge.schemas.infer import inferred_schema
 from recordforge.schemas.loader import dump_schema
@@ -62,6 +64,10 @@ def resolve_inputs(config: ConvertConfig, *, first_rows: bool = False) -> Inputs
         size = sum(folder.sizes) if folder.sizes is not None else None
         info = FileInfo(folder.root, size, folder.modified, digest=folder.digest)
         return Inputs([info], "images", plan, input_fingerprint([info], plan, config), folder)
+    given = config.source_format
+    if given in RECORD_FORMATS or (given is None and is_records(config.sources[0])):
+        files, fmt, plan = record_inputs(config)  # Examples: the schema of their bundle, or inferred
+        return Inputs(files, fmt, plan, input_fingerprint(files, plan, config))
     files = expand_patterns(config.sources)
     fmt = detect_format(files[0].path) if config.source_format in (None, "images") else config.source_format
     paths = [f.path for f in files]

@@ -128,6 +128,8 @@ def read_sample(path: str, fmt: str, rows: int) -> pa.Table:
     from all its rows)."""
     if fmt in table_files.FORMATS:
         return table_files.sample(path, fmt, rows)
+    if fmt not in ("parquet", "csv"):  # records (TFRecord, ArrayRecord) are no table
+        raise SourceError(f"{path}: {fmt} files are not sampled as table rows")
     try:
         whole = csv_schema(path) if fmt == "csv" else pa.schema([])
         with open_source(path) as f:

@@ -103,7 +103,7 @@ def _add_pairs(a: tuple[int, int] | None, b: tuple[int, int]) -> tuple[int, int]
 def _write_bundle(facts: dict[str, Any], spec: BundleSpec) -> str:
     rejected: dict[str, int] = facts["rules"]
     # Rows the source itself rejected never became a batch; they were read all the same.
-    source_rejected = rejected.get("csv_columns", 0) + rejected.get("json_line", 0)
+    source_rejected = sum(rejected.get(rule, 0) for rule in ("csv_columns", "json_line", "example"))
     kept = spec.resumed["rows"] if spec.resumed is not None else 0
     counts = RunCounts(
         rows_read=facts["rows"] + source_rejected + kept,

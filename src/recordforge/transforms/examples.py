@@ -8,6 +8,7 @@ from typing import Any
 import apache_beam as beam
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 from apache_beam import typehints
 from apache_beam.metrics import Metrics
 
@@ -63,6 +64,8 @@ def conform_rows(
         progress_counts.count(progress, batch.num_rows)
     if batch.num_rows == 0:
         return None
+    if element.conformed:  # Examples read back: checked against the plan as they were decoded
+        return Conformed(batch, [], np.zeros(0, np.int64))
     with tracing.span("conform"):
         result = conform_batch(
             batch,
@@ -160,7 +163,11 @@ class _ToExamplesFn(beam.DoFn):
         if result is None or not result.batch.num_rows:
             return
         with tracing.span("encode"):
-            out = self._encoder.encode(result.batch) if self._encode else _compact(result.batch)
+            out = _passed(element) if self._encode else None
+            if out is None:
+                out = self._encoder.encode(result.batch) if self._encode else _compact(result.batch)
+            if self._encode and element.records is not None and element.records.null_count:
+                out = pc.coalesce(element.records, out)  # Examples read back keep their bytes
         if self._encode and self._max_record_bytes:
             out, result = yield from self._within_limit(element, result, out)
             if not len(out):
@@ -247,6 +254,12 @@ class _ToExamplesFn(beam.DoFn):
             if rows.size:
                 self._rows_encoded.inc(int(rows.size))
                 yield (name, element.file, element.first_row), out.take(pa.array(rows))
+
+
+def _passed(element: SourceBatch) -> pa.Array | None:
+    """The records of a batch of Examples read back where all pass through unchanged."""
+    records = element.records
+    return records if records is not None and not records.null_count else None
 
 
 def _compact(batch: pa.RecordBatch) -> pa.RecordBatch:

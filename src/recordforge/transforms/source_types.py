@@ -42,6 +42,10 @@ class SourceBatch:
     # Image bytes the source has already read, by the name of the column of their paths (null
     # where it could not read a file); rejected rows still show the path (image_folder.py).
     read: dict[str, pa.Array] = field(default_factory=dict)
+    # Rows already in the plan's Arrow schema (Examples read back: record_source.py), not conformed
+    # again; `records`: each row's Example bytes where they pass through unchanged, else null.
+    conformed: bool = False
+    records: pa.Array | None = None
 
 
 class SourceBatchCoder(PickleCoder):
