@@ -132,7 +132,23 @@ def _source_column(batch: pa.RecordBatch, f: Feature, file: str) -> pa.Array:
             col = pc.struct_field(col, part)
     if pa.types.is_dictionary(col.type):
         col = col.dictionary_decode()
+    if isinstance(col.type, pa.FixedShapeTensorType):
+        col = _tensor_lists(col)
     return col
+
+
+def _tensor_lists(col: pa.Array) -> pa.Array:
+    """A fixed_shape_tensor column as the fixed-size lists (of fixed-size lists) its shape reads
+    as: its storage is the values row-major, one fixed-size list per tensor."""
+    storage = col.storage
+    shape = col.type.shape
+    mask = storage.is_null() if storage.null_count else None
+    if len(shape) != 2:
+        return storage
+    values = storage.values.slice(storage.offset * shape[0] * shape[1], len(storage) * shape[0] * shape[1])
+    return pa.FixedSizeListArray.from_arrays(
+        pa.FixedSizeListArray.from_arrays(values, shape[1]), shape[0], mask=mask
+    )
 
 
 def _is_list(t: pa.DataType) -> bool:

@@ -58,6 +58,10 @@ def _is_list(t: pa.DataType) -> bool:
 
 
 def _shape(t: pa.DataType) -> tuple[tuple[int, ...], pa.DataType]:
+    if isinstance(t, pa.FixedShapeTensorType):  # Arrow's canonical tensor: row-major, 1 or 2 dims
+        if t.permutation not in (None, list(range(len(t.shape)))) or not 1 <= len(t.shape) <= 2:
+            return (), t
+        return tuple(t.shape), t.value_type
     if not _is_list(t):
         return (), t
     inner = t.value_type
@@ -68,6 +72,22 @@ def _shape(t: pa.DataType) -> tuple[tuple[int, ...], pa.DataType]:
     if pa.types.is_fixed_size_list(t):
         return (t.list_size,), inner
     return (VARIABLE,), inner
+
+
+def _is_tensor(t: pa.DataType) -> bool:
+    """A tensor column: Arrow's fixed_shape_tensor, or a fixed-size list of fixed-size lists."""
+    return isinstance(t, pa.FixedShapeTensorType) or (
+        pa.types.is_fixed_size_list(t) and pa.types.is_fixed_size_list(t.value_type)
+    )
+
+
+def _never_null(path: str, never_null: frozenset[str]) -> bool:
+    """A column known to hold no null; a tensor's values are Parquet leaves below it (`emb.list.
+    element`), whose null counts count the tensors that are null too."""
+    return path in never_null or any(
+        n.startswith(path + ".") and set(n[len(path) + 1 :].split(".")) <= {"list", "element", "item"}
+        for n in never_null
+    )
 
 
 def _leaves(field: pa.Field, prefix: str = "") -> Iterable[tuple[str, pa.Field, bool]]:
@@ -121,7 +141,7 @@ def infer_schema(
                 notes.append(
                     f"column {path!r} is a time of day, written as int64 {typed.unit} since midnight"
                 )
-            dense = nullable and not shape and path in never_null
+            dense = nullable and (not shape or _is_tensor(leaf.type)) and _never_null(path, never_null)
             if dense:
                 dense_columns.append(path)
             features.append(
