@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv demo test check coverage stress lint bench clean
+.PHONY: venv demo test check coverage stress lint bench clean fuzz sanitize
 
 venv: $(STAMP)
 
@@ -22,14 +22,14 @@ demo: $(STAMP)
 # The whole suite (CI runs it), spread over the cores a file at a time: a file's module-scoped
 # clusters, emulators and servers are started once, in one worker.
 test: $(STAMP)
-	$(BIN)/ruff check src tests bench demo
+	$(BIN)/ruff check src tests bench demo fuzz
 	$(BIN)/mypy
 	$(BIN)/lint-imports --no-cache
 	$(BIN)/python -m pytest -q -n auto --dist loadfile tests
 
 # The unit tier, for the edit loop: every test outside tests/e2e/.
 check: $(STAMP)
-	$(BIN)/ruff check src tests bench demo
+	$(BIN)/ruff check src tests bench demo fuzz
 	$(BIN)/python -m pytest -q -n auto --dist loadfile -m "not e2e and not stress" tests
 
 # Line and branch coverage of src/ by the suite's in-process tests (subprocesses are not traced).
@@ -41,11 +41,31 @@ coverage: $(STAMP)
 stress: $(STAMP)
 	$(BIN)/python -m pytest -q -m stress tests
 
+# Every harness of fuzz/, FUZZ_SECONDS in all (a fifth each), one after another (atheris if installed, else
+# seeded random mutations); a finding is written to fuzz/findings/ and stops the run.
+FUZZ_SECONDS ?= 600
+FUZZ_TARGETS := crc32c find_records data_crc_mismatches decode_examples tools
+fuzz: $(STAMP)
+	for t in $(FUZZ_TARGETS); do \
+	    nice -n 10 $(BIN)/python -m fuzz.run $$t --seconds $$(( $(FUZZ_SECONDS) / 5 )) --seed $${FUZZ_SEED:-1} || exit 1; \
+	done
+
+# The extension built with ASan and UBSan in build/sanitize (src/ untouched); the native tests
+# and the short fuzz run against it, libasan preloaded into Python, leaks not checked (CPython's own).
+SANITIZE_DIR := build/sanitize
+SANITIZE_ENV = ASAN_OPTIONS=detect_leaks=0 UBSAN_OPTIONS=print_stacktrace=1 \
+	LD_PRELOAD=$$(gcc -print-file-name=libasan.so) PYTHONPATH=$(SANITIZE_DIR)
+sanitize: $(STAMP)
+	$(BIN)/python fuzz/build_sanitized.py $(SANITIZE_DIR)
+	$(SANITIZE_ENV) nice -n 10 $(BIN)/python -m pytest -q -p no:cacheprovider tests/records/test_native.py \
+	    tests/records/test_chunks.py tests/records/test_wire.py tests/records/test_streams.py \
+	    tests/records/test_fuzz.py
+
 # mypy reads its files (src) and settings from [tool.mypy] in pyproject.toml; lint-imports its
 # layer contract from [tool.importlinter].
 lint: $(STAMP)
-	$(BIN)/ruff check src tests bench demo
-	$(BIN)/ruff format --check src tests bench demo
+	$(BIN)/ruff check src tests bench demo fuzz
+	$(BIN)/ruff format --check src tests bench demo fuzz
 	$(BIN)/mypy
 	$(BIN)/lint-imports --no-cache
 
