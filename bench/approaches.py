@@ -274,6 +274,22 @@ def stats_bundle(source: str, output: str, rows: int) -> dict:
     return {"rows": rows, "seconds": seconds, "bytes": _bundle_bytes(source)}
 
 
+def export_bundle(source: str, output: str, rows: int) -> dict:
+    """`recordforge export --to parquet` of a bundle the benchmark wrote (every record, every core)."""
+    import shutil
+
+    from recordforge.exporting.parquet import export
+
+    dest = os.path.join(os.path.dirname(os.path.abspath(source)), "rf_export")
+    shutil.rmtree(dest, ignore_errors=True)
+    start = time.perf_counter()
+    manifest = export(source, dest)
+    seconds = time.perf_counter() - start
+    if manifest["rows"] != rows:
+        raise SystemExit(f"export wrote {manifest['rows']} rows, expected {rows}")
+    return {"rows": rows, "seconds": seconds, "bytes": sum(f["bytes"] for f in manifest["files"])}
+
+
 def random_reads(source: str, output: str, rows: int) -> dict:
     """`rows` reads of random records through `recordforge.data_source` on the bundle `source`,
     one at a time in this one process (one core), each checked against a sequential read's."""
@@ -304,6 +320,7 @@ APPROACHES = {
     "random_reads": random_reads,
     "verify": verify_bundle,
     "stats": stats_bundle,
+    "export": export_bundle,
     "tutorial": tutorial,
     "tfx": tfx_style,
     "recordforge": recordforge,

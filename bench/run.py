@@ -228,6 +228,10 @@ def main() -> None:
             "recordforge stats of the bundle rf wrote (same round)",
             ["stats", f"{w}/rf", "-", n],
         ),
+        "rf_export": (
+            "recordforge export --to parquet of the bundle rf wrote (same round)",
+            ["export", f"{w}/rf", "-", n],
+        ),
         "rf_2w": (
             "recordforge, Parquet, GZIP, 2 workers (multi_processing)",
             [
@@ -373,7 +377,7 @@ def main() -> None:
             for k, v in runs.items()
             if k in wanted
             or k == "tutorial"
-            or (k in ("rf_verify", "rf_stats") and "rf" in wanted)
+            or (k in ("rf_verify", "rf_stats", "rf_export") and "rf" in wanted)
             or (k == "reads_indexed" and "rf_indexed" in wanted)
             or (k == "reads_array_record" and "rf_array_record" in wanted)
         }
@@ -465,7 +469,7 @@ def main() -> None:
         if key in results:
             print(f"{results[key][0]}: {results[key][1]['rows_per_s']:.0f} reads/s")
     ratio("rf", "rf_shuffle", "Unshuffled vs --shuffle throughput (the cost of the global order)")
-    for key, what in (("rf_verify", "verify"), ("rf_stats", "stats")):
+    for key, what in (("rf_verify", "verify"), ("rf_stats", "stats"), ("rf_export", "export")):
         if key in results and "rf" in results:
             # Seconds, same rounds: the conversion that wrote the bundle, then reading it back.
             conv = statistics.median(x["seconds"] for x in samples["rf"][: len(samples[key])])

@@ -339,7 +339,7 @@ def _shaped(v: _Values, f: Feature, t: pa.DataType) -> pa.Array:
     """The values in the feature's shape, a null where a record does not have it."""
     mask = pa.array(~v.valid)
     k = math.prod(f.shape)
-    bad = np.flatnonzero(v.valid & (v.lengths != k)) if f.num_values is not None else []
+    bad = np.flatnonzero(v.valid & (v.lengths != k)) if f.num_values is not None else np.zeros(0, np.int64)
     if len(bad):
         raise BadRecord(int(bad[0]), f"feature {f.name!r} holds {v.lengths[bad[0]]} values, its shape {k}")
     if pa.types.is_list(t):
@@ -348,7 +348,7 @@ def _shaped(v: _Values, f: Feature, t: pa.DataType) -> pa.Array:
         if len(f.shape) == 1:
             return lists
         rows = pa.ListArray.from_arrays(
-            pa.array(np.arange(0, len(v.values) + 1, f.shape[1], np.int32)), v.values
+            pa.array(np.arange(0, len(v.values) + 1, f.shape[1]).astype(np.int32)), v.values
         )
         return pa.ListArray.from_arrays(pa.array(offsets // f.shape[1]), rows, mask=mask)
     # Value j of record r is value (its place among the present records) * k + j.
