@@ -5,15 +5,15 @@ from __future__ import annotations
 import json
 import logging
 import posixpath
+from typing import Any
 
 from recordforge.errors import RecordForgeError, SchemaError
 from recordforge.files import layout
 from recordforge.files.storage import exists, open_read
 from recordforge.pipelines.config import ConvertConfig
 from recordforge.records.array_records import ARRAY_RECORD
-from recordforge.records.chunks import read_record_chunks
 from recordforge.records.example_pb import parse_example
-from recordforge.records.record_pieces import FORMATS
+from recordforge.records.record_pieces import FORMATS, CorruptRecords, Piece, read_piece
 from recordforge.records.tfrecord import detect_compression
 from recordforge.schemas import Plan, Schema, compile_schema, load_schema
 from recordforge.schemas.feature_specs import schema_from_feature_spec
@@ -113,18 +113,25 @@ def _bundle_schema(root: str) -> Schema | None:
 
 def _sampled_schema(path: str) -> Schema:
     """A schema inferred from the first SAMPLE_RECORDS records of a file, as `recordforge head` does."""
-    records = []
-    for chunk in read_record_chunks(path):
-        for a, b in zip(chunk.starts.tolist(), chunk.ends.tolist(), strict=True):
-            try:
-                records.append(parse_example(bytes(chunk.data[a:b])))
-            except Exception as exn:  # protobuf's DecodeError and friends
-                number = chunk.first_record + len(records) + 1
-                raise RecordForgeError(f"{path}: record {number} is not a tf.train.Example ({exn})") from exn
+    records: list[dict[str, Any]] = []
+    try:
+        for span in read_piece(Piece(path), max_records=SAMPLE_RECORDS):
+            for a, b in zip(span.starts.tolist(), span.ends.tolist(), strict=True):
+                try:
+                    records.append(parse_example(bytes(span.data[a:b])))
+                except Exception as exn:  # protobuf's DecodeError and friends
+                    number = span.first + len(records) + 1
+                    raise RecordForgeError(
+                        f"{path}: record {number} is not a tf.train.Example ({exn})"
+                    ) from exn
+                if len(records) >= SAMPLE_RECORDS:
+                    break
             if len(records) >= SAMPLE_RECORDS:
                 break
-        if len(records) >= SAMPLE_RECORDS:
-            break
+    except CorruptRecords:
+        if not records:
+            raise
+        # The reader fails on that record, or skips the rest of the file, as the run is told.
     if not records:
         raise SchemaError(f"{path}: no records to infer a schema from; pass --schema")
     _, spec = infer_feature_spec(records)

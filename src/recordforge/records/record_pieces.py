@@ -89,7 +89,9 @@ def pieces(path: str, size: int | None, *, skip_unreadable: bool = False) -> lis
         if compression != "none":
             return [Piece(path)]
         cuts = [(0, 0)]  # (byte offset, record index) where a piece starts
+        end = 0
         for chunk in read_record_chunks(path, "none"):
+            end = chunk.offset + len(chunk.data)
             heads = chunk.offset + chunk.heads
             while len(heads):
                 j = int(np.searchsorted(heads, cuts[-1][0] + PIECE_BYTES))
@@ -98,7 +100,7 @@ def pieces(path: str, size: int | None, *, skip_unreadable: bool = False) -> lis
                 cuts.append((int(heads[j]), chunk.first_record + j))
         if len(cuts) <= 1:
             return [Piece(path)]
-        ends = [c[0] for c in cuts[1:]] + [-1]
+        ends = [c[0] for c in cuts[1:]] + [end]
         return [Piece(path, first, start, stop) for (start, first), stop in zip(cuts, ends, strict=True)]
     except Exception as exn:
         if skip_unreadable:
