@@ -43,6 +43,7 @@ _OTHER: dict[str, dict[str, Any]] = {
     "max_rejected": {"max_rejected": 5},
     "max_rejected_fraction": {"max_rejected_fraction": 0.5},
     "max_record_bytes": {"max_record_bytes": 1000},
+    "delta_version": {"source_format": "delta", "delta_version": 3},
     "skip_unreadable_files": {"skip_unreadable_files": True},
     "splits": {"splits": "train=1,test=1"},
     "split_key": {"splits": "train=1,test=1", "split_key": "id"},
@@ -60,6 +61,7 @@ _OTHER: dict[str, dict[str, Any]] = {
 # is `--shuffle` alone, for `split_key` the splits alone.
 _BESIDE = {"seed": {"shuffle": True}, "split_key": {"splits": "train=1,test=1"}}
 _BESIDE.update({"analyze_split": {"splits": "train=1,test=1"}, "split_column": {"splits": "train=1,test=1"}})
+_BESIDE["delta_version"] = {"source_format": "delta"}
 
 
 def test_every_config_field_is_one_flag() -> None:

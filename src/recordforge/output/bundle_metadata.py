@@ -43,6 +43,7 @@ class RunFacts:
     sharding: dict[str, dict[str, Any]] | None = None  # how each split's shards were cut
     settings: dict[str, Any] | None = None  # the flags that change the output (--append compares)
     estimated: dict[str, Any] | None = None  # what the plan estimated (pipelines/planning.py)
+    delta: dict[str, Any] | None = None  # --format delta: the table and the version read
 
     def metadata(self) -> dict[str, Any]:
         out: dict[str, Any] = {"input_fingerprint": self.input_fingerprint}
@@ -57,6 +58,7 @@ class RunFacts:
             ("sharding", self.sharding),
             ("settings", self.settings),
             ("estimated", self.estimated),
+            ("delta", self.delta),
         ):
             if value is not None:
                 out[name] = list(value) if isinstance(value, tuple) else value

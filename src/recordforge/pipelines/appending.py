@@ -10,6 +10,7 @@ from typing import Any
 from recordforge.errors import RecordForgeError
 from recordforge.files import layout
 from recordforge.pipelines.config import ConvertConfig
+from recordforge.pipelines.delta_inputs import check_delta_append
 from recordforge.pipelines.inputs import Inputs
 from recordforge.schemas import Plan, load_schema
 from recordforge.transforms.source_types import FileInfo
@@ -42,6 +43,8 @@ def plan_append(config: ConvertConfig, inputs: Inputs, published: dict[str, Any]
             f"are fitted over all the data, so every published shard would change; {redo}"
         )
     _check_settings(config, published, redo)
+    if inputs.delta is not None:  # the table's log says what changed, before its files do
+        check_delta_append(inputs.delta, published, redo)
     _check_schema(output, inputs.plan, published, redo)
     now = {f.path: f for f in inputs.files}
     for source in published.get("sources", []):

@@ -50,6 +50,7 @@ class ConvertConfig:
     output: str
     schema_path: str | None = default("schema_path")
     source_format: str | None = default("source_format")
+    delta_version: int | None = default("delta_version")
     compression: str | None = default("compression")  # None: gzip, or none (images, an index, ArrayRecord)
     output_format: str = default("output_format")
     record_index: bool = default("record_index")
@@ -87,6 +88,8 @@ class ConvertConfig:
             problems.append("--output is required")
         if self.source_format is not None and self.source_format not in FORMATS:
             problems.append(f"--format must be one of {', '.join(FORMATS)}")
+        if self.delta_version is not None and self.source_format != "delta":
+            problems.append("--delta_version needs --format delta")
         if self.compression is not None and self.compression not in COMPRESSIONS:
             problems.append(f"--compression must be one of {', '.join(COMPRESSIONS)}")
         if self.output_format not in OUTPUT_FORMATS:

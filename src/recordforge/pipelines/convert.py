@@ -45,6 +45,7 @@ from recordforge.output.finished import commit_finished
 from recordforge.output.publishing import Publication, finish_interrupted_commit
 from recordforge.output.state import OutputState, check_output_path, read_state
 from recordforge.pipelines.config import ConvertConfig
+from recordforge.pipelines.delta_inputs import partition_values
 from recordforge.pipelines.planning import estimate
 from recordforge.pipelines.resolve import (
     DEFAULT_RUNNER,
@@ -63,6 +64,7 @@ from recordforge.tracing.trace import write_trace
 from recordforge.transforms.bundle import BundleSpec, RunFacts, WriteBundle, rule_of
 from recordforge.transforms.coders import declare_element_type
 from recordforge.transforms.csv_source import ReadCsv
+from recordforge.transforms.delta_source import ReadDelta
 from recordforge.transforms.examples import REJECTED, ToExamples
 from recordforge.transforms.image_folder import ReadImageFolder
 from recordforge.transforms.parquet_source import ReadParquet
@@ -180,6 +182,18 @@ def _read(run: Run) -> beam.PTransform:
             expanded=inputs.files,
             skip_unreadable=config.skip_unreadable_files,
             finished=reuse.batch_rows if reuse is not None else None,  # not even decoded
+            traits=run.traits,
+        )
+    if inputs.delta is not None:
+        reuse = run.resuming.reuse if run.resuming is not None else None
+        return ReadDelta(
+            inputs.files,
+            partition_values=partition_values(inputs.delta, inputs.files),
+            partition_types={c: inputs.delta.schema.field(c).type for c in inputs.delta.partition_columns},
+            columns=columns,
+            batch_size=config.batch_size,
+            skip_unreadable=config.skip_unreadable_files,
+            finished=reuse.batch_rows if reuse is not None else None,
             traits=run.traits,
         )
     if inputs.fmt in RECORD_FORMATS:
@@ -342,6 +356,7 @@ def _bundle_spec(run: Run, transformed: Transformed | None) -> BundleSpec:
             sharding={name: spec.describe() for name, spec in run.shards.items()},
             settings=config.settings(),
             estimated=run.estimated,
+            delta=run.inputs.delta.describe() if run.inputs.delta is not None else None,
         ),
         base=run.appending.base if run.appending is not None else None,
         max_rejected=config.max_rejected,

@@ -13,7 +13,7 @@ from recordforge.records.tfrecord import Compression
 
 __all__ = ["add_flags", "COMPRESSIONS", "default", "Flag", "FLAGS", "FORMATS", "parse_bool", "readme_table"]
 
-FORMATS = ("parquet", "csv", "images", "jsonl", "orc", "arrow", "tfrecord", "array_record")
+FORMATS = ("parquet", "csv", "images", "jsonl", "orc", "arrow", "tfrecord", "array_record", "delta")
 # TFRecord's (Compression.CHOICES) and zstd, which only ArrayRecord shards take.
 COMPRESSIONS = (*Compression.CHOICES, "zstd")
 _ANY = r"^\S+$"
@@ -116,13 +116,27 @@ FLAGS: tuple[Flag, ...] = (
         "is a folder (labels from folder names) or a CSV/Parquet manifest whose schema marks "
         "`type: image` columns. jsonl: JSON Lines (.jsonl, .json, .jsonl.gz); orc; arrow: Arrow "
         "IPC file or stream, Feather v2. tfrecord, array_record: tf.train.Examples (or an output "
-        "folder as --source), the schema from their bundle, else --schema, else inferred.",
+        "folder as --source), the schema from their bundle, else --schema, else inferred. delta: "
+        "--source is a Delta Lake table; one snapshot (--delta_version) is read.",
         True,
         "Source format",
-        "^(parquet|csv|images|jsonl|orc|arrow|tfrecord|array_record)$",
+        "^(parquet|csv|images|jsonl|orc|arrow|tfrecord|array_record|delta)$",
         "default: from the file extension",
         choices=FORMATS,
         field="source_format",
+        row="format",
+    ),
+    Flag(
+        "delta_version",
+        "--format delta: the table version to convert (default: the latest). Its data files are "
+        "the inputs (fingerprinted themselves); metadata.json records the version.",
+        False,  # the snapshot's files are fingerprinted themselves
+        "Delta table version",
+        _NUMBER,
+        "",
+        type=int,
+        row="format",
+        metavar="N",
     ),
     Flag(
         "output_format",

@@ -15,11 +15,13 @@ import pyarrow.parquet as pq
 from recordforge.errors import RecordForgeError
 from recordforge.files.storage import is_local, open_input
 from recordforge.pipelines.config import ConvertConfig
+from recordforge.pipelines.delta_inputs import delta_inputs
 from recordforge.pipelines.record_inputs import FORMATS as RECORD_FORMATS
 from recordforge.pipelines.record_inputs import is_records, record_inputs
 from recordforge.schemas import Plan, compile_schema, load_schema
 from recordforge.schemas.infer import inferred_schema
 from recordforge.schemas.loader import dump_schema
+from recordforge.sources.delta import Snapshot
 from recordforge.sources.probe import format_from_path, parquet_footers, read_arrow_schema
 from recordforge.transforms.image_folder import ImageFolder, folder_schema, list_image_folder
 from recordforge.transforms.source_types import FileInfo, expand_patterns
@@ -48,6 +50,7 @@ class Inputs:
     folder: ImageFolder | None = None
     rows: int | None = None  # from the Parquet footers, where they were read (progress total)
     json_types: pa.Schema | None = None  # JSON Lines: the types lines are parsed with (the first file's)
+    delta: Snapshot | None = None  # --format delta: the table's snapshot read (sources/delta.py)
 
 
 def resolve_inputs(config: ConvertConfig, *, first_rows: bool = False) -> Inputs:
@@ -65,6 +68,9 @@ def resolve_inputs(config: ConvertConfig, *, first_rows: bool = False) -> Inputs
         info = FileInfo(folder.root, size, folder.modified, digest=folder.digest)
         return Inputs([info], "images", plan, input_fingerprint([info], plan, config), folder)
     given = config.source_format
+    if given == "delta":  # one snapshot of a Delta table: its Parquet files
+        files, plan, snap = delta_inputs(config)
+        return Inputs(files, "delta", plan, input_fingerprint(files, plan, config), delta=snap)
     if given in RECORD_FORMATS or (given is None and is_records(config.sources[0])):
         files, fmt, plan = record_inputs(config)  # Examples: the schema of their bundle, or inferred
         return Inputs(files, fmt, plan, input_fingerprint(files, plan, config))
