@@ -284,3 +284,51 @@ def test_a_large_file_is_read_as_record_ranges_by_two_workers(
     result.wait_until_finish()
     counters = result.metrics().query(MetricsFilter().with_name("record_work_items"))["counters"]
     assert sum(c.committed for c in counters) == len(pieces)
+
+
+def test_append_and_shuffle_over_record_files(tmp_path: Path) -> None:
+    """Day 1 converts a.tfrecord; day 2 adds b.tfrecord and --append converts only it (the day-1
+    shard kept); a --shuffle run of both holds the same records."""
+    records = _foreign_examples(40)
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "a.tfrecord").write_bytes(b"".join(_frame(r) for r in records[:25]))
+    args = ["--source", str(tmp_path / "src" / "*.tfrecord"), "--compression", "none"]
+    first = run([*args, "--output", str(tmp_path / "out"), "--append"])
+    assert first["rows_written"] == 25
+    old = {s["file"]: (tmp_path / "out" / s["file"]).stat().st_ino for s in first["shards"]}
+    (tmp_path / "src" / "b.tfrecord").write_bytes(b"".join(_frame(r) for r in records[25:]))
+    second = run([*args, "--output", str(tmp_path / "out"), "--append"])
+    assert second["appended"]["converted"]["rows_read"] == 15 and second["rows_written"] == 40
+    assert {
+        s["file"]: (tmp_path / "out" / s["file"]).stat().st_ino for s in second["shards"] if s["file"] in old
+    } == old
+    assert sorted(_tf_read(tmp_path / "out")) == sorted(records)
+    shuffled = run([*args, "--output", str(tmp_path / "shuffled"), "--shuffle"])
+    assert shuffled["rows_written"] == 40 and sorted(_tf_read(tmp_path / "shuffled")) == sorted(records)
+
+
+def test_rows_after_a_rejected_record_keep_their_numbers(tmp_path: Path) -> None:
+    """A record over --max_record_bytes after a dead letter names its own number in its file."""
+    import tensorflow as tf
+
+    records = _foreign_examples(12)
+    records[2] = b"\x0a\xff\xff"  # a dead letter before the rows that follow
+    big = tf.train.Example.FromString(records[7])
+    big.features.feature["name"].bytes_list.value.append(b"x" * 500)
+    records[7] = big.SerializeToString()
+    path = tmp_path / "x.tfrecord"
+    path.write_bytes(b"".join(_frame(r) for r in records))
+    schema = tmp_path / "s.yaml"
+    schema.write_text(
+        "features:\n  - {name: id, type: int64, nulls: required}\n"
+        "  - {name: name, type: bytes, shape: [-1]}\n"
+    )
+    args = ["--schema", str(schema), "--max_rejected", "5", "--max_record_bytes", "300"]
+    meta = run(["--source", str(path), "--output", str(tmp_path / "o"), *args])
+    root = published_root(tmp_path / "o")
+    lines = [json.loads(x) for f in (root / "_rejected").glob("*.jsonl") for x in f.read_text().splitlines()]
+    assert sorted((r["row"], r["column"], r["rule"]) for r in lines) == [
+        (3, "*", "example"),
+        (8, "name", "record_size"),
+    ]
+    assert (meta["rows_read"], meta["rows_written"], meta["rows_rejected"]) == (12, 10, 2)

@@ -202,7 +202,6 @@ def _read(run: Run) -> beam.PTransform:
             run.plan,
             batch_size=config.batch_size,
             expanded=inputs.files,
-            max_record_bytes=config.max_record_bytes,
             strict=config.strict,
             skip_unreadable=config.skip_unreadable_files,
             traits=run.traits,

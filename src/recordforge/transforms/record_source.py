@@ -6,6 +6,7 @@ import logging
 from collections.abc import Iterator
 
 import apache_beam as beam
+import numpy as np
 from apache_beam.metrics import Metrics
 
 from recordforge.records import record_pieces
@@ -50,7 +51,6 @@ class _ReadRecordsFn(SharedItemsFn):
         self,
         plan: Plan,
         batch_size: int,
-        max_record_bytes: int,
         *,
         strict: bool,
         skip_unreadable: bool,
@@ -59,7 +59,6 @@ class _ReadRecordsFn(SharedItemsFn):
         super().__init__(claims)
         self._plan = plan
         self._batch_size = batch_size
-        self._max_record_bytes = max_record_bytes
         self._strict = strict
         self._skip = skip_unreadable
         self._ahead = ReadAhead()
@@ -78,23 +77,27 @@ class _ReadRecordsFn(SharedItemsFn):
             return
         self._items_read.inc()
         rows = 0
-        spans = record_pieces.read_piece(
-            piece, max_records=self._batch_size, max_record_bytes=self._max_record_bytes or 2**31 - 1
-        )
+        # Records are framed up to protobuf's own limit: one over --max_record_bytes is a bad
+        # row of rule record_size (ToExamples), not a damaged file.
+        spans = record_pieces.read_piece(piece, max_records=self._batch_size)
         try:
             for span in self._ahead(spans):
                 decoded = self._decoder.decode(span.data, span.starts, span.ends)
                 for bad in decoded.bad:
                     yield self._bad_record(piece.path, span.first, bad, span)
-                # Rejected records never become rows: the batch's rows are the good ones, in order.
-                if decoded.batch.num_rows:
-                    yield SourceBatch(
-                        piece.path,
-                        span.first,
-                        decoded.batch,
-                        conformed=True,
-                        records=decoded.records,
-                    )
+                # Rejected records never become rows: each run of good records between them is a
+                # batch whose first_row is its first record's number, so rows stay numbered.
+                good = decoded.rows
+                cuts = [0, *(np.flatnonzero(np.diff(good) != 1) + 1).tolist(), len(good)]
+                for a, b in zip(cuts, cuts[1:], strict=False):
+                    if b > a:
+                        yield SourceBatch(
+                            piece.path,
+                            span.first + int(good[a]),
+                            decoded.batch.slice(a, b - a),
+                            conformed=True,
+                            records=decoded.records.slice(a, b - a),
+                        )
                 rows += len(span)
         except CorruptRecords as exn:
             if not self._skip:
@@ -132,7 +135,6 @@ class ReadRecords(beam.PTransform):
         *,
         batch_size: int = 16384,
         expanded: list[FileInfo] | None = None,
-        max_record_bytes: int = 0,
         strict: bool = False,
         skip_unreadable: bool = False,
         traits: RunnerTraits,
@@ -143,7 +145,6 @@ class ReadRecords(beam.PTransform):
         self._files = expanded if expanded is not None else expand_patterns(patterns)
         self._plan = plan
         self._batch_size = batch_size
-        self._max_record_bytes = max_record_bytes
         self._strict = strict
         self._skip = skip_unreadable
         self._traits = traits
@@ -156,7 +157,6 @@ class ReadRecords(beam.PTransform):
         read_fn = _ReadRecordsFn(
             self._plan,
             self._batch_size,
-            self._max_record_bytes,
             strict=self._strict,
             skip_unreadable=self._skip,
             claims=self._traits.claims,
