@@ -22,6 +22,7 @@ from recordforge import errors as rf_errors
 from recordforge.cli import errors as cli_errors
 from recordforge.cli import main as cli
 from recordforge.errors import (
+    CorruptFile,
     DataError,
     Interrupted,
     RecordForgeError,
@@ -173,6 +174,7 @@ def test_every_error_pickles_with_type_and_message() -> None:
         UsageError("u"),
         DataError(file="f.csv", row=3, column="c", reason="bad", value=b"\xff"),
         CorruptRecord("f.tfrecord", 12, "truncated record"),
+        CorruptFile("f.tfindex", "line 3: offset over int64"),
         Interrupted(signal.SIGTERM),
         TypesChanged(f"f.csv, row 9, column 'x': {TypesChanged.MARKER}"),
     ]

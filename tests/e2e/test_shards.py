@@ -12,9 +12,9 @@ from conftest import example_to_dict, published_root
 
 from demo.sampledata import taxi_table
 from recordforge.errors import RecordForgeError
-from recordforge.pipelines import resolve
 from recordforge.pipelines.convert import run
 from recordforge.records.tfrecord import iter_records
+from recordforge.runners import adapter
 
 
 @pytest.fixture
@@ -193,8 +193,8 @@ def test_deterministic_shards_are_balanced_runs_of_the_input_whoever_writes_them
     # The local runner spills the batches to files (deleted once the shards are written) so that
     # its grouping holds names, not records; other runners group the records: the same bytes.
     assert not list((tmp_path / "one").rglob("_tmp-*"))
-    traits = resolve.runner_traits
-    monkeypatch.setattr(resolve, "runner_traits", lambda o: dataclasses.replace(traits(o), spill=False))
+    traits = adapter.runner_traits
+    monkeypatch.setattr(adapter, "runner_traits", lambda o: dataclasses.replace(traits(o), spill=False))
     run([*common, "--output", str(tmp_path / "grouped")])
     assert _shard_files(tmp_path / "grouped") == one
 

@@ -16,11 +16,11 @@ from conftest import published_root
 
 from demo.sampledata import taxi_table
 from recordforge.errors import RecordForgeError
-from recordforge.pipelines import resolve
 from recordforge.pipelines.convert import run
 from recordforge.records.example_pb import parse_example
 from recordforge.records.shard_spec import DEFAULT_SEED
 from recordforge.records.tfrecord import iter_records
+from recordforge.runners import adapter
 from recordforge.transforms.shuffle import Permutation
 
 ROWS = 4000
@@ -93,8 +93,8 @@ def test_shuffled_shards_are_the_same_bytes_whoever_writes_them(
     # The local runner spills batches and pieces to files, deleted once the shards are written;
     # other runners group the pieces themselves: the same bytes.
     assert not list((tmp_path / "one").rglob("_tmp-*"))
-    traits = resolve.runner_traits
-    monkeypatch.setattr(resolve, "runner_traits", lambda o: dataclasses.replace(traits(o), spill=False))
+    traits = adapter.runner_traits
+    monkeypatch.setattr(adapter, "runner_traits", lambda o: dataclasses.replace(traits(o), spill=False))
     run([*common, "--output", str(tmp_path / "grouped")])
     assert _shard_bytes(tmp_path / "grouped") == expected
 

@@ -23,8 +23,12 @@ __all__ = [
     "Tree",
     "arrow_schema",
     "column_tree",
+    "column_type",
+    "gap_key",
     "merge_decimals",
+    "retyped",
     "to_record_batch",
+    "value_type",
 ]
 
 # A top-level column: a feature, or a struct whose fields are features or structs.

@@ -410,12 +410,12 @@ def _run_once(pipeline: beam.Pipeline, run: Run) -> dict[str, Any]:
     """Builds `run` on `pipeline` and runs it under the output's lock; returns the metadata it
     published. A RecordForge error raised in a worker reaches the caller as itself
     (`unwrap.from_worker`), not as the runner's wrapping of it."""
-    # What the plan would have said, recorded beside what the run does (metadata.json).
-    with tracing.span("plan"):
-        run = dataclasses.replace(run, estimated=estimate(run).recorded())
     assert run.state is not None
     reuse = run.resuming.reuse if run.resuming is not None else None
     try:
+        # What the plan would have said, recorded beside what the run does (metadata.json).
+        with tracing.span("plan"):
+            run = dataclasses.replace(run, estimated=estimate(run).recorded())
         with tracing.span("build"):
             build(pipeline, run)
         with (

@@ -24,7 +24,15 @@ from recordforge.records.shard_spec import ShardSpec, Sizing
 from recordforge.runners import dataflow_prices
 from recordforge.sources.probe import csv_reader, open_source, read_sample
 
-__all__ = ["ConversionPlan", "SplitPlan", "estimate", "plan_lines", "plan_request", "plan_run"]
+__all__ = [
+    "ConversionPlan",
+    "SplitPlan",
+    "estimate",
+    "parquet_footer",
+    "plan_lines",
+    "plan_request",
+    "plan_run",
+]
 
 SAMPLE_ROWS = 4096  # rows converted through the real encoder and compressor
 SAMPLE_IMAGES = 64
@@ -336,7 +344,12 @@ def _sample(run: Run, notes: list[str], *, timed: bool) -> tuple[int, int, int |
         largest = pc.max(sizes).as_py() if len(records) else None
         return conformed.batch.num_rows, shard.bytes, largest
 
-    rows, written, largest = convert()
+    try:
+        rows, written, largest = convert()
+    except (RecordForgeError, OSError, ValueError, pa.ArrowException) as exn:
+        # The run's reader reports a file it cannot read its own way, where it reads it.
+        notes.append(f"the sample could not be converted ({exn}): output bytes and time not estimated")
+        return 0, 0, None, None
     seconds = None
     if timed and rows:
         start = time.perf_counter()
