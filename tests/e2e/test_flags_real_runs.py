@@ -74,6 +74,16 @@ class Inputs:
         (self.root / "many" / "z.parquet").write_bytes(data[: len(data) // 2])
         return str(self.root / "many" / "*.parquet")
 
+    def delta_table(self) -> str:
+        """A Delta table of two versions: the table, then a second commit of the same rows."""
+        import deltalake
+
+        path = str(self.root / "delta")
+        if not (self.root / "delta").exists():
+            deltalake.write_deltalake(path, _table())
+            deltalake.write_deltalake(path, _table(), mode="append")
+        return path
+
     def csv_without_extension(self) -> str:
         pacsv.write_csv(_table(), self.root / "t.dat")
         return str(self.root / "t.dat")
@@ -138,6 +148,10 @@ CASES: dict[str, Case] = {
     "seed": lambda i: _pair(i, i.parquet, ["--shuffle"], ["--shuffle", "--seed", "7"]),
     "max_rejected": lambda i: _pair(i, i.bad_row(), [], ["--max_rejected", "5"]),
     "max_rejected_fraction": lambda i: _pair(i, i.bad_row(), [], ["--max_rejected_fraction", "0.5"]),
+    # The latest version named or left to the default: the same snapshot, the same output.
+    "delta_version": lambda i: _pair(
+        i, i.delta_table(), ["--format", "delta"], ["--format", "delta", "--delta_version", "1"]
+    ),
     # Every record over a limit of 1 byte: each is rejected, none written.
     "max_record_bytes": lambda i: _pair(
         i,

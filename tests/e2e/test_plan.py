@@ -208,3 +208,13 @@ def test_the_table_formats(tmp_path: Path, fmt: str) -> None:
         feather.write_feather(table, src, chunksize=5_000)
     plan, meta = _plan_then_convert(str(src), tmp_path / "out", format=fmt)
     _check(plan, meta, rows_exact=fmt != "jsonl")
+
+
+def test_a_delta_table(tmp_path: Path) -> None:
+    """A snapshot's rows exact from its Parquet files' footers, its bytes from a sample of them."""
+    import deltalake  # the `delta` extra, installed with dev
+    deltalake.write_deltalake(str(tmp_path / "t"), make_table(30_000))
+    deltalake.write_deltalake(str(tmp_path / "t"), make_table(10_000, seed=1), mode="append")
+    plan, meta = _plan_then_convert(str(tmp_path / "t"), tmp_path / "out", format="delta")
+    assert plan["files"] == 2
+    _check(plan, meta, rows_exact=True)

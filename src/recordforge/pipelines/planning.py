@@ -234,7 +234,7 @@ def _rows(run: Run) -> tuple[int | None, bool, int | None]:
     if inputs.folder is not None:
         count = int(inputs.folder.count)
         return count, True, math.ceil(count / batch)
-    if inputs.fmt == "parquet":
+    if inputs.fmt in ("parquet", "delta"):  # a Delta snapshot is its Parquet files
         try:
             footers = [parquet_footer(f.path) for f in inputs.files]
         except (OSError, ValueError, pa.ArrowException):
@@ -384,7 +384,9 @@ def _sample_batch(run: Run) -> pa.RecordBatch | None:
                     break
         table = pa.Table.from_batches(batches, schema=reader.schema)
     else:
-        table = read_sample(path, inputs.fmt, SAMPLE_ROWS)
+        # A Delta snapshot's rows are its Parquet files' (a partitioned table's partition columns
+        # are the reader's to add: the sample then says it could not be converted).
+        table = read_sample(path, "parquet" if inputs.fmt == "delta" else inputs.fmt, SAMPLE_ROWS)
     table = table.slice(0, SAMPLE_ROWS).combine_chunks()
     return table.to_batches()[0] if table.num_rows else None
 
