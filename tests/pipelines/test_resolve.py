@@ -75,11 +75,10 @@ def test_a_local_run_uses_every_core_unless_told(
         options = request_from_kwargs(table, "out", None, flags).options.view_as(DirectOptions)
         return options.direct_running_mode, options.direct_num_workers
 
-    # A worker per two cores: each keeps two busy (its encoder, its shard stream's writer).
-    every = ("multi_processing", cores // 2) if cores > 3 else ("in_memory", 1)
+    # A worker per core (bench.workers: the default is the fastest explicit count).
+    every = ("multi_processing", cores) if cores > 1 else ("in_memory", 1)
     assert direct({}) == every
-    per_core = ("multi_processing", cores) if cores > 1 else ("in_memory", 1)
-    assert direct({"direct_num_workers": 0}) == per_core  # Beam's spelling of a worker per core
+    assert direct({"direct_num_workers": 0}) == every  # Beam's spelling of a worker per core
     assert direct({"direct_num_workers": 1}) == ("in_memory", 1)
     assert direct({"direct_num_workers": 3}) == ("multi_processing", 3)
     assert direct({"direct_running_mode": "in_memory"}) == ("in_memory", 1)
@@ -108,8 +107,9 @@ def test_a_small_conversion_keeps_one_worker_unless_workers_were_asked_for(
     assert workers([]) == ("in_memory", 1)  # 3 rows: workers would cost more than they save
     assert workers(["--direct_num_workers", "4"]) == ("multi_processing", 4)
     monkeypatch.setattr(workers_module, "SMALL_ROWS", 3)
-    assert workers([]) == ("multi_processing", 2)
-    monkeypatch.setattr(workers_module, "SMALL_ROWS", 4)
+    assert workers([]) == ("multi_processing", 4)  # a worker per core
+    # On 4 cores the bounds are 0.59x 2 cores' (workers save more): 3 rows < 10 x 0.59.
+    monkeypatch.setattr(workers_module, "SMALL_ROWS", 10)
     assert workers([]) == ("in_memory", 1)
     csv = tmp_path / "t.csv"
     csv.write_text("x\n1\n")
@@ -119,11 +119,11 @@ def test_a_small_conversion_keeps_one_worker_unless_workers_were_asked_for(
     assert run.options.view_as(DirectOptions).direct_num_workers == 1  # by its size in bytes
     # The run holds options of its own: the request's are as the caller made them.
     assert request.options.get_all_options() == asked
-    assert request.options.view_as(DirectOptions).direct_num_workers == 2
+    assert request.options.view_as(DirectOptions).direct_num_workers == 4
     monkeypatch.setattr(workers_module, "SMALL_BYTES", 2)
     request = request_from_argv(["--source", str(csv), "--output", str(tmp_path / "csv")])
     run = resolve(request.options, request.config, every_core=request.every_core)
-    assert run.options.view_as(DirectOptions).direct_num_workers == 2
+    assert run.options.view_as(DirectOptions).direct_num_workers == 4
 
 
 def test_each_parquet_footer_is_read_once_and_gives_the_row_total(
