@@ -158,7 +158,7 @@ def test_resolve_makes_one_frozen_run_and_fingerprints_the_inputs_once(
     assert run.root == f"{run.output}/{run.version}" and run.up_to_date is None
     assert run.compression == "gzip" and run.splits is None and not run.preprocessing
     with pytest.raises(dataclasses.FrozenInstanceError):
-        run.version = "other"  # type: ignore[misc]
+        run.compression = "other"  # type: ignore[misc]
     assert not (tmp_path / "out").exists()  # resolving writes nothing
 
 

@@ -16,6 +16,7 @@ from apache_beam.testing.util import BeamAssertException, assert_that
 from conftest import DEFAULT_RUNNER
 
 from recordforge.errors import RecordForgeError
+from recordforge.output.destination import Kept
 from recordforge.output.placed_pieces import PlacedKeep, layout_digest
 from recordforge.output.shard_files import write_shard
 from recordforge.records.shard_format import TFRecordFormat
@@ -136,7 +137,7 @@ def test_a_rerun_keeps_finished_shards_and_writes_only_the_others(tmp_path: Path
     keep = PlacedKeep(4, layout_digest(batches), tuple(kept), skipped)
     rest = [b for i, b in enumerate(BATCHES) if i in (2, 3, 6, 7)]
     again = tmp_path / "again"
-    _place(tmp_path / "rerun", spec, rest, spill=spill, pieces=str(again), placed=keep)
+    _place(tmp_path / "rerun", spec, rest, spill=spill, pieces=str(again), kept=Kept(placed=keep))
     assert _digests(tmp_path / "rerun") == whole
     assert sorted(r["shard"] for r in _records(again, "shard")) == [1, 3]  # the kept ones not rewritten
 
@@ -146,5 +147,5 @@ def test_a_rerun_whose_counts_are_not_the_killed_runs_publishes_nothing(tmp_path
     other = layout_digest([["f0.parquet", 0, 99]])
     keep = PlacedKeep(4, other, ((0, {"tmp": "x", "records": 1, "bytes": 1, "sha256": "0"}),))
     with pytest.raises(RecordForgeError, match="records per batch differ"):
-        _place(tmp_path / "out", spec, BATCHES, spill=False, placed=keep)
+        _place(tmp_path / "out", spec, BATCHES, spill=False, kept=Kept(placed=keep))
     assert not (tmp_path / "out").exists() or not list((tmp_path / "out").glob("data-*"))

@@ -25,7 +25,7 @@ from recordforge.errors import RecordForgeError, TypesChanged, UsageError
 from recordforge.files.layout import new_version
 from recordforge.files.storage import is_local, list_files
 from recordforge.output.finished import commit_finished
-from recordforge.output.publishing import Publication, finish_interrupted_commit
+from recordforge.output.publishing import finish_interrupted_commit
 from recordforge.output.state import OutputState, check_output_path, read_state
 from recordforge.pipelines.config import ConvertConfig
 from recordforge.pipelines.graph import build
@@ -91,7 +91,6 @@ def _run_once(pipeline: beam.Pipeline, run: Run) -> dict[str, Any]:
     """Builds `run` on `pipeline` and runs it under the output's lock; returns the metadata it
     published. A RecordForge error raised in a worker reaches the caller as itself
     (`unwrap.from_worker`), not as the runner's wrapping of it."""
-    reuse = run.resuming.reuse if run.resuming is not None else None
     try:
         # What the plan would have said, recorded beside what the run does (metadata.json).
         with tracing.span("plan"):
@@ -99,16 +98,7 @@ def _run_once(pipeline: beam.Pipeline, run: Run) -> dict[str, Any]:
         assert run.state is not None
         with tracing.span("build"):
             build(pipeline, run)
-        with (
-            Publication(
-                run.config.target,
-                run.version,
-                published_is_success=True,
-                resume=run.resuming.journal() if run.resuming is not None else None,
-                kept=reuse.files if reuse is not None and reuse.finished is None else None,
-            ) as publication,
-            _progress(run),
-        ):
+        with run.destination.publication(published_is_success=True) as publication, _progress(run):
             assert publication.state is not None
             # Another run may have published since `state` was read: it decides again.
             if run.config.if_changed and publication.state.version != run.state.version:
@@ -122,8 +112,9 @@ def _run_once(pipeline: beam.Pipeline, run: Run) -> dict[str, Any]:
                     f"--append was prepared over {run.appending.base['version']}; run it again"
                 )
             try:
-                if reuse is not None and reuse.finished is not None:  # killed with its version whole
-                    commit_finished(run.output, run.version, reuse.finished)
+                finished = run.destination.finished_manifest
+                if finished is not None:  # killed with its version whole
+                    commit_finished(run.output, run.version, finished)
                 else:
                     with tracing.span("run"):
                         pipeline.run().wait_until_finish()

@@ -25,7 +25,6 @@ from typing import Any
 import apache_beam as beam
 
 from recordforge.errors import RecordForgeError, UsageError
-from recordforge.output.publishing import Publication
 from recordforge.output.state import read_state
 from recordforge.pipelines.resolve import Run, request_from_kwargs, resolve
 
@@ -50,7 +49,7 @@ class Conversion:
     def publishing(self) -> Iterator[None]:
         """Hold it around the pipeline's run: without it, the pipeline still commits the bundle,
         but with no lock against another run and no cleanup if it fails."""
-        publication = Publication(self.resolved.config.target, self.resolved.version)
+        publication = self.resolved.destination.publication()
         try:
             with publication, self.resolved.runner.session(self.resolved.traits):
                 yield

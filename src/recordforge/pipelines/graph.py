@@ -27,7 +27,7 @@ import apache_beam as beam
 import pyarrow as pa
 
 from recordforge.conforming.splits import split_index
-from recordforge.files import layout
+from recordforge.output.destination import Sink
 from recordforge.pipelines.delta_inputs import partition_values
 from recordforge.pipelines.resolve import (
     Run,
@@ -63,9 +63,9 @@ def build(pipeline: beam.Pipeline, run: Run) -> beam.PCollection[str]:
     source = pipeline | "Read" >> _read(run)
     batches = source["batches"]
     # SourceBatch: a pa.RecordBatch with its file and first row   [+ UNREADABLE files, REJECTED rows]
-    reuse = run.resuming.reuse if run.resuming is not None else None
-    if reuse is not None:  # batches a killed run finished are in the parts it kept (pieces.py)
-        batches = batches | "SkipFinished" >> beam.Filter(_unfinished, reuse.batches)
+    finished = run.destination.finished
+    if finished:  # batches a killed run finished are in what it kept (pieces.py)
+        batches = batches | "SkipFinished" >> beam.Filter(_unfinished, finished)
     # Rows per batch, summed where the bundle is written: a global combine here would add two
     # stages to the end of every run (on the local runner, a round trip to each worker apiece).
     rows_per_batch = batches | "RowsPerBatch" >> beam.Map(lambda b: b.batch.num_rows)
@@ -90,7 +90,7 @@ def build(pipeline: beam.Pipeline, run: Run) -> beam.PCollection[str]:
             splits=run.splits,
             encode=not run.preprocessing,
             progress=run.traits.progress,
-            pieces=_pieces(run),
+            pieces=run.destination.pieces,
             max_record_bytes=config.max_record_bytes,
             profile=run.profile_dir,
         )
@@ -127,12 +127,6 @@ def _unfinished(batch: SourceBatch, finished: frozenset[tuple[str, int]]) -> boo
     return (batch.file, batch.first_row) not in finished
 
 
-def _pieces(run: Run) -> str | None:
-    """Where the run records its finished pieces for a rerun (not with tensorflow-transform,
-    whose analyzers see every record, nor sequences: resolve.py)."""
-    return layout.pieces_dir(run.root) if run.resuming is not None and run.resuming.records else None
-
-
 def _read(run: Run) -> beam.PTransform:
     """The source step: an image folder, Parquet or CSV files, each read with the columns the
     schema (and a split column) needs."""
@@ -145,18 +139,16 @@ def _read(run: Run) -> beam.PTransform:
         columns = list(dict.fromkeys([*columns, run.splits.column]))
         csv_types.setdefault(run.splits.column, pa.string())
     if inputs.fmt == "parquet":
-        reuse = run.resuming.reuse if run.resuming is not None else None
         return ReadParquet(
             list(config.sources),
             columns=columns,
             batch_size=config.batch_size,
             expanded=inputs.files,
             skip_unreadable=config.skip_unreadable_files,
-            finished=reuse.batch_rows if reuse is not None else None,  # not even decoded
+            finished=run.destination.finished_rows,  # not even decoded
             traits=run.traits,
         )
     if inputs.delta is not None:
-        reuse = run.resuming.reuse if run.resuming is not None else None
         return ReadDelta(
             inputs.files,
             partition_values=partition_values(inputs.delta, inputs.files),
@@ -164,7 +156,7 @@ def _read(run: Run) -> beam.PTransform:
             columns=columns,
             batch_size=config.batch_size,
             skip_unreadable=config.skip_unreadable_files,
-            finished=reuse.batch_rows if reuse is not None else None,
+            finished=run.destination.finished_rows,
             traits=run.traits,
         )
     if inputs.fmt in RECORD_FORMATS:
@@ -230,54 +222,31 @@ class _BySplit(beam.PartitionFn):
 
 def _write_shards(run: Run, examples: beam.PCollection) -> beam.PCollection:
     """One writer per split ({version}/{split}/{split}-SSSSS-of-NNNNN), or one for all records
-    ({version}/data-SSSSS-of-NNNNN), each by its shard spec as resolved; returns their ShardInfos."""
-    # Beam's local runners hold a grouping's input in memory: the placed writer spills there.
-    spill, pieces = run.traits.spill, _pieces(run)
-    reuse = run.resuming.reuse if run.resuming is not None else None
-    kept = reuse.parts if reuse is not None else {}
-    held = reuse.held if reuse is not None else {}
-    placed = reuse.placed if reuse is not None else {}
-    published = reuse.published if reuse is not None else {}
+    ({version}/data-SSSSS-of-NNNNN), each at its sink (output/destination.py: folder, shard spec,
+    pieces, what it keeps of a killed run); returns their ShardInfos."""
     samples = SampleCodec.of(run.plan.features) if run.config.output_format == WEBDATASET else None
     if run.splits is None:
-        writer = (
-            KeepPublished(published["data"])
-            if "data" in published
-            else WriteTFRecords(
-                run.root,
-                run.shards["data"],
-                spill=spill,
-                pieces=pieces,
-                reused=kept.get("data", ()),
-                held=held.get("data"),
-                placed=placed.get("data"),
-                samples=samples,
-            )
-        )
-        return examples | "WriteTFRecords" >> writer
+        sink = run.destination.sink("data", split_folder=False)
+        return examples | "WriteTFRecords" >> _writer(run, sink, samples)
     names = run.splits.names
     # One pass over the stream: each element goes to its split's writer.
     by_split = examples | "SplitInto" >> beam.Partition(_BySplit(), len(names), names)
     written = []
     for name, chosen in zip(names, by_split, strict=True):
         chosen = declare_element_type(chosen, examples.element_type)  # keeps the batches' coder
-        into = layout.join(run.root, name)
-        writer = (
-            KeepPublished(published[name])
-            if name in published
-            else WriteTFRecords(
-                into,
-                run.shards[name],
-                spill=spill,
-                pieces=pieces,
-                reused=kept.get(name, ()),
-                held=held.get(name),
-                placed=placed.get(name),
-                samples=samples,
-            )
-        )
-        written.append(chosen | f"WriteTFRecords[{name}]" >> writer)
+        sink = run.destination.sink(name, split_folder=True)
+        written.append(chosen | f"WriteTFRecords[{name}]" >> _writer(run, sink, samples))
     return written | "AllSplits" >> beam.Flatten()
+
+
+def _writer(run: Run, sink: Sink, samples: SampleCodec | None) -> beam.PTransform:
+    """A sink's writer; a writer whose shards a killed run had published keeps them as they are.
+    Beam's local runners hold a grouping's input in memory: the placed writer spills there."""
+    if sink.kept.published:
+        return KeepPublished(sink.kept.published)
+    return WriteTFRecords(
+        sink.folder, sink.spec, spill=run.traits.spill, pieces=sink.pieces, kept=sink.kept, samples=samples
+    )
 
 
 def _bundle_spec(run: Run, transformed: Transformed | None) -> BundleSpec:
@@ -294,18 +263,14 @@ def _bundle_spec(run: Run, transformed: Transformed | None) -> BundleSpec:
     temp_dirs = [transformed.temp_dir] if transformed is not None else []
     if run.sequence_spill_dir is not None:
         temp_dirs.append(run.sequence_spill_dir)
-    reuse = run.resuming.reuse if run.resuming is not None else None
-    if _pieces(run) is not None:  # the record of pieces, and the killed run's part folders
-        temp_dirs.append(layout.pieces_dir(run.root))
-    if reuse is not None:
-        temp_dirs.extend(sorted(reuse.temp_dirs))
+    temp_dirs.extend(run.destination.temp_dirs())  # the record of pieces, the killed run's parts
     return BundleSpec(
         output=config.output,
         version=run.version,
         plan=transformed.plan if transformed is not None else run.plan,
         raw_plan=run.plan if transformed is not None else None,
         temp_dirs=tuple(temp_dirs),
-        resumed=reuse.describe() if reuse is not None else None,
+        resumed=run.destination.resumed,
         source_format=run.inputs.fmt,
         sources=tuple((f.path, f.size, f.modified) for f in files),
         compression=run.compression,

@@ -15,14 +15,15 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from recordforge.conforming.splits import SplitSpec
 from recordforge.errors import RecordForgeError, UsageError
 from recordforge.files import layout
-from recordforge.files.layout import new_version, version_root
+from recordforge.files.layout import new_version
+from recordforge.output.destination import Destination
 from recordforge.output.state import OutputState, check_not_inside, check_output_path, check_state, read_state
 from recordforge.pipelines.appending import Appending, plan_append
 from recordforge.pipelines.config import ConvertConfig
 from recordforge.pipelines.flags import FLAGS, Flag
 from recordforge.pipelines.inputs import Inputs, resolve_inputs
 from recordforge.pipelines.options import ConvertOptions, beam_flag_names, check_flags
-from recordforge.pipelines.resuming import Resuming, plan_resume
+from recordforge.pipelines.resuming import plan_resume
 from recordforge.records.shard_spec import ShardSpec, Sizing
 from recordforge.runners.adapter import DEFAULT_RUNNER, RunnerAdapter, prepare_options
 from recordforge.runners.traits import RunnerTraits
@@ -68,14 +69,14 @@ class Run:
     # --append the files are the new ones alone)
     inputs: Inputs
     state: OutputState | None  # the output as read before the lock (None: not looked at)
-    version: str
-    root: str  # the version folder: everything the run writes goes below it (layout.py)
+    # The version it writes, each split's shard spec, what it keeps of a killed run and records
+    # for a rerun, and the publication that commits it (output/destination.py).
+    destination: Destination
     compression: str
     splits: SplitSpec | None
     shares: dict[str, float]  # each split's share of the input, where weights do not say it
     preprocessing: bool  # the schema declares a `transform:`, or --preprocessing_fn is given
     fit_split: str | None  # the split analyzers are fitted on (None: all rows)
-    shards: dict[str, ShardSpec]  # how each split's writer ("data" without splits) sizes shards
     runner: RunnerAdapter  # everything runner-specific, asked of one object (runners/adapter.py)
     traits: RunnerTraits  # the runner as the transforms are told it (runners/session.py)
     # Partitions of the key hash a sequence run's rows are grouped in (0: no `sequence:` block),
@@ -84,7 +85,6 @@ class Run:
     sequence_spill_dir: str | None = None
     up_to_date: dict[str, Any] | None = None  # --if_changed: the published metadata, if it is current
     appending: Appending | None = None  # --append over a published version
-    resuming: Resuming | None = None  # the run's record for a rerun, and what it keeps of a killed one
     estimated: dict[str, Any] | None = None  # the plan's figures, recorded beside the run's (planning.py)
     profile_dir: str | None = None  # --profile: where every process records its spans (tracing/)
 
@@ -96,6 +96,20 @@ class Run:
     def output(self) -> str:
         """The output folder, spans resolved."""
         return self.config.output.rstrip("/")
+
+    @property
+    def version(self) -> str:
+        return self.destination.version
+
+    @property
+    def root(self) -> str:
+        """The version folder: everything the run writes goes below it (layout.py)."""
+        return self.destination.root
+
+    @property
+    def shards(self) -> dict[str, ShardSpec]:
+        """How each split's writer ("data" without splits) sizes its shards."""
+        return self.destination.shards
 
 
 def request_from_argv(argv: Sequence[str]) -> Request:
@@ -299,7 +313,15 @@ def _run(
         config, inputs, state, base=base, eligible=eligible and up_to_date is None, placed=placed
     )
     version = resuming.reuse.version if resuming.reuse is not None else new_version()
-    root = version_root(config.output, version)
+    destination = Destination(
+        config.target,
+        version,
+        shards,
+        records=resuming.records,
+        reuse=resuming.reuse,
+        journal=resuming.journal(),
+    )
+    root = destination.root
     traits = runner.traits()
     partitions, spill_dir = 0, None
     if plan.schema.sequence is not None:
@@ -311,20 +333,17 @@ def _run(
         config=config,
         inputs=inputs,
         state=state,
-        version=version,
-        root=root,
+        destination=destination,
         compression=compression,
         splits=splits,
         shares=shares,
         preprocessing=preprocessing,
         fit_split=config.fit_split(splits) if preprocessing else None,
-        shards=shards,
         traits=traits,
         up_to_date=up_to_date,
         sequence_partitions=partitions,
         sequence_spill_dir=spill_dir,
         appending=appending,
-        resuming=resuming,
     )
 
 

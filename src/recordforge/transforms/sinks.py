@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import apache_beam as beam
 import pyarrow as pa
 
-from recordforge.output.placed_pieces import PlacedKeep
+from recordforge.output.destination import Kept
 from recordforge.output.shard_files import ShardFiles, shard_prefix
 from recordforge.records.shard_format import shard_format
 from recordforge.records.shard_spec import ShardSpec, Sizing
@@ -30,10 +28,10 @@ class WriteTFRecords(beam.PTransform):
     named, published and cleaned up by one protocol (shard_files.py). Rolling sizings (bytes,
     records, count) go to the rolling writer, placed sizing to the placed writer, which with
     `spill` keeps what waits for its grouping in temporary files (for runners that hold a
-    grouping in memory). A rolling writer records its parts in the folder
-    `pieces` and publishes the `reused` parts of a killed run with its own, less the `held`
-    records of batches converted again (pieces.py); a placed writer records its layout and
-    shards there and publishes the shards a killed run finished (`placed`, placed_pieces.py).
+    grouping in memory). A rolling writer records its parts in the folder `pieces`; `kept`
+    (output/destination.py) is what it keeps of a killed run: a rolling writer publishes the
+    kept parts with its own, less the held records of batches converted again (pieces.py), a
+    placed writer the shards the killed run finished (placed_pieces.py).
     """
 
     def __init__(
@@ -43,26 +41,25 @@ class WriteTFRecords(beam.PTransform):
         *,
         spill: bool,
         pieces: str | None = None,
-        reused: tuple[dict[str, Any], ...] = (),
-        held: dict[BatchKey, tuple[tuple[int, int], ...]] | None = None,
-        placed: PlacedKeep | None = None,
+        kept: Kept | None = None,
         samples: SampleCodec | None = None,
     ) -> None:
         super().__init__()
         if (spec.format == WEBDATASET) != (samples is not None):
             raise ValueError("WebDataset shards, and only they, take a SampleCodec")
         self._samples = samples
-        if (reused or held) and not spec.sizing.rolling:
+        kept = kept or Kept()
+        if kept.published:
+            raise ValueError("a writer that published its shards is not written again (KeepPublished)")
+        if (kept.parts or kept.held) and not spec.sizing.rolling:
             raise ValueError("only the rolling writer reuses parts")
-        if placed is not None and spec.sizing.rolling:
+        if kept.placed is not None and spec.sizing.rolling:
             raise ValueError("only the placed writer keeps placed shards")
         self._output = output
         self._spec = spec
         self._spill = spill
         self._pieces = pieces
-        self._reused = reused
-        self._held = held
-        self._placed = placed
+        self._kept = kept
 
     def expand(self, batches: beam.PCollection[tuple[BatchKey, pa.Array]]) -> beam.PCollection[ShardInfo]:
         spec = self._spec
@@ -73,9 +70,11 @@ class WriteTFRecords(beam.PTransform):
             batches = declare_element_type(samples, batches.element_type)
         if not spec.sizing.rolling:
             return write_placed(
-                batches, files, spec, spill=self._spill, pieces=self._pieces, keep=self._placed
+                batches, files, spec, spill=self._spill, pieces=self._pieces, keep=self._kept.placed
             )
-        rolling = WriteRollingShards(files, spec, pieces=self._pieces, reused=self._reused, held=self._held)
+        rolling = WriteRollingShards(
+            files, spec, pieces=self._pieces, reused=self._kept.parts, held=self._kept.held
+        )
         if spec.sizing is Sizing.COUNT:
             return batches | "WriteByCount" >> rolling
         return batches | "WriteBySize" >> rolling  # by bytes or by records
