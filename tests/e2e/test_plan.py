@@ -213,8 +213,30 @@ def test_the_table_formats(tmp_path: Path, fmt: str) -> None:
 def test_a_delta_table(tmp_path: Path) -> None:
     """A snapshot's rows exact from its Parquet files' footers, its bytes from a sample of them."""
     import deltalake  # the `delta` extra, installed with dev
+
     deltalake.write_deltalake(str(tmp_path / "t"), make_table(30_000))
     deltalake.write_deltalake(str(tmp_path / "t"), make_table(10_000, seed=1), mode="append")
     plan, meta = _plan_then_convert(str(tmp_path / "t"), tmp_path / "out", format="delta")
     assert plan["files"] == 2
     _check(plan, meta, rows_exact=True)
+
+
+def test_a_dataflow_plan_prices_the_job(tmp_path: Path) -> None:
+    """Built offline (--dry_run=True: local paths allowed), priced by the runner adapter."""
+    src = tmp_path / "t.parquet"
+    pq.write_table(make_table(20_000), src)
+    plan = recordforge.plan(
+        str(src),
+        str(tmp_path / "out"),
+        runner="DataflowRunner",
+        dry_run=True,
+        temp_location="gs://bucket/tmp",
+        region="europe-west1",
+        machine_type="n1-standard-4",
+        num_workers=5,
+    )
+    cost = plan["cost"]
+    assert cost["runner"] == "Dataflow" and cost["workers"] == 5 and cost["region"] == "europe-west1"
+    assert cost["worker_hours"] > 0 and cost["cost_usd"] >= 0 and cost["prices_date"]
+    local = recordforge.plan(str(src), str(tmp_path / "out"))
+    assert local["cost"] is None

@@ -21,7 +21,6 @@ from recordforge.pipelines.resolve import Request, Run, resolve
 from recordforge.records.encoding import ExampleEncoder
 from recordforge.records.shard_format import shard_format
 from recordforge.records.shard_spec import ShardSpec, Sizing
-from recordforge.runners import dataflow_prices
 from recordforge.sources.probe import csv_reader, open_source, read_sample
 
 __all__ = [
@@ -34,7 +33,10 @@ __all__ = [
     "plan_run",
 ]
 
-SAMPLE_ROWS = 4096  # rows converted through the real encoder and compressor
+SAMPLE_ROWS = 4096  # rows `plan` converts through the real encoder and compressor
+# A conversion's own estimate, made before every run: a smaller sample (its cost, ~10 ms, is
+# paid by every conversion; its bytes per row are within a few percent of the larger one's).
+RUN_SAMPLE_ROWS = 1024
 SAMPLE_IMAGES = 64
 # A run's fixed cost locally (start-up, listing, the commit), and what the driver holds.
 _FIXED_SECONDS = 1.5
@@ -76,7 +78,7 @@ class ConversionPlan:
     workers: int
     seconds: float | None
     peak_memory_mb: int | None
-    dataflow: dict[str, Any] | None = None
+    cost: dict[str, Any] | None = None  # on a runner that bills for the job (the runner adapter's)
     warnings: tuple[str, ...] = ()
     up_to_date: bool = False
     notes: tuple[str, ...] = field(default=())
@@ -115,12 +117,12 @@ def plan_request(request: Request) -> ConversionPlan:
     return plan_run(resolve(request.options, request.config, every_core=request.every_core))
 
 
-def plan_run(run: Run, *, timed: bool = True) -> ConversionPlan:
+def plan_run(run: Run, *, timed: bool = True, sample_rows: int = SAMPLE_ROWS) -> ConversionPlan:
     """The estimate for a resolved run (which has checked everything a run checks before data
     moves). `timed`: also time the sample for a wall-time estimate (not kept in metadata)."""
     config, inputs = run.config, run.inputs
     notes: list[str] = []
-    sample, sample_bytes, largest, seconds_per_row = _sample(run, notes, timed=timed)
+    sample, sample_bytes, largest, seconds_per_row = _sample(run, notes, timed=timed, rows=sample_rows)
     per_row = sample_bytes / sample if sample else None
     rows, exact, items = _rows(run)
     splits = []
@@ -138,9 +140,7 @@ def plan_run(run: Run, *, timed: bool = True) -> ConversionPlan:
     if per_row is not None:
         batch = config.batch_size * per_row * 4  # a batch read, conformed, encoded and buffered
         memory = round(_DRIVER_MB + (workers if workers > 1 else 0) * _WORKER_MB + workers * batch / 1e6)
-    dataflow = None
-    if run.runner.is_dataflow:
-        dataflow = dataflow_prices.cost(run.options, rows=rows, seconds_per_row=seconds_per_row, items=items)
+    cost = run.runner.cost(rows=rows, seconds_per_row=seconds_per_row, items=items)
     plan = ConversionPlan(
         output=run.output,
         source_format=inputs.fmt,
@@ -158,7 +158,7 @@ def plan_run(run: Run, *, timed: bool = True) -> ConversionPlan:
         workers=workers,
         seconds=seconds,
         peak_memory_mb=memory,
-        dataflow=dataflow,
+        cost=cost,
         up_to_date=run.up_to_date is not None,
         notes=tuple(notes),
     )
@@ -313,12 +313,14 @@ def _line_rows(path: str, size: int | None, *, header: bool) -> int | None:
     return max(0, round(size / (len(head) / lines)) - skip)
 
 
-def _sample(run: Run, notes: list[str], *, timed: bool) -> tuple[int, int, int | None, float | None]:
+def _sample(
+    run: Run, notes: list[str], *, timed: bool, rows: int
+) -> tuple[int, int, int | None, float | None]:
     """(rows, bytes written, largest record, seconds per row on one core) of a sample of the
     input conformed, encoded and written by the run's own shard format, into a local temporary
     file (the output is not touched)."""
     try:
-        batch = _sample_batch(run)
+        batch = _sample_batch(run, rows)
     except (RecordForgeError, OSError, ValueError, pa.ArrowException) as exn:
         notes.append(f"no sample could be read ({exn}): output bytes and time not estimated")
         return 0, 0, None, None
@@ -361,7 +363,7 @@ def _sample(run: Run, notes: list[str], *, timed: bool) -> tuple[int, int, int |
     return rows, written, largest, seconds
 
 
-def _sample_batch(run: Run) -> pa.RecordBatch | None:
+def _sample_batch(run: Run, limit: int) -> pa.RecordBatch | None:
     inputs = run.inputs
     if inputs.folder is not None:
         from recordforge.transforms.image_folder import chunk_at
@@ -380,20 +382,20 @@ def _sample_batch(run: Run) -> pa.RecordBatch | None:
             for b in reader:
                 batches.append(b)
                 rows += b.num_rows
-                if rows >= SAMPLE_ROWS:
+                if rows >= limit:
                     break
         table = pa.Table.from_batches(batches, schema=reader.schema)
     else:
         # A Delta snapshot's rows are its Parquet files' (a partitioned table's partition columns
         # are the reader's to add: the sample then says it could not be converted).
-        table = read_sample(path, "parquet" if inputs.fmt == "delta" else inputs.fmt, SAMPLE_ROWS)
-    table = table.slice(0, SAMPLE_ROWS).combine_chunks()
+        table = read_sample(path, "parquet" if inputs.fmt == "delta" else inputs.fmt, limit)
+    table = table.slice(0, limit).combine_chunks()
     return table.to_batches()[0] if table.num_rows else None
 
 
 def estimate(run: Run) -> ConversionPlan:
     """The estimate a conversion records beside what it did (no timing: deterministic)."""
-    return plan_run(run, timed=False)
+    return plan_run(run, timed=False, sample_rows=RUN_SAMPLE_ROWS)
 
 
 def plan_lines(plan: ConversionPlan) -> list[str]:
@@ -433,10 +435,10 @@ def plan_lines(plan: ConversionPlan) -> list[str]:
             f"  on this machine: about {plan.seconds:.0f} s, "
             f"peak memory about {plan.peak_memory_mb} MB (rough)"
         )
-    if plan.dataflow is not None:
-        d = plan.dataflow
+    if plan.cost is not None:
+        d = plan.cost
         lines.append(
-            f"  Dataflow: {d['workers']} x {d['machine_type']} workers, "
+            f"  {d['runner']}: {d['workers']} x {d['machine_type']} workers, "
             f"{d['worker_hours']:.2f} worker-hours, about ${d['cost_usd']:.2f} "
             f"({d['region']} list prices of {d['prices_date']}: {d['prices_source']})"
         )

@@ -104,10 +104,6 @@ class RunnerAdapter:
     every_core: bool = False
 
     @property
-    def is_dataflow(self) -> bool:
-        return _is_dataflow(self.options)
-
-    @property
     def dry_run(self) -> bool:
         """The run builds a Dataflow job offline and submits nothing (--dry_run=True)."""
         return bool(self.options.view_as(TestOptions).dry_run)
@@ -130,6 +126,20 @@ class RunnerAdapter:
         if self.every_core and small_input(images=images, rows=rows, sizes=sizes):
             one_worker(options)
         return RunnerAdapter(options, self.every_core)
+
+    def cost(
+        self, *, rows: int | None, seconds_per_row: float | None, items: int | None
+    ) -> dict[str, Any] | None:
+        """What the job would cost on a runner that bills for it (Dataflow: workers,
+        worker-hours and dollars from a dated price table); None for a local run."""
+        if not _is_dataflow(self.options):
+            return None
+        from recordforge.runners.dataflow_prices import cost
+
+        return {
+            "runner": "Dataflow",
+            **cost(self.options, rows=rows, seconds_per_row=seconds_per_row, items=items),
+        }
 
     def traits(self) -> RunnerTraits:
         """What the transforms need to know of the runner; fresh folders for each call."""
