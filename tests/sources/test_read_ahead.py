@@ -5,7 +5,6 @@ from __future__ import annotations
 import gc
 import os
 import pickle
-import signal
 import threading
 from collections.abc import Iterator
 
@@ -89,13 +88,11 @@ def test_a_consumer_that_stops_early_stops_and_closes_the_producer(depth: int) -
     assert closed.is_set() and len(made) <= 1 + depth
 
 
-class _InterruptedStep:
-    """An iterator whose second step sends this process a SIGINT (its consumer is waiting for
-    that step) and then runs on: it records whether it was closed while still running."""
+class _HeldStep:
+    """An iterator whose second step runs until released; it records when it was closed."""
 
     def __init__(self) -> None:
-        self.interrupted, self.closed = threading.Event(), threading.Event()
-        self.closed_while_running: list[bool] = []
+        self.running, self.release, self.closed = threading.Event(), threading.Event(), threading.Event()
         self.n = 0
 
     def __iter__(self) -> Iterator[int]:
@@ -104,47 +101,43 @@ class _InterruptedStep:
     def __next__(self) -> int:
         self.n += 1
         if self.n == 2:
-            os.kill(os.getpid(), signal.SIGINT)
-            assert self.interrupted.wait(10)
-            # A cleanup that does not wait for this step closes now, within milliseconds; one
-            # that waits closes after it returns. The bound only separates the two.
-            self.closed.wait(1.0)
-            self.closed_while_running.append(self.closed.is_set())
+            self.running.set()
+            assert self.release.wait(30)
         return self.n
 
     def close(self) -> None:
         self.closed.set()
 
 
-def test_an_interrupt_while_waiting_stays_an_interrupt_and_closes_after_the_running_step() -> None:
-    """Ctrl-C landing while the consumer waits for a step (the step still running on the
-    read-ahead thread): the interrupt is what the consumer raises, and the iterator is closed
-    only once the step has returned (a generator closed while it runs raises "ValueError:
-    generator already executing", which the Parquet source wrapped as a SourceError: the run
-    was then treated as failed and its finished pieces deleted).
-    Mutation this catches: the cleanup as it was, `wait(pending)` (the future being waited on
-    already popped from it) then `items.close()` on the consumer's thread. Put back
-    `_close_after_steps` to pass."""
-    items = _InterruptedStep()
+def test_an_interrupt_while_a_step_runs_stays_an_interrupt_and_closes_after_the_step() -> None:
+    """Ctrl-C ending the consumer while a step still runs on the read-ahead thread: the
+    interrupt is what the consumer raises, and the iterator is closed only once the step has
+    returned (a generator closed while it runs raises "ValueError: generator already
+    executing", which the Parquet source wrapped as a SourceError: the run was then treated as
+    failed and its finished pieces deleted). The interrupt is thrown in, not signalled, so that
+    the test does not depend on when a signal is delivered.
+    Mutation this catches: the cleanup as it was, `items.close()` on the consumer's thread at
+    once. Put back `_close_after_steps` to pass."""
+    items = _HeldStep()
+    reader = ReadAhead()(items)
+    assert next(reader) == 1  # step 2 is asked of the thread as item 1 is handed on
+    assert items.running.wait(30)
+    raised: list[BaseException] = []
 
-    def interrupt(signum: int, frame: object) -> None:
-        items.interrupted.set()
-        raise KeyboardInterrupt
+    def interrupt() -> None:
+        try:
+            reader.throw(KeyboardInterrupt)
+        except BaseException as exn:  # noqa: BLE001 - what the consumer would see
+            raised.append(exn)
 
-    before = signal.signal(signal.SIGINT, interrupt)
-    try:
-        ahead = ReadAhead()
-        got = []
-        with pytest.raises(KeyboardInterrupt):
-            for item in ahead(items):
-                got.append(item)
-    finally:
-        signal.signal(signal.SIGINT, before)
-    assert got == [1]
-    # The close comes on the read-ahead thread once the running step returns: wait for it.
-    assert items.closed.wait(10)
-    assert items.closed_while_running == [False]
-    ahead.close()
+    consumer = threading.Thread(target=interrupt)
+    consumer.start()
+    # While step 2 runs the consumer's cleanup waits for it: the iterator is not closed.
+    assert not items.closed.wait(0.5)
+    items.release.set()
+    consumer.join(30)
+    assert not consumer.is_alive() and items.closed.is_set()
+    assert len(raised) == 1 and isinstance(raised[0], KeyboardInterrupt)
 
 
 def test_an_interrupt_is_not_replaced_by_a_failure_to_close() -> None:
