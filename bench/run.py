@@ -304,6 +304,20 @@ def main() -> None:
                 *ONE_WORKER,
             ],
         ),
+        "rf_webdataset": (
+            "recordforge --output_format webdataset (tar samples), 1 worker",
+            [
+                "recordforge",
+                source,
+                f"{w}/rf_wds",
+                n,
+                "--schema",
+                schema,
+                "--output_format",
+                "webdataset",
+                *ONE_WORKER,
+            ],
+        ),
         "rf_indexed": (
             "recordforge --record_index (uncompressed TFRecord), 1 worker",
             ["recordforge", source, f"{w}/rf_indexed", n, "--schema", schema, "--record_index", *ONE_WORKER],
@@ -465,6 +479,7 @@ def main() -> None:
     ratio("rf", "rf_csv", "Parquet vs CSV throughput")
     ratio("rf_indexed", "rf_none", "--record_index vs uncompressed TFRecord throughput")
     ratio("rf_array_record", "rf_none", "--output_format array_record vs uncompressed TFRecord throughput")
+    ratio("rf_webdataset", "rf_none", "--output_format webdataset vs uncompressed TFRecord throughput")
     for key in ("reads_indexed", "reads_array_record"):
         if key in results:
             print(f"{results[key][0]}: {results[key][1]['rows_per_s']:.0f} reads/s")
