@@ -16,8 +16,8 @@ import pyarrow.parquet as pq
 
 from recordforge.conforming.conform import conform_batch
 from recordforge.errors import RecordForgeError
-from recordforge.files.storage import open_input
-from recordforge.pipelines.resolve import Request, Run, resolve
+from recordforge.files.storage import is_local, open_read
+from recordforge.pipelines.resolve import Request, Run, resolve, split_share
 from recordforge.records.encoding import ExampleEncoder
 from recordforge.records.shard_format import shard_format
 from recordforge.records.shard_spec import ShardSpec, Sizing
@@ -127,7 +127,7 @@ def plan_run(run: Run, *, timed: bool = True, sample_rows: int = SAMPLE_ROWS) ->
     rows, exact, items = _rows(run)
     splits = []
     for name, spec in run.shards.items():
-        share = _share(run, name)
+        share = split_share(run.splits, run.shares, name)
         split_rows = None if rows is None else (rows if share == 1.0 else round(rows * share))
         size = None if split_rows is None or per_row is None else round(split_rows * per_row)
         splits.append(SplitPlan(name, split_rows, size, _shard_count(spec, split_rows, size)))
@@ -196,15 +196,6 @@ def _fields(plan: ConversionPlan) -> dict[str, Any]:
     return {name: getattr(plan, name) for name in plan.__dataclass_fields__}
 
 
-def _share(run: Run, name: str) -> float:
-    splits = run.splits
-    if splits is None:
-        return 1.0
-    if name in run.shares:
-        return run.shares[name]
-    return splits.weights[splits.names.index(name)] / sum(splits.weights)
-
-
 def _shard_count(spec: ShardSpec, rows: int | None, size: int | None) -> int | None:
     """As the writers cut shards: placed and counted writers make `count`; the rolling writer a
     shard per `max_bytes` (or `max_records`) of records, none for an empty split."""
@@ -263,7 +254,7 @@ def _rows(run: Run) -> tuple[int | None, bool, int | None]:
 def parquet_footer(path: str) -> pq.FileMetaData:
     """A Parquet file's footer, reading its last 8 bytes and the footer alone (pyarrow's own open
     reads a 64 KiB tail, row data with it in a small file)."""
-    with open_input(path) if not _local(path) else open(path, "rb") as f:
+    with open_read(path) as f:
         f.seek(-8, os.SEEK_END)
         tail = f.read(8)
         size = struct.unpack("<i", tail[:4])[0]
@@ -272,10 +263,6 @@ def parquet_footer(path: str) -> pq.FileMetaData:
         f.seek(-8 - size, os.SEEK_END)
         footer = f.read(size)
     return pq.read_metadata(pa.BufferReader(b"PAR1" + footer + tail))
-
-
-def _local(path: str) -> bool:
-    return "://" not in path
 
 
 def _table_rows(path: str, fmt: str) -> tuple[int, int] | None:
@@ -288,7 +275,7 @@ def _table_rows(path: str, fmt: str) -> tuple[int, int] | None:
         return f.nrows, max(1, f.nstripes)
     import pyarrow.ipc as ipc
 
-    source = pa.memory_map(path) if _local(path) else open_input(path)
+    source = pa.memory_map(path) if is_local(path) else open_read(path)
     try:
         reader = ipc.open_file(source)
     except pa.ArrowInvalid:

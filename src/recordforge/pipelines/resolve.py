@@ -39,6 +39,7 @@ __all__ = [
     "resolve",
     "retyped",
     "shard_spec",
+    "split_share",
 ]
 
 _LOGGER = logging.getLogger("recordforge.pipelines.convert")  # the messages users know
@@ -300,8 +301,7 @@ def _run(
     compression = config.resolved_compression(any(f.is_image for f in plan.features))
     shards = {}
     for name in splits.names if splits is not None else ("data",):
-        share = 1.0 if splits is None else splits.weights[splits.names.index(name)] / sum(splits.weights)
-        share = shares.get(name, share)
+        share = split_share(splits, shares, name)
         shards[name] = shard_spec(config, inputs, name=name, compression=compression, share=share)
     # A rerun of a killed run's command continues in its version folder (resuming.py), but for
     # tensorflow-transform (its analyzers see every record) and sequences (a grouping of all of
@@ -345,6 +345,14 @@ def _run(
         sequence_spill_dir=spill_dir,
         appending=appending,
     )
+
+
+def split_share(splits: SplitSpec | None, shares: dict[str, float], name: str) -> float:
+    """Split `name`'s share of the input: an image folder's from its listing (`shares`), else
+    its weight's share of all the weights; the whole input without splits."""
+    if splits is None:
+        return 1.0
+    return shares.get(name, splits.weights[splits.names.index(name)] / sum(splits.weights))
 
 
 def shard_spec(
