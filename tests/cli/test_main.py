@@ -60,3 +60,61 @@ def test_infer_schema_takes_its_source_as_convert_does(
     assert "name: a" in positional and "name: b" in positional
     assert main(["infer-schema", str(src), "--source", str(src)]) == 2
     assert "give the source once" in capsys.readouterr().err
+
+
+class _WorkerConnectionBroken(Exception):
+    """What Beam's gRPC threads in the driver raise as a worker the Ctrl-C ended goes away."""
+
+
+def _command_whose_thread_fails(interrupt: bool) -> int:
+    """A command run as the CLI runs one, whose other thread fails (after a Ctrl-C, if `interrupt`)."""
+    import signal
+    import threading
+
+    from recordforge.cli import main as cli
+
+    def handler(argv: list[str]) -> int:
+        go = threading.Event()
+
+        def fail() -> None:
+            go.wait()
+            raise _WorkerConnectionBroken("the worker's connection broke")
+
+        thread = threading.Thread(target=fail, name="beam_control_read")
+        thread.start()
+        try:
+            if interrupt:
+                signal.raise_signal(signal.SIGINT)  # the CLI's handler raises here
+            return 0
+        finally:
+            go.set()
+            thread.join()
+
+    return cli._run("convert", handler, [], debug=False)
+
+
+def test_a_thread_that_fails_because_of_a_ctrl_c_prints_nothing(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The interrupt is one line on stderr: Beam's threads reading the connections of forked
+    workers that the same Ctrl-C ended (their process group's) print no traceback (found by
+    tests/e2e/test_interrupt_loop.py). A thread failing with no interrupt still reaches the
+    hook that was there before, which is put back."""
+    import threading
+
+    from recordforge.runners import interrupts
+
+    monkeypatch.setattr(interrupts, "MOMENT_S", 0.05)
+    seen: list[str] = []
+    monkeypatch.setattr(
+        threading, "excepthook", lambda args: seen.append(f"{args.thread.name}: {args.exc_value}")
+    )
+    hook = threading.excepthook
+    assert _command_whose_thread_fails(interrupt=True) == 130
+    err = capsys.readouterr().err
+    assert err.strip().splitlines() == [
+        "recordforge convert: interrupted: nothing published; the last published bundle is intact"
+    ], err
+    assert seen == [] and threading.excepthook is hook
+    assert _command_whose_thread_fails(interrupt=False) == 0
+    assert seen == ["beam_control_read: the worker's connection broke"] and threading.excepthook is hook

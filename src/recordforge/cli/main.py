@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import signal
 import sys
@@ -14,7 +15,7 @@ from typing import Any, NoReturn
 from recordforge.cli.errors import configure_logging, describe
 from recordforge.errors import Interrupted, RecordForgeError, SourceError, UsageError
 from recordforge.output.run_report import done_lines
-from recordforge.runners import startup
+from recordforge.runners import interrupts, startup
 from recordforge.version import __version__
 
 __all__ = ["console", "main"]
@@ -319,7 +320,16 @@ def _export(argv: list[str]) -> int:
 
 def _raise_interrupted(signum: int, frame: Any) -> NoReturn:
     _received.append(signum)
+    interrupts.record()
     raise Interrupted(signum)
+
+
+def _thread_failed(hook: Callable[[Any], object], args: threading.ExceptHookArgs) -> None:
+    """A thread's uncaught exception, printed unless the command was interrupted: Beam's threads
+    reading the connections of forked workers that the same Ctrl-C ended (runners/interrupts.py)
+    fail then, and the interrupt is reported in one line."""
+    if not interrupts.received(within=interrupts.MOMENT_S):
+        hook(args)
 
 
 def _interrupted(command: str, signum: int, debug: bool, exn: BaseException) -> int:
@@ -335,10 +345,14 @@ def _interrupted(command: str, signum: int, debug: bool, exn: BaseException) -> 
 def _run(command: str, handler: Callable[[list[str]], int], argv: list[str], debug: bool) -> int:
     in_main_thread = threading.current_thread() is threading.main_thread()
     previous = {}
+    hook = threading.excepthook
+    _received.clear()
     if in_main_thread:
+        interrupts.clear()
+        if not debug:
+            threading.excepthook = functools.partial(_thread_failed, hook)
         for sig in (signal.SIGINT, signal.SIGTERM):
             previous[sig] = signal.signal(sig, _raise_interrupted)
-    _received.clear()
     try:
         return handler(argv)
     except (KeyboardInterrupt, Interrupted) as exn:
@@ -357,6 +371,7 @@ def _run(command: str, handler: Callable[[list[str]], int], argv: list[str], deb
     finally:
         for sig, handler_before in previous.items():
             signal.signal(sig, handler_before)
+        threading.excepthook = hook
 
 
 def main(argv: list[str] | None = None) -> int:

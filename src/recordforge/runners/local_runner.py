@@ -20,6 +20,7 @@ from apache_beam.runners.portability.fn_api_runner import FnApiRunner
 from recordforge.output import crashpoints
 from recordforge.output.lease import heartbeat_threads
 from recordforge.progress.live import watch_threads
+from recordforge.runners import interrupts
 from recordforge.runners.assumptions import (
     DRY_RUNS,
     FORKING,
@@ -281,6 +282,8 @@ def _watch(conn: Any, worker_id: str) -> None:
     with conn:
         status = conn.recv(1)  # blocks while the worker runs
     if not status or status[0]:
+        if interrupts.received(within=interrupts.MOMENT_S):
+            return  # ended by the Ctrl-C that stops the run, which the CLI reports
         # As Beam's subprocess handler: the runner learns of a lost worker from its control
         # channel; this names the process side of it.
         _LOGGER.error(
