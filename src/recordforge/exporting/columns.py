@@ -134,6 +134,31 @@ def column_type(f: Feature, decimals: Decimals) -> pa.DataType:
     return pa.list_(pa.list_(t, f.shape[1]), f.shape[0])
 
 
+def _numbers(values: np.ndarray, t: pa.DataType | None = None, valid: np.ndarray | None = None) -> pa.Array:
+    """A numpy array of fixed-width values (bools included) as an Arrow array of type `t` (its
+    own type by default) over the same memory, null where `valid` is False. Not `pa.array`:
+    its first call in a process imports pandas (0.3-0.6 s), and it copies."""
+    values = np.ascontiguousarray(values)
+    if values.dtype == np.bool_:
+        data = pa.py_buffer(np.packbits(values, bitorder="little"))
+    else:
+        data = pa.py_buffer(values)
+    t = t or pa.from_numpy_dtype(values.dtype)
+    return pa.Array.from_buffers(t, len(values), [_validity(valid), data])
+
+
+def _validity(valid: np.ndarray | None) -> pa.Buffer | None:
+    """Arrow's validity bitmap of `valid` (bool per element); None where every one is valid."""
+    if valid is None or valid.all():
+        return None
+    return pa.py_buffer(np.packbits(valid, bitorder="little"))
+
+
+def _mask(valid: np.ndarray) -> pa.Array | None:
+    """The `mask=` argument of Arrow's from_arrays: True where not `valid`; None for no nulls."""
+    return None if valid.all() else _numbers(~valid)
+
+
 def _tree_type(node: Feature | Tree, decimals: Decimals) -> pa.DataType:
     if isinstance(node, Feature):
         return column_type(node, decimals)
@@ -179,7 +204,7 @@ def _node_array(batch: Batch, node: Feature | Tree, decimals: Decimals) -> pa.Ar
     valid = np.zeros(batch.size, bool)
     for child in children:
         valid |= pc.is_valid(child).to_numpy(zero_copy_only=False)
-    return pa.StructArray.from_arrays(children, names=list(node), mask=pa.array(~valid))
+    return pa.StructArray.from_arrays(children, names=list(node), mask=_numbers(~valid))
 
 
 @dataclass
@@ -199,9 +224,9 @@ def _entries(batch: Batch, name: str, kind: int) -> _Values:
     n = batch.size
     valid, lengths = np.zeros(n, bool), np.zeros(n, np.int64)
     col = batch.columns.get(name)
-    empty = {INT64: pa.array([], pa.int64()), FLOAT: pa.array([], pa.float32())}
     if col is None:
-        return _Values(valid, lengths, empty.get(kind, pa.array([], pa.large_binary())))
+        empty = {INT64: pa.int64(), FLOAT: pa.float32()}.get(kind, pa.large_binary())
+        return _Values(valid, lengths, pa.nulls(0, empty))
     wrong = np.flatnonzero((col.kind != kind) & (col.kind != NONE))
     if len(wrong):
         got = kind_name(int(col.kind[wrong[0]]))
@@ -225,7 +250,7 @@ def _entries(batch: Batch, name: str, kind: int) -> _Values:
     if kind == BYTES:
         values = _gather(col.blob, raw[0], raw[1])
     else:
-        values = pa.array(raw[0])
+        values = _numbers(raw[0])
     return _Values(valid, lengths, values)
 
 
@@ -263,7 +288,7 @@ def _unpack_float64(v: _Values, f: Feature) -> _Values:
     floats = np.frombuffer(v.values.buffers()[2], "<f8", total) if total else np.zeros(0)
     lengths = v.lengths.copy()
     lengths[v.valid] = sizes // 8
-    return _Values(v.valid, lengths, pa.array(floats.astype(np.float64), pa.float64()))
+    return _Values(v.valid, lengths, _numbers(floats.astype(np.float64)))
 
 
 def _one_each(v: _Values, name: str, what: str) -> None:
@@ -281,13 +306,13 @@ def _typed(v: _Values, f: Feature, decimals: Decimals) -> pa.Array:
     if pa.types.is_boolean(t):
         ints = raw.to_numpy(zero_copy_only=False)
         _refuse(v, np.flatnonzero((ints != 0) & (ints != 1)), f, "a bool that is not 0 or 1")
-        return pa.array(ints.astype(bool))
+        return _numbers(ints.astype(bool))
     if pa.types.is_timestamp(t) or pa.types.is_time64(t):
         return raw.view(t)
     if pa.types.is_date32(t) or pa.types.is_time32(t):
         ints = raw.to_numpy(zero_copy_only=False)
         _refuse(v, np.flatnonzero((ints < -(2**31)) | (ints >= 2**31)), f, "a value beyond 32 bits")
-        return pa.array(ints.astype(np.int32)).view(t)
+        return _numbers(ints.astype(np.int32), t)
     if pa.types.is_decimal(t) and f.decimal_as == "scaled_int":
         ints = raw.to_numpy(zero_copy_only=False).astype(np.int64)
         words = np.stack([ints, ints >> 63], axis=1)  # 128-bit two's complement, low word first
@@ -339,26 +364,27 @@ def _decimal(v: _Values, f: Feature, decimals: Decimals) -> pa.Array:
         raise
 
 
+def _offsets(lengths: np.ndarray) -> pa.Array:
+    """int32 list offsets of lists of `lengths` values."""
+    offsets = np.zeros(len(lengths) + 1, np.int32)
+    np.cumsum(lengths, out=offsets[1:])
+    return _numbers(offsets)
+
+
 def _shaped(v: _Values, f: Feature, t: pa.DataType) -> pa.Array:
     """The values in the feature's shape, a null where a record does not have it."""
-    mask = pa.array(~v.valid)
+    mask = _mask(v.valid)
     k = math.prod(f.shape)
     bad = np.flatnonzero(v.valid & (v.lengths != k)) if f.num_values is not None else np.zeros(0, np.int64)
     if len(bad):
         raise BadRecord(int(bad[0]), f"feature {f.name!r} holds {v.lengths[bad[0]]} values, its shape {k}")
     if pa.types.is_list(t):
-        offsets = np.concatenate([[0], np.cumsum(v.lengths)]).astype(np.int32)
-        lists = pa.ListArray.from_arrays(pa.array(offsets), v.values, mask=mask)
+        lists = pa.ListArray.from_arrays(_offsets(v.lengths), v.values, mask=mask)
         if len(f.shape) == 1:
             return lists
-        rows = pa.ListArray.from_arrays(
-            pa.array(np.arange(0, len(v.values) + 1, f.shape[1]).astype(np.int32)), v.values
-        )
-        return pa.ListArray.from_arrays(pa.array(offsets // f.shape[1]), rows, mask=mask)
-    # Value j of record r is value (its place among the present records) * k + j.
-    place = np.cumsum(v.valid) - 1
-    index = (np.repeat(place, k) * k + np.tile(np.arange(k), len(place))).astype(np.int64)
-    full = v.values.take(pa.array(index, mask=np.repeat(~v.valid, k))) if k else v.values
+        rows = pa.ListArray.from_arrays(_offsets(np.full(len(v.values) // f.shape[1], f.shape[1])), v.values)
+        return pa.ListArray.from_arrays(_offsets(v.lengths // f.shape[1]), rows, mask=mask)
+    full = v.values if mask is None or not k else _spread(v.values, np.repeat(v.valid, k))
     if f.is_scalar:
         return full
     if len(f.shape) == 1:
@@ -367,6 +393,33 @@ def _shaped(v: _Values, f: Feature, t: pa.DataType) -> pa.Array:
         return pa.ExtensionArray.from_storage(t, pa.FixedSizeListArray.from_arrays(full, k, mask=mask))
     inner = pa.FixedSizeListArray.from_arrays(full, f.shape[1])
     return pa.FixedSizeListArray.from_arrays(inner, f.shape[0], mask=mask)
+
+
+def _spread(values: pa.Array, present: np.ndarray) -> pa.Array:
+    """`values` (no nulls) in the slots where `present` is True, in order, and nulls in the
+    others: an array of len(present), over the values' own data where they are variable-width."""
+    t = values.type
+    n = len(present)
+    buffers = values.buffers()
+    large = pa.types.is_large_binary(t) or pa.types.is_large_string(t)
+    if large or pa.types.is_binary(t) or pa.types.is_string(t):
+        # Slot s ends where the values of the present slots up to s end: the data stays as it is.
+        width = np.int64 if large else np.int32
+        offsets = np.frombuffer(buffers[1], width)[values.offset : values.offset + len(values) + 1]
+        ends = np.zeros(n + 1, np.int64)
+        np.cumsum(present, out=ends[1:])
+        return pa.Array.from_buffers(t, n, [_validity(present), pa.py_buffer(offsets[ends]), buffers[2]])
+    if t.bit_width % 8 or len(buffers) != 2:  # bools
+        bools = np.zeros(n, bool)
+        bools[present] = values.to_numpy(zero_copy_only=False)
+        return _numbers(bools, t, present)
+    # Fixed-width values (numbers, times, decimals) moved as bytes: the same code for each type.
+    size = t.bit_width // 8
+    word = np.dtype(f"<u{size}") if size in (1, 2, 4, 8) else np.dtype((np.void, size))
+    raw = np.frombuffer(buffers[1], word, len(values), values.offset * size)
+    out = np.zeros(n, word)
+    out[present] = raw
+    return pa.Array.from_buffers(t, n, [_validity(present), pa.py_buffer(out)])
 
 
 def _ragged(batch: Batch, f: Feature, v: _Values) -> pa.Array:
@@ -384,7 +437,5 @@ def _ragged(batch: Batch, f: Feature, v: _Values) -> pa.Array:
     if len(wrong) or (inner < 0).any():
         at = int(wrong[0]) if len(wrong) else rows.record_of(int(np.flatnonzero(inner < 0)[0]))
         raise BadRecord(at, f"feature {f.name!r}: its row lengths do not add up to its values")
-    inner_offsets = np.concatenate([[0], np.cumsum(inner)]).astype(np.int32)
-    lists = pa.ListArray.from_arrays(pa.array(inner_offsets), v.values)
-    outer = np.concatenate([[0], np.cumsum(rows.lengths)]).astype(np.int32)
-    return pa.ListArray.from_arrays(pa.array(outer), lists, mask=pa.array(~v.valid))
+    lists = pa.ListArray.from_arrays(_offsets(inner), v.values)
+    return pa.ListArray.from_arrays(_offsets(rows.lengths), lists, mask=_mask(v.valid))

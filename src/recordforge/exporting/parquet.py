@@ -20,7 +20,6 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import yaml
@@ -158,9 +157,6 @@ def export(
     if len(names) != len(paths):
         raise RecordForgeError(f"{output}: two shards share a file name")
     workers = workers or len(os.sched_getaffinity(0))
-    # pyarrow imports pandas the first time it converts a numpy array (0.6 s): once here, before
-    # the workers are forked, rather than once in each of them.
-    pa.array(np.zeros(1))
     tmp = temporary_folder(dest)
     stage = tempfile.mkdtemp(prefix="export-", dir=tmp if _mkdir(tmp) else None)
     try:
