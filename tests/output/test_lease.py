@@ -17,6 +17,7 @@ import pytest
 from apache_beam.io.filesystems import FileSystems
 
 from recordforge.output.lease import Lease, OutputLocked
+from recordforge.output.lock_files import GcsLockFile, LocalLockFile
 
 _STARTED = "2026-11-22T23:59:01Z"
 
@@ -50,6 +51,32 @@ def _write_by_hand(path: str, record: dict[str, object]) -> None:
         os.makedirs(os.path.dirname(path), exist_ok=True)
     with FileSystems.create(path) as f:
         f.write(json.dumps(record).encode())
+
+
+def _lock_file(path: str) -> LocalLockFile | GcsLockFile:
+    return GcsLockFile(path) if path.startswith("gs://") else LocalLockFile(path)
+
+
+def _age(path: str) -> float:
+    """Seconds since the lock's last heartbeat, as a contender reads them."""
+    seen = _lock_file(path).read()
+    assert seen is not None, f"no lock at {path}"
+    return seen.age
+
+
+def _make_older_than(path: str, seconds: float) -> None:
+    """Makes the lock's last heartbeat more than `seconds` old: on a local disk by dating its mtime
+    an hour back; on gs://, where an object's update time is the server's, by waiting until it is
+    (an event on the lock's own clock, with a deadline)."""
+    if not path.startswith("gs://"):
+        then = time.time() - 3600
+        os.utime(path, (then, then))
+        assert _age(path) > seconds
+        return
+    deadline = time.monotonic() + 30
+    while _age(path) <= seconds:
+        assert time.monotonic() < deadline, f"the lock at {path} never grew {seconds} s old"
+        time.sleep(0.05)
 
 
 def _reaped_pid() -> int:
@@ -111,7 +138,7 @@ def test_lock_with_an_old_heartbeat_is_reclaimed(lock_path: str, caplog: pytest.
     _write_by_hand(lock_path, _owner("v-quiet", host="other-host", pid=1))
     with pytest.raises(OutputLocked, match="run v-quiet"):
         Lease.acquire(lock_path, _owner("v-new"), stale_after=60)
-    time.sleep(0.5)
+    _make_older_than(lock_path, 0.4)
     with caplog.at_level(logging.WARNING, logger="recordforge.output.lease"):
         with Lease.acquire(lock_path, _owner("v-new"), stale_after=0.4, heartbeat=0.1):
             assert (_read(lock_path) or {})["run_id"] == "v-new"
@@ -123,11 +150,28 @@ def test_lock_with_an_old_heartbeat_is_reclaimed(lock_path: str, caplog: pytest.
 
 
 def test_heartbeat_keeps_a_held_lock_fresh(lock_path: str) -> None:
-    # Held "from another host", so that only its heartbeat keeps it.
-    # Past the staleness bound, by a margin that a heartbeat every 0.05 s cannot miss however
-    # loaded the machine: a heartbeat window under a second failed on busy CI machines.
-    with Lease.acquire(lock_path, _owner("v-alive", host="other-host"), stale_after=2.0, heartbeat=0.05):
-        time.sleep(2.3)
+    """Held "from another host", so that only its heartbeat keeps it. Events, not a wait past the
+    staleness bound (2.3 s against 2.0 s once, which a loaded machine can miss): on a local disk
+    the lock is dated an hour back by hand and its heartbeat must make it fresh again; on gs://,
+    whose objects cannot be dated back, its heartbeat must rewrite it. Then a contender that
+    judges a lock stale after 2 s is refused. A heartbeat that does not refresh fails both."""
+    with Lease.acquire(lock_path, _owner("v-alive", host="other-host"), stale_after=60, heartbeat=0.05):
+        lock = _lock_file(lock_path)
+        first = lock.read()
+        assert first is not None
+        if not lock_path.startswith("gs://"):
+            then = time.time() - 3600
+            os.utime(lock_path, (then, then))
+
+        def refreshed() -> bool:
+            seen = lock.read()
+            assert seen is not None, "the held lock is gone"
+            return seen.age < 60 if not lock_path.startswith("gs://") else seen.version != first.version
+
+        deadline = time.monotonic() + 30
+        while not refreshed():
+            assert time.monotonic() < deadline, "the heartbeat never refreshed the held lock"
+            time.sleep(0.02)
         with pytest.raises(OutputLocked, match="run v-alive"):
             Lease.acquire(lock_path, _owner("v-new"), stale_after=2.0)
     assert _read(lock_path) is None
