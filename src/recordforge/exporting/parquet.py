@@ -2,8 +2,11 @@
 # Two passes. 1: every shard through tools/scan.py (all cores, bounded memory, each shard's size,
 # sha256 and record count checked against the manifest); each chunk of records is decoded in C
 # (records/wire.py), turned into the source's columns (columns.py) and staged as an Arrow IPC
-# file named by (shard, first record). 2: the staged files, in bundle order, grouped into parts
-# written by a process each; the decimals' common type is known only once every chunk is seen.
+# file named by (shard, first record). 2: the staged files, in bundle order, written as parts.
+# Where every column's type follows from the schema alone, pass 2 runs during pass 1: a thread
+# writes each staged file as soon as the ones before it are written (`_Streamer`). Otherwise
+# (decimals `as: string`, fixed shapes: their type depends on every chunk) it runs after it,
+# the parts written by a process each.
 
 from __future__ import annotations
 
@@ -15,7 +18,9 @@ import os
 import posixpath
 import shutil
 import tempfile
+import threading
 import time
+from collections.abc import Iterable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -43,8 +48,9 @@ from recordforge.records.array_records import reading
 from recordforge.records.chunks import RecordChunk, data_crc_mismatches
 from recordforge.records.wire import decode_batch
 from recordforge.records.wire_keys import KeyTable
+from recordforge.schemas.kinds import DType
 from recordforge.schemas.loader import schema_from_dict
-from recordforge.schemas.model import Schema
+from recordforge.schemas.model import Feature, Schema
 from recordforge.tools.scan import ShardResult, scan_shards
 from recordforge.version import __version__
 
@@ -109,10 +115,12 @@ class _Stager:
         except BadRecord as exn:
             self._refuse(index, chunk.first_record + exn.record, exn.what)
             return
-        path = os.path.join(self.job.stage, f"{index:06d}-{chunk.first_record:012d}.arrow")
-        with pa.OSFile(path, "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
+        path = _staged_path(self.job.stage, index, chunk.first_record)
+        with pa.OSFile(path + ".tmp", "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
             writer.write_batch(table)
-        self.files.append(_Staged(index, chunk.first_record, table.num_rows, path, os.path.getsize(path)))
+        size = os.path.getsize(path + ".tmp")
+        os.replace(path + ".tmp", path)  # whole when it appears: _Streamer may read it at once
+        self.files.append(_Staged(index, chunk.first_record, table.num_rows, path, size))
         self.decimals = merge_decimals(self.decimals, decimals)
 
     def _refuse(self, shard: int, record: int, what: str) -> None:
@@ -164,6 +172,11 @@ def export(
     workers = workers or len(os.sched_getaffinity(0))
     tmp = temporary_folder(dest)
     stage = tempfile.mkdtemp(prefix="export-", dir=tmp if _mkdir(tmp) else None)
+    streamer = (
+        _Streamer(stage, tmp, arrow_schema(tree, {}), [int(s["records"]) for s in shards])
+        if _types_known(tree)
+        else None
+    )
     try:
         job = _Job(tree, stage, names)
         results = scan_shards(
@@ -172,12 +185,16 @@ def export(
             what="exported",
             total_bytes=sum(int(s["bytes"]) for s in shards),
             workers=workers,
+            started=streamer.start if streamer is not None else None,
         )
         staged = _checked(results, shards)
         table_schema = arrow_schema(tree, staged.decimals)
-        parts = _write_parts(
-            sorted(staged.files, key=lambda s: (s.shard, s.first_record)), table_schema, tmp, workers
-        )
+        if streamer is not None:
+            parts = streamer.finish()
+        else:
+            parts = _write_parts(
+                sorted(staged.files, key=lambda s: (s.shard, s.first_record)), table_schema, tmp, workers
+            )
         shutil.rmtree(stage, ignore_errors=True)
         rows = sum(p["rows"] for p in parts)
         expected = sum(int(s["records"]) for s in shards)
@@ -197,6 +214,8 @@ def export(
         }
         publish(tmp, dest, manifest, overwrite=overwrite)
     except BaseException:
+        if streamer is not None:
+            streamer.stop()
         shutil.rmtree(stage, ignore_errors=True)
         delete_tree(tmp)
         raise
@@ -211,6 +230,98 @@ def _schema(bundle: dict[str, Any]) -> Schema:
         return schema_from_dict(yaml.safe_load(read_bytes(path)), origin=path)
     except (ValueError, yaml.YAMLError) as exn:
         raise CorruptFile(path, f"not the bundle's schema ({exn})") from exn
+
+
+def _staged_path(stage: str, shard: int, first_record: int) -> str:
+    return os.path.join(stage, f"{shard:06d}-{first_record:012d}.arrow")
+
+
+def _types_known(tree: Tree) -> bool:
+    """Whether every column's type follows from the schema alone (columns.column_type): no
+    decimal `as: string` (its scale is the most digits any value has) and no fixed shape (a
+    list where some record lacks it)."""
+    for node in tree.values():
+        if isinstance(node, Feature):
+            if node.dtype is DType.DECIMAL and node.decimal_as != "scaled_int":
+                return False
+            if not (node.is_scalar or node.is_variable or node.is_ragged):
+                return False
+        elif not _types_known(node):
+            return False
+    return True
+
+
+class _Streamer(threading.Thread):
+    """Pass 2 during pass 1: the staged files written to parts in bundle order as the scan's
+    processes stage them, each removed once written. Shard i's files are those from record 0
+    to `counts[i]` (the manifest's counts: a shard that holds other counts is refused by
+    `_checked`, and the rows written compared with the manifest's before anything is published)."""
+
+    def __init__(self, stage: str, folder: str, schema: pa.Schema, counts: list[int]) -> None:
+        super().__init__(name="export-parts", daemon=True)
+        self.stage, self.folder, self.schema, self.counts = stage, folder, schema, counts
+        self.scanned = threading.Event()  # every chunk is staged: a file not there will not come
+        self.stopped = threading.Event()  # the export failed: write nothing more
+        self.parts: list[dict[str, Any]] = []
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            tables = _Lookahead(self._tables())
+            while not self.parts or tables.more():
+                name = f"part-{len(self.parts):05d}.parquet"
+                rows, size = _write_part(tables, join(self.folder, name), self.schema, _PART_BYTES)
+                self.parts.append({"file": name, "rows": rows, "bytes": size})
+        except BaseException as exn:  # raised by finish()
+            self.error = exn
+
+    def _tables(self) -> Iterator[pa.Table]:
+        for shard, count in enumerate(self.counts):
+            first = 0
+            while first < count:
+                path = _staged_path(self.stage, shard, first)
+                while not os.path.exists(path):
+                    if self.stopped.is_set() or (self.scanned.is_set() and not os.path.exists(path)):
+                        return  # a shard short of its count: _checked says which
+                    self.stopped.wait(0.002)
+                table = _read_staged(path, self.schema)
+                os.remove(path)
+                first += table.num_rows
+                yield table
+
+    def finish(self) -> list[dict[str, Any]]:
+        """The parts, once every staged file is written."""
+        self.scanned.set()
+        self.join()
+        if self.error is not None:
+            raise self.error
+        return self.parts
+
+    def stop(self) -> None:
+        self.stopped.set()
+        if self.is_alive():
+            self.join()
+
+
+class _Lookahead:
+    """An iterator that can say whether it holds another item (waiting for it if need be)."""
+
+    def __init__(self, items: Iterator[pa.Table]) -> None:
+        self.items = items
+        self.held: list[pa.Table] = []
+
+    def more(self) -> bool:
+        if not self.held:
+            self.held = [t for t in [next(self.items, None)] if t is not None]
+        return bool(self.held)
+
+    def __iter__(self) -> Iterator[pa.Table]:
+        return self
+
+    def __next__(self) -> pa.Table:
+        if self.more():
+            return self.held.pop()
+        raise StopIteration
 
 
 def _mkdir(folder: str) -> bool:
@@ -276,40 +387,53 @@ def _write_parts(files: list[_Staged], schema: pa.Schema, folder: str, workers: 
     names = [f"part-{i:05d}.parquet" for i in range(len(groups))]
     jobs = [([f.path for f in g], join(folder, name), schema) for g, name in zip(groups, names, strict=True)]
     if len(jobs) == 1 or workers == 1:
-        done = [_write_part(*job) for job in jobs]
+        done = [_write_staged(*job) for job in jobs]
     else:
         context = multiprocessing.get_context(
             "fork" if "fork" in multiprocessing.get_all_start_methods() else None
         )
         with ProcessPoolExecutor(min(workers, len(jobs)), mp_context=context) as pool:
-            done = list(pool.map(_write_part, *zip(*jobs, strict=True)))
+            done = list(pool.map(_write_staged, *zip(*jobs, strict=True)))
     return [
         {"file": name, "rows": rows, "bytes": size} for name, (rows, size) in zip(names, done, strict=True)
     ]
 
 
-def _write_part(paths: list[str], dest: str, schema: pa.Schema) -> tuple[int, int]:
-    """The staged files, in order, as one Parquet file of `schema`: (rows, bytes)."""
+def _write_staged(paths: list[str], dest: str, schema: pa.Schema) -> tuple[int, int]:
+    return _write_part((_read_staged(path, schema) for path in paths), dest, schema)
+
+
+def _read_staged(path: str, schema: pa.Schema) -> pa.Table:
+    """A staged file's rows, as `schema` (decimals at the common scale, fixed shapes as lists)."""
+    with pa.memory_map(path) as source:
+        table = pa.ipc.open_file(source).read_all()
+    if table.schema != schema:
+        columns = [c.combine_chunks() for c in table.columns]
+        table = pa.table([retyped(c, f.type) for c, f in zip(columns, schema, strict=True)], schema=schema)
+    return table
+
+
+def _write_part(
+    tables: Iterable[pa.Table], dest: str, schema: pa.Schema, limit: float = math.inf
+) -> tuple[int, int]:
+    """Tables of `schema`, in order, as one Parquet file, until it holds `limit` bytes of Arrow
+    data (an iterator keeps the tables after that): (rows, bytes)."""
     rows = 0
     pending: list[pa.Table] = []
-    size = 0
+    size = total = 0
     with open_write(dest) as sink:
         counted = _Counted(sink)
         with pq.ParquetWriter(counted, schema, dictionary_pagesize_limit=_DICTIONARY_BYTES) as writer:
-            for path in paths:
-                with pa.memory_map(path) as source:
-                    table = pa.ipc.open_file(source).read_all()
-                if table.schema != schema:
-                    columns = [c.combine_chunks() for c in table.columns]
-                    table = pa.table(
-                        [retyped(c, f.type) for c, f in zip(columns, schema, strict=True)], schema=schema
-                    )
+            for table in tables:
                 pending.append(table)
                 size += table.nbytes
+                total += table.nbytes
                 rows += table.num_rows
                 if size >= _ROW_GROUP_BYTES:
                     writer.write_table(pa.concat_tables(pending), row_group_size=1 << 30)
                     pending, size = [], 0
+                if total >= limit:
+                    break
             if pending:
                 writer.write_table(pa.concat_tables(pending), row_group_size=1 << 30)
     return rows, counted.written

@@ -106,10 +106,12 @@ def scan_shards(
     total_bytes: int | None = None,
     workers: int | None = None,
     hashed: bool = True,
+    started: Callable[[], None] | None = None,
 ) -> list[ShardResult]:
     """(path, compression) shards through `make()`'s accumulators, merged per shard; each shard's
     size, and with `hashed` its sha256 (the reading of a shard is one thread's, so a caller that
-    needs no sha256 saves it there)."""
+    needs no sha256 saves it there). `started` is called once every worker process is forked: a
+    thread of the caller's started then is not copied, mid-work, into a child."""
     workers = workers or os.cpu_count() or 1
     progress = Progress(what, len(shards), total_bytes=total_bytes)
     context = multiprocessing.get_context(
@@ -120,9 +122,9 @@ def scan_shards(
         with ProcessPoolExecutor(
             workers, mp_context=context, initializer=_init, initargs=(counters,)
         ) as pool:
-            results = _by_shard(pool, shards, make, progress, counters, hashed)
+            results = _by_shard(pool, shards, make, progress, counters, hashed, started)
     else:
-        results = _by_chunk(context, shards, make, progress, workers, counters, hashed)
+        results = _by_chunk(context, shards, make, progress, workers, counters, hashed, started)
     progress.done()
     return results
 
@@ -134,10 +136,14 @@ def _by_shard(
     progress: Progress,
     counters: Any,
     hashed: bool,
+    started: Callable[[], None] | None = None,
 ) -> list[ShardResult]:
+    # A fork-context pool forks all its processes at the first submit.
     futures = {
         pool.submit(_whole_shard, path, comp, make, hashed): i for i, (path, comp) in enumerate(shards)
     }
+    if started is not None:
+        started()
     results: list[ShardResult | None] = [None] * len(shards)
     pending = set(futures)
     while pending:
@@ -236,6 +242,7 @@ def _by_chunk(
     workers: int,
     counters: Any,
     hashed: bool,
+    started: Callable[[], None] | None = None,
 ) -> list[ShardResult]:
     """Threads of this process read the shards and hand chunks to `workers` processes through
     one bounded queue (at most two chunks waiting per worker: bounded memory)."""
@@ -252,6 +259,8 @@ def _by_chunk(
     ]
     for proc in procs:
         proc.start()
+    if started is not None:
+        started()
     results: list[ShardResult] = [ShardResult(path) for path, _ in shards]
     failed: list[str] = []
 
