@@ -185,6 +185,21 @@ def test_records_out_of_the_canonical_layout() -> None:
     assert CODEC.encode_batch(FILE, 0, arr).to_pylist() == _reference(arr)
 
 
+@pytest.mark.usefixtures("columnwise_only")
+def test_image_formats_without_their_image() -> None:
+    rng = np.random.default_rng(4)
+    records = []
+    for i in range(30):
+        ex = Example.FromString(_example(rng))
+        if i % 3 == 0:
+            if "img" in ex.features.feature:
+                del ex.features.feature["img"]
+            ex.features.feature["img/format"].bytes_list.value[:] = [b"jpeg"]
+        records.append(ex.SerializeToString(deterministic=True))
+    arr = pa.array(records, pa.large_binary())
+    assert CODEC.encode_batch(FILE, 0, arr).to_pylist() == _reference(arr)
+
+
 def test_batches_it_does_not_take_are_written_or_refused_as_before() -> None:
     rng = np.random.default_rng(3)
     good = _records(3, 5)

@@ -424,9 +424,13 @@ def _image_parts(m: Member, e: _Entries, cols: dict[str, wire.Column]) -> list[_
     """An image's bytes, its extension from its format feature, record by record."""
     _one_each(e)
     formats = _entries(cols.get(m.feature + "/format"), wire.BYTES)
-    if formats is None or not np.array_equal(formats.rows, e.rows) or not (formats.count >= 1).all():
+    if formats is None:
         raise _Fallback  # no format beside an image: the record-by-record path says what
+    at = np.minimum(np.searchsorted(formats.rows, e.rows), len(formats.rows) - 1)
+    if not (formats.rows[at] == e.rows).all() or not (formats.count[at] >= 1).all():
+        raise _Fallback
     fstarts, flens = _spans_of(formats)
+    fstarts, flens = fstarts[at], flens[at]
     blob = formats.col.blob
     try:
         names = [
