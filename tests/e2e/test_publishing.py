@@ -446,10 +446,13 @@ def test_an_interrupted_rebuild_says_so_in_one_line_and_cleans_up(
         "--overwrite",
     )
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # Signalled once the rebuild has written its first file in its new version folder (an event:
+    # it is converting, not starting), rather than a guessed delay after the folder appears.
+    old_versions = {p.name for p in out.glob("v-*")}
     deadline = time.monotonic() + 120
-    while len(list(out.glob("v-*"))) < 2 and time.monotonic() < deadline:
+    while not any(f.is_file() for v in out.glob("v-*") if v.name not in old_versions for f in v.rglob("*")):
+        assert proc.poll() is None and time.monotonic() < deadline, "the rebuild wrote no file"
         time.sleep(0.005)
-    time.sleep(0.3)
     proc.send_signal(sig)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == code, err
