@@ -1,6 +1,6 @@
 """A run of 2.4M rows in six files killed at a finished piece (SIGKILL, and separately Ctrl-C) at
-about 70% of its parts, then rerun: the rerun keeps what was finished, converts at most a third
-of the rows, and publishes the records an uninterrupted run does."""
+about 70% of its parts, then rerun: the rerun keeps at least the rows the killed run recorded as
+finished, converts the rest, and publishes the records an uninterrupted run does."""
 
 from __future__ import annotations
 
@@ -68,6 +68,30 @@ def _digests(out: Path) -> np.ndarray:
     return np.sort(np.array(hashes, dtype=np.uint64))
 
 
+def _finished_rows(pieces: Path) -> int:
+    """The rows of the batches whose every record the recorded parts hold: what a rerun keeps at
+    least, counted from the piece records alone (output/pieces.py says how)."""
+    ledger: dict[tuple[str, int], tuple[int, dict[str, int]]] = {}
+    ranges: dict[tuple[str, str, int], list[tuple[int, int]]] = {}
+    for path in pieces.glob("*.json"):
+        record = json.loads(path.read_text())
+        for file, first_row, rows, counts in record.get("batches", []):
+            ledger[(file, first_row)] = (rows, counts)
+        for split, file, first_row, start, end in record.get("keys", []):
+            ranges.setdefault((split, file, first_row), []).append((start, end))
+    finished = 0
+    for (file, first_row), (rows, counts) in ledger.items():
+        held = []
+        for split, n in counts.items():
+            at = 0
+            for start, end in sorted(ranges.get((split, file, first_row), [])):
+                held.append(start == at)
+                at = end
+            held.append(at == n)
+        finished += rows if all(held) else 0
+    return finished
+
+
 @pytest.mark.parametrize("how", ["SIGKILL", "SIGINT"])
 def test_a_killed_run_is_resumed_by_its_rerun(
     forked: ForkedRuns, source: Path, tmp_path: Path, how: str
@@ -82,6 +106,8 @@ def test_a_killed_run_is_resumed_by_its_rerun(
     assert not (out / layout.METADATA).exists()
     (pieces,) = [p for p in out.glob("v-*/_pieces")]
     assert len(list(pieces.glob("part-*.json"))) >= int(KILL_AFTER)
+    finished = _finished_rows(pieces)  # recorded before the kill
+    assert finished > 0
     if how == "SIGINT":  # one line says so, and what the rerun will do
         assert (
             killed.stderr.strip()
@@ -97,7 +123,9 @@ def test_a_killed_run_is_resumed_by_its_rerun(
     resumed = meta["resumed"]
     assert resumed["version"] == meta["version"] == pieces.parent.name
     assert resumed["rows"] + resumed["rows_converted"] == meta["rows_read"] == ROWS * FILES
-    assert resumed["rows_converted"] <= ROWS * FILES / 3, resumed
+    # The bound is what the killed run recorded, not a fixed share of the rows (a third once
+    # failed under load, where the signal landed earlier or later in the run).
+    assert resumed["rows"] >= finished, (resumed, finished)
     assert f"converted {resumed['rows_converted']:,} rows" in rerun.stdout
     # A rolling writer keeps parts (joined into shards by the rerun), never whole shards.
     assert resumed["parts"] > 0 and resumed["shards"] == 0
