@@ -71,8 +71,10 @@ def _read(path: str, compression: str, each: Callable[[RecordChunk], None], hash
         result.missing = True
         return result
     digest = FileDigest(hashed)
+    aside = _HashedAside(digest) if hashed else None
     try:
-        for chunk in read_record_chunks(path, compression, on_raw=digest, chunk_bytes=CHUNK_BYTES):
+        on_raw = aside if aside is not None else digest
+        for chunk in read_record_chunks(path, compression, on_raw=on_raw, chunk_bytes=CHUNK_BYTES):
             result.records += len(chunk)
             each(chunk)
     except CorruptRecord as exn:
@@ -81,8 +83,34 @@ def _read(path: str, compression: str, each: Callable[[RecordChunk], None], hash
         result.error = exn.what
     except Exception as exn:  # a non-gzip stream, an unreadable file
         result.error = f"cannot be read as {compression}: {exn}"
+    finally:
+        if aside is not None:
+            aside.finish()
     result.size, result.sha256 = digest.size, digest.hexdigest()
     return result
+
+
+class _HashedAside:
+    """A FileDigest fed by a thread of its own, so that the thread reading a shard (inflating
+    it: the one thing a shard's reading cannot share) goes on while its bytes are hashed."""
+
+    def __init__(self, digest: FileDigest) -> None:
+        self.digest = digest
+        self.pieces: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
+        self.thread = threading.Thread(target=self._run, name="sha256", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while (raw := self.pieces.get()) is not None:
+            self.digest(raw)
+
+    def __call__(self, raw: bytes) -> None:
+        # A view of a buffer its reader may reuse is copied: the hash comes later.
+        self.pieces.put(raw if isinstance(raw, bytes) else bytes(raw))
+
+    def finish(self) -> None:
+        self.pieces.put(None)
+        self.thread.join()
 
 
 def _whole_shard(path: str, compression: str, make: Callable[[], Accumulator], hashed: bool) -> ShardResult:
