@@ -6,12 +6,12 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+from independent import file_records
 
 import recordforge
 from demo.sampledata import taxi_table
 from recordforge.errors import RecordForgeError, UsageError
 from recordforge.output.lease import OutputLocked
-from recordforge.records.tfrecord import iter_records
 
 
 def test_convert_from_python_publishes_and_reads_back(tmp_path: Path) -> None:
@@ -28,7 +28,7 @@ def test_convert_from_python_publishes_and_reads_back(tmp_path: Path) -> None:
     )
     assert meta["num_records"] == meta["rows_read"] == 600
     assert sorted(meta["split_counts"]) == ["eval", "train"] and recordforge.verify(out) == []
-    records = sum(1 for s in meta["shards"] for _ in iter_records(f"{out}/{s['file']}", "gzip"))
+    records = sum(1 for s in meta["shards"] for _ in file_records(f"{out}/{s['file']}", "gzip"))
     assert records == 600
     again = recordforge.convert(
         str(tmp_path / "t*.parquet"),

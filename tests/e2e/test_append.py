@@ -13,6 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 from conftest import canonical, tf_records
 from forked_runs import ForkedRuns
+from independent import file_records
 
 import recordforge
 from demo.sampledata import taxi_table
@@ -134,11 +135,10 @@ def _split_records(out: Path, split: str) -> list[dict]:
     from conftest import example_to_dict
 
     from recordforge.reading.tf_data import load_bundle
-    from recordforge.records.tfrecord import iter_records
 
     bundle = load_bundle(str(out), split=split)
     comp = bundle["metadata"]["compression"]
-    return [example_to_dict(r) for f in bundle["files"] for r in iter_records(f, comp)]
+    return [example_to_dict(r) for f in bundle["files"] for r in file_records(f, comp)]
 
 
 def test_append_refuses_a_changed_old_file_a_new_schema_and_other_settings(tmp_path: Path) -> None:

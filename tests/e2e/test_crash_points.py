@@ -12,12 +12,12 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 from forked_runs import ForkedRuns
+from independent import file_records
 
 from demo.sampledata import taxi_table
 from recordforge.files import layout
 from recordforge.output import crashpoints
 from recordforge.records.array_records import reading
-from recordforge.records.tfrecord import iter_records
 from recordforge.tools.verify import verify
 
 WRITERS = {
@@ -55,7 +55,7 @@ def _whole(out: Path) -> dict:
     for shard in meta["shards"]:
         path = out / shard["file"]
         assert hashlib.sha256(path.read_bytes()).hexdigest() == shard["sha256"], shard["file"]
-        assert sum(1 for _ in iter_records(str(path), reading(meta))) == shard["records"]
+        assert sum(1 for _ in file_records(str(path), reading(meta))) == shard["records"]
     assert sum(s["records"] for s in meta["shards"]) == meta["num_records"]
     return meta
 

@@ -17,11 +17,11 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 from conftest import example_to_dict, published_root
+from independent import file_records
 
 from recordforge.conforming.casts import cast_values
 from recordforge.errors import SchemaError, SourceError
 from recordforge.pipelines.convert import run
-from recordforge.records.tfrecord import iter_records
 from recordforge.schemas.infer import infer_schema
 from recordforge.schemas.kinds import DType
 from recordforge.schemas.loader import load_schema
@@ -138,7 +138,7 @@ def _records(output: Path, meta: dict[str, Any], key: str = "id") -> dict[int, d
     """The written records, read with protobuf, by the value of their feature `key`."""
     out = {}
     for shard in meta["shards"]:
-        for raw in iter_records(str(output / shard["file"]), meta["compression"]):
+        for raw in file_records(str(output / shard["file"]), meta["compression"]):
             record = example_to_dict(raw)
             out[record[key][0]] = record
     return out

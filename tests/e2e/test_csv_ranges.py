@@ -20,9 +20,9 @@ from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.testing.util import assert_that, equal_to
 from conftest import published_root
+from independent import file_records
 
 from recordforge.pipelines.convert import DEFAULT_RUNNER, run
-from recordforge.records.tfrecord import iter_records
 from recordforge.runners.session import runner_traits
 from recordforge.transforms import csv_ranges
 from recordforge.transforms.csv_ranges import CsvRange, chunks, header_names, plan_ranges, scan_chunk, whole
@@ -241,7 +241,7 @@ def test_conversion_of_a_split_file_equals_the_whole_read(
         meta = run(args)
         root = published_root(tmp_path / out)
         assert meta["rows_read"] == 3000 and meta["rows_written"] + meta["rows_rejected"] == 3000
-        records = [r for s in sorted(root.glob("data-*")) for r in iter_records(str(s), meta["compression"])]
+        records = [r for s in sorted(root.glob("data-*")) for r in file_records(str(s), meta["compression"])]
         rejected = sorted(
             (x["row"], json.dumps(x, sort_keys=True))  # the whole line, its record included
             for f in (root / "_rejected").glob("*.jsonl")

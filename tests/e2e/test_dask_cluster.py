@@ -25,6 +25,7 @@ import pytest
 import yaml
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
+from independent import file_records
 
 import recordforge
 from demo.sampledata import taxi_table
@@ -32,7 +33,6 @@ from recordforge.files import layout
 from recordforge.files.storage import list_files, read_bytes
 from recordforge.output import crashpoints
 from recordforge.pipelines.convert import run
-from recordforge.records.tfrecord import iter_records
 from recordforge.runners.dask_runner import RUNNER
 from recordforge.tools.verify import verify
 from recordforge.transforms import csv_ranges
@@ -198,7 +198,7 @@ def _raw_bytes(path: str) -> bytes:
 
 def _records(out: str) -> Counter:
     bundle = recordforge.load_bundle(out)
-    return Counter(r for f in bundle["files"] for r in iter_records(f, bundle["metadata"]["compression"]))
+    return Counter(r for f in bundle["files"] for r in file_records(f, bundle["metadata"]["compression"]))
 
 
 def _rejected(out: str) -> Counter:
@@ -433,7 +433,7 @@ def test_array_record_and_indexed_shards_on_gcs_read_at_random(cluster: Cluster,
         assert verify(out) == [], name
         assert len(meta["shards"]) > 1 and meta["num_records"] == 2700, name
         bundle = recordforge.load_bundle(out)
-        sequential = [r for f in bundle["files"] for r in iter_records(f, reading(bundle["metadata"]))]
+        sequential = [r for f in bundle["files"] for r in file_records(f, reading(bundle["metadata"]))]
         ds = recordforge.data_source(out)
         assert len(ds) == len(sequential) == meta["num_records"]
         keys = random.Random(1).sample(range(len(ds)), 300)
@@ -443,25 +443,25 @@ def test_array_record_and_indexed_shards_on_gcs_read_at_random(cluster: Cluster,
 
 
 def _kill_test_input(tmp_path: Path, rows: int, files: int) -> list[str]:
-    """`files` Parquet files of `rows` rows (row groups of 5,000) under tmp_path/src, and the
-    flags converting them in shards of 256 KiB (about a part per 5,000 rows)."""
+    """`files` Parquet files of `rows` rows (row groups of 2,500) under tmp_path/src, and the
+    flags converting them in shards of 128 KiB (about a part per 2,500 rows)."""
     src = tmp_path / "src"
     src.mkdir()
     for i in range(files):
         table = taxi_table(rows, seed=i, first_id=i * rows)
-        pq.write_table(table, src / f"t{i}.parquet", row_group_size=5000)
-    return ["--source", str(src / "*.parquet"), "--schema", "examples/taxi.yaml", "--shard_size", "256KiB"]
+        pq.write_table(table, src / f"t{i}.parquet", row_group_size=2500)
+    return ["--source", str(src / "*.parquet"), "--schema", "examples/taxi.yaml", "--shard_size", "128KiB"]
 
 
 def test_a_run_killed_on_dask_is_resumed_by_its_rerun(cluster: Cluster, tmp_path: Path) -> None:
     """The driver of a Dask run killed (SIGKILL) once about 70% of its parts are recorded; once
     the cluster is idle, the same command resumes: it converts at most a third of the rows and
     publishes the records the local runner does."""
-    rows, files = 50_000, 6
+    rows, files = 25_000, 6
     args = _kill_test_input(tmp_path, rows, files)
     out, local = tmp_path / "out", tmp_path / "local"
     expected = run([*args, "--output", str(local)])
-    parts = expected["num_records"] * 53 // (256 << 10)  # about as many full parts as shards
+    parts = expected["num_records"] * 53 // (128 << 10)  # about as many full parts as shards
     cli = [sys.executable, "-m", "recordforge", "convert", *args, "--output", str(out), *_dask(cluster)]
     proc = subprocess.Popen(cli, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 180
@@ -491,7 +491,7 @@ def test_a_worker_killed_at_a_finished_piece(cluster: Cluster, tmp_path: Path) -
     again on the other workers, and the run either completes or fails with one line. Completed,
     it publishes the local runner's records exactly once (the dead worker's recorded parts are
     not published beside the retried tasks' copies); failed, the same command resumes and does."""
-    rows, files = 50_000, 6
+    rows, files = 25_000, 6
     args = _kill_test_input(tmp_path, rows, files)
     out, local = tmp_path / "out", tmp_path / "local"
     run([*args, "--output", str(local)])

@@ -24,9 +24,9 @@ import pyarrow as pa
 import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.transforms.window import FixedWindows, GlobalWindows, TimestampedValue
+from independent import file_records
 
 from recordforge.errors import RecordForgeError
-from recordforge.records.tfrecord import iter_records
 from recordforge.runners import dask_runner
 from recordforge.runners.dask_runner import RUNNER, _slots, _Translator, resolve_runner
 
@@ -298,7 +298,7 @@ def probe_write_to_tfrecord(p: beam.Pipeline, d: Path) -> Check:
 
     def check() -> None:
         files = sorted(glob.glob(str(d / "records*.tfrecord")))
-        seen = Counter(r for f in files for r in iter_records(f, "none"))
+        seen = Counter(r for f in files for r in file_records(f, "none"))
         assert seen == Counter(records), f"{len(files)} files, {sum(seen.values())} records"
 
     return check

@@ -17,6 +17,7 @@ import apache_beam as beam
 import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
 from conftest import published_root
+from independent import file_records
 
 from recordforge.errors import RecordForgeError, UsageError
 from recordforge.pipelines.config import ConvertConfig
@@ -25,7 +26,6 @@ from recordforge.pipelines.flags import FLAGS
 from recordforge.pipelines.options import ConvertOptions
 from recordforge.pipelines.resolve import resolve
 from recordforge.pipelines.template import template_metadata
-from recordforge.records.tfrecord import iter_records
 from recordforge.runners.dryrun import dataflow_preflight
 from recordforge.transforms.source_types import expand_patterns
 
@@ -227,7 +227,7 @@ def test_dataflow_preflight_refuses_what_workers_cannot_use(parquet_source: str)
 
 def _records(output: str) -> Counter:
     meta = json.loads(Path(output, "metadata.json").read_text())
-    return Counter(r for s in meta["shards"] for r in iter_records(os.path.join(output, s["file"]), "gzip"))
+    return Counter(r for s in meta["shards"] for r in file_records(os.path.join(output, s["file"]), "gzip"))
 
 
 def _shard_bytes(output: str) -> dict[str, bytes]:

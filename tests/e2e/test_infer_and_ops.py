@@ -15,9 +15,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import yaml
 from conftest import example_to_dict
+from independent import file_records
 
 from recordforge.pipelines.convert import run
-from recordforge.records.tfrecord import iter_records
 from recordforge.schemas import load_schema
 
 
@@ -126,7 +126,7 @@ def test_infer_schema_then_convert_is_lossless(tmp_path: Path) -> None:
     records = [
         example_to_dict(r)
         for s in meta["shards"]
-        for r in iter_records(str(tmp_path / "out" / s["file"]), "none")
+        for r in file_records(str(tmp_path / "out" / s["file"]), "none")
     ]
     assert len(records) == table.num_rows
     epoch = datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc)
@@ -197,7 +197,7 @@ feature { name: "v" type: FLOAT }
         (
             example_to_dict(r)
             for s in meta["shards"]
-            for r in iter_records(str(tmp_path / "out" / s["file"]), "gzip")
+            for r in file_records(str(tmp_path / "out" / s["file"]), "gzip")
         ),
         key=lambda r: r["a"],
     )
@@ -250,7 +250,7 @@ def test_ops_and_struct_fields(tmp_path: Path) -> None:
     records = [
         example_to_dict(r)
         for s in meta["shards"]
-        for r in iter_records(str(tmp_path / "out" / s["file"]), "gzip")
+        for r in file_records(str(tmp_path / "out" / s["file"]), "gzip")
     ]
     cleaned = [w.strip().lower() for w in words]
     buckets = tf.strings.to_hash_bucket_fast(cleaned, 100).numpy().tolist()
@@ -324,7 +324,7 @@ def test_csv_infer_then_convert_and_bad_utf8_cells(tmp_path: Path) -> None:
         (
             example_to_dict(r)
             for s in meta["shards"]
-            for r in iter_records(str(tmp_path / "out" / s["file"]), "none")
+            for r in file_records(str(tmp_path / "out" / s["file"]), "none")
         ),
         key=lambda r: r["n"],
     )

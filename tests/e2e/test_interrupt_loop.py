@@ -31,23 +31,22 @@ The default test takes 4 points (about 40 s on a busy 2-core machine, its burner
 
 from __future__ import annotations
 
-import gzip
 import hashlib
 import json
 import os
 import re
 import signal
-import struct
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import google_crc32c
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
+from independent import bundle_records
+from kept_pieces import finished_rows
 
 from demo.sampledata import taxi_table
 
@@ -60,35 +59,12 @@ _RECORD = re.compile(r"(batches|part|published)-[0-9a-f]{32}\.json")
 _DEADLINE_S = 120
 
 
-def _masked(crc: int) -> int:
-    return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
-
-
-def _framed_records(data: bytes) -> Iterator[bytes]:
-    """TFRecord framing read with its CRC32C checks (an independent reader): length, masked CRC of
-    the length, data, masked CRC of the data."""
-    at = 0
-    while at < len(data):
-        head = data[at : at + 12]
-        assert len(head) == 12, f"a truncated record head at byte {at}"
-        (length,) = struct.unpack("<Q", head[:8])
-        assert struct.unpack("<I", head[8:])[0] == _masked(google_crc32c.value(head[:8])), at
-        body = data[at + 12 : at + 12 + length]
-        assert len(body) == length, f"a truncated record at byte {at}"
-        (crc,) = struct.unpack("<I", data[at + 12 + length : at + 16 + length])
-        assert crc == _masked(google_crc32c.value(body)), f"a bad data CRC at byte {at}"
-        yield body
-        at += 16 + length
-
-
 def _digests(out: Path) -> np.ndarray:
     """Every published record's 8-byte hash, sorted: the records as a multiset."""
     meta = json.loads((out / "metadata.json").read_text())
     assert meta["compression"] == "gzip"
     hashes = [
-        int.from_bytes(hashlib.blake2b(r, digest_size=8).digest(), "little")
-        for s in meta["shards"]
-        for r in _framed_records(gzip.decompress((out / s["file"]).read_bytes()))
+        int.from_bytes(hashlib.blake2b(r, digest_size=8).digest(), "little") for r in bundle_records(out)
     ]
     assert len(hashes) == ROWS * FILES
     return np.sort(np.array(hashes, dtype=np.uint64))
@@ -126,30 +102,6 @@ def _records(pieces: Path) -> dict[str, bytes]:
             except FileNotFoundError:  # pragma: no cover - the run deletes its pieces only at its commit
                 pass
     return found
-
-
-def _finished_rows(records: dict[str, bytes]) -> int:
-    """The rows of the batches whose every record the recorded parts hold: what a rerun keeps at
-    least (output/pieces.py says how; counted here from the records alone)."""
-    ledger: dict[tuple[str, int], tuple[int, dict[str, int]]] = {}
-    ranges: dict[tuple[str, str, int], list[tuple[int, int]]] = {}
-    for raw in records.values():
-        record = json.loads(raw)
-        for file, first_row, rows, counts in record.get("batches", []):
-            ledger[(file, first_row)] = (rows, counts)
-        for split, file, first_row, start, end in record.get("keys", []):
-            ranges.setdefault((split, file, first_row), []).append((start, end))
-    finished = 0
-    for (file, first_row), (rows, counts) in ledger.items():
-        whole = True
-        for split, n in counts.items():
-            at = 0
-            for start, end in sorted(ranges.get((split, file, first_row), [])):
-                whole = whole and start == at
-                at = end
-            whole = whole and at == n
-        finished += rows if whole else 0
-    return finished
 
 
 def _run_until_parts(argv: list[str], out: Path, k: int) -> tuple[subprocess.Popen, Path, dict[str, bytes]]:
@@ -241,7 +193,7 @@ def _interrupt_and_resume(source: Path, out: Path, k: int, whole: np.ndarray) ->
     assert len(parts) >= k, where
     for part in parts:  # each recorded part's file, as recorded
         assert hashlib.sha256(Path(part["tmp"]).read_bytes()).hexdigest() == part["sha256"], where
-    finished = _finished_rows(before)
+    finished = finished_rows(json.loads(r) for r in before.values())
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("recordforge convert: interrupted: nothing published"), (
         f"{where}: {err}"

@@ -13,6 +13,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from apache_beam.io.filesystems import FileSystems
+from independent import file_records
 
 import recordforge
 from demo.sampledata import taxi_table
@@ -21,7 +22,6 @@ from recordforge.files import layout
 from recordforge.files.storage import list_files, read_bytes
 from recordforge.output.lease import Lease
 from recordforge.pipelines.convert import run
-from recordforge.records.tfrecord import iter_records
 
 
 def _put_parquet(path: str, table: pa.Table) -> None:
@@ -33,7 +33,7 @@ def _put_parquet(path: str, table: pa.Table) -> None:
 
 def _records(out: str) -> list[bytes]:
     bundle = recordforge.load_bundle(out)
-    return [r for f in bundle["files"] for r in iter_records(f, bundle["metadata"]["compression"])]
+    return [r for f in bundle["files"] for r in file_records(f, bundle["metadata"]["compression"])]
 
 
 def test_publishing_on_gcs(gcs_bucket: str) -> None:

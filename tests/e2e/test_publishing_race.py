@@ -13,12 +13,12 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from independent import file_records
 
 from recordforge.files import layout
 from recordforge.output import publishing
 from recordforge.output.lease import Lease
 from recordforge.pipelines.convert import run
-from recordforge.records.tfrecord import iter_records
 from recordforge.tools.verify import verify
 
 
@@ -42,7 +42,7 @@ def _runs_published(out: Path) -> set[int]:
     return {
         example_to_dict(raw)["run"][0]
         for shard in meta["shards"]
-        for raw in iter_records(str(out / shard["file"]), meta["compression"])
+        for raw in file_records(str(out / shard["file"]), meta["compression"])
     }
 
 

@@ -15,10 +15,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from forked_runs import ForkedRuns, Outcome
+from independent import file_records
 
 from recordforge.files import layout
 from recordforge.files.storage import list_files, read_bytes
-from recordforge.records.tfrecord import iter_records
 from recordforge.tools.verify import verify
 
 _ROWS = 20
@@ -80,7 +80,7 @@ def _check_round(out: str, rids: list[int], outcomes: list[Outcome]) -> None:
     records = [
         example_to_dict(raw)
         for shard in meta["shards"]
-        for raw in iter_records(layout.join(out, shard["file"]), meta["compression"])
+        for raw in file_records(layout.join(out, shard["file"]), meta["compression"])
     ]
     published = {r["run"][0] for r in records}
     assert len(published) == 1 and len(records) == _ROWS, f"records of runs {sorted(published)}"

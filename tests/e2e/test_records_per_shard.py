@@ -9,10 +9,10 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 from conftest import example_to_dict
+from independent import file_records
 
 from demo.sampledata import taxi_table
 from recordforge.pipelines.convert import run
-from recordforge.records.tfrecord import iter_records
 
 TWO_WORKERS = ["--direct_running_mode", "multi_processing", "--direct_num_workers", "2"]
 
@@ -31,7 +31,7 @@ def _shards(out: Path) -> dict[str, list[list[int]]]:
     meta = json.loads((out / "metadata.json").read_text())
     shards: dict[str, list[list[int]]] = {}
     for s in sorted(meta["shards"], key=lambda s: s["file"]):
-        ids = [example_to_dict(r)["trip_id"][0] for r in iter_records(str(out / s["file"]), "gzip")]
+        ids = [example_to_dict(r)["trip_id"][0] for r in file_records(str(out / s["file"]), "gzip")]
         assert len(ids) == s["records"]
         shards.setdefault(s.get("split", ""), []).append(ids)
     return shards

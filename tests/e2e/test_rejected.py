@@ -12,10 +12,10 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 from conftest import canonical, example_to_dict, published_root
+from independent import file_records
 
 from recordforge.errors import RecordForgeError
 from recordforge.pipelines.convert import run
-from recordforge.records.tfrecord import iter_records
 from recordforge.transforms.rejects import decode_value
 
 SCHEMA = {
@@ -155,7 +155,7 @@ def test_every_fault_is_rejected_with_its_reason(tmp_path: Path, faulty: tuple) 
         expected_rules[rule] = expected_rules.get(rule, 0) + 1
     assert meta["rejected_by_rule"] == dict(sorted(expected_rules.items()))
 
-    written = [example_to_dict(r) for s in meta["shards"] for r in iter_records(str(out / s["file"]), "gzip")]
+    written = [example_to_dict(r) for s in meta["shards"] for r in file_records(str(out / s["file"]), "gzip")]
     good_ids = sorted(r["id"] for r in rows if r["id"] % 2 == 0 or r["id"] // 2 >= len(FAULTS))
     assert sorted(w["id"][0] for w in written) == good_ids
     expected_good = {

@@ -18,13 +18,14 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 from forked_runs import ForkedRuns
+from independent import bundle_records
+from kept_pieces import finished_rows
 
 import recordforge
 from demo.sampledata import taxi_table
 from recordforge.files import layout
 from recordforge.files.storage import exists, list_files, read_bytes
 from recordforge.output import crashpoints
-from recordforge.records.tfrecord import iter_records
 from recordforge.tools.verify import verify
 
 ROWS, FILES = 400_000, 6
@@ -57,39 +58,17 @@ def _argv(src: Path, out: Path, *extra: str, workers: str = WORKERS) -> list[str
             "--direct_num_workers", workers, "--shard_size", SHARD, *extra]  # fmt: skip
 
 
-def _digests(out: Path) -> np.ndarray:
+def _digests(out: Path | str) -> np.ndarray:
     """Every record's 8-byte hash, sorted: the records as a multiset, compared exactly enough."""
-    meta = json.loads((out / layout.METADATA).read_text())
     hashes = [
-        int.from_bytes(hashlib.blake2b(r, digest_size=8).digest(), "little")
-        for s in meta["shards"]
-        for r in iter_records(str(out / s["file"]), meta["compression"])
+        int.from_bytes(hashlib.blake2b(r, digest_size=8).digest(), "little") for r in bundle_records(out)
     ]
     return np.sort(np.array(hashes, dtype=np.uint64))
 
 
 def _finished_rows(pieces: Path) -> int:
-    """The rows of the batches whose every record the recorded parts hold: what a rerun keeps at
-    least, counted from the piece records alone (output/pieces.py says how)."""
-    ledger: dict[tuple[str, int], tuple[int, dict[str, int]]] = {}
-    ranges: dict[tuple[str, str, int], list[tuple[int, int]]] = {}
-    for path in pieces.glob("*.json"):
-        record = json.loads(path.read_text())
-        for file, first_row, rows, counts in record.get("batches", []):
-            ledger[(file, first_row)] = (rows, counts)
-        for split, file, first_row, start, end in record.get("keys", []):
-            ranges.setdefault((split, file, first_row), []).append((start, end))
-    finished = 0
-    for (file, first_row), (rows, counts) in ledger.items():
-        held = []
-        for split, n in counts.items():
-            at = 0
-            for start, end in sorted(ranges.get((split, file, first_row), [])):
-                held.append(start == at)
-                at = end
-            held.append(at == n)
-        finished += rows if all(held) else 0
-    return finished
+    """The rows the recorded pieces finished (tests/kept_pieces.py): what a rerun keeps at least."""
+    return finished_rows(json.loads(p.read_text()) for p in pieces.glob("*.json"))
 
 
 @pytest.mark.parametrize("how", ["SIGKILL", "SIGINT"])
@@ -222,17 +201,6 @@ def test_resume_false_starts_clean(forked: ForkedRuns, source: Path, tmp_path: P
     assert not (out / killed_version).exists() and verify(str(out)) == []
 
 
-def _gcs_digests(out: str) -> np.ndarray:
-    bundle = recordforge.load_bundle(out)
-    compression = bundle["metadata"]["compression"]
-    hashes = [
-        int.from_bytes(hashlib.blake2b(r, digest_size=8).digest(), "little")
-        for f in bundle["files"]
-        for r in iter_records(f, compression)
-    ]
-    return np.sort(np.array(hashes, dtype=np.uint64))
-
-
 def test_a_killed_run_on_gcs_is_resumed_by_its_rerun(gcs_bucket: str, tmp_path: Path) -> None:
     """The same on gs:// (the GCS emulator): parts and records are objects, written whole."""
     src = tmp_path / "src"
@@ -274,5 +242,5 @@ def test_a_killed_run_on_gcs_is_resumed_by_its_rerun(gcs_bucket: str, tmp_path: 
     assert resumed["rows"] + resumed["rows_converted"] == meta["rows_read"] == rows * files
     assert resumed["rows_converted"] <= rows * files / 3, resumed
     assert recordforge.verify(out) == []
-    assert np.array_equal(_gcs_digests(out), _digests(tmp_path / "whole"))
+    assert np.array_equal(_digests(out), _digests(tmp_path / "whole"))
     assert not [p for p in list_files(f"{out}/{meta['version']}") if "/_" in layout.relative(p, out)]

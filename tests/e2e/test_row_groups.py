@@ -16,9 +16,9 @@ from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.testing.util import assert_that, equal_to
 from conftest import published_root
+from independent import file_records
 
 from recordforge.pipelines.convert import DEFAULT_RUNNER, run
-from recordforge.records.tfrecord import iter_records
 from recordforge.runners.session import runner_traits
 from recordforge.sources.row_groups import MAX_PIECES, piece_rows, pieces, read_rows
 from recordforge.transforms.parquet_source import ReadParquet
@@ -152,7 +152,7 @@ def _rejected_rows(out: Path) -> list[tuple[str, int, Any]]:
 
 def _records(out: Path) -> Counter:
     meta = json.loads((out / "metadata.json").read_text())
-    return Counter(r for s in meta["shards"] for r in iter_records(str(out / s["file"]), "gzip"))
+    return Counter(r for s in meta["shards"] for r in file_records(str(out / s["file"]), "gzip"))
 
 
 def test_spread_pieces_keep_row_numbers_records_and_deterministic_bytes(tmp_path: Path) -> None:

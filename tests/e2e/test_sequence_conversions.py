@@ -16,9 +16,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import yaml
+from independent import file_records
 
 from recordforge.pipelines.convert import run
-from recordforge.records.tfrecord import iter_records
 from recordforge.tools.describe import format_inspect, inspect
 from recordforge.tools.stats import stats
 
@@ -147,7 +147,7 @@ def read_back(output: str) -> dict[tuple[str, int], dict[str, Any]]:
 
 def _records(output: Path) -> list[bytes]:
     meta = json.loads((output / "metadata.json").read_text())
-    return [r for s in meta["shards"] for r in iter_records(str(output / s["file"]), meta["compression"])]
+    return [r for s in meta["shards"] for r in file_records(str(output / s["file"]), meta["compression"])]
 
 
 @pytest.fixture(scope="module")

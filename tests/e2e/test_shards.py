@@ -9,11 +9,11 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 from conftest import example_to_dict, published_root
+from independent import file_records
 
 from demo.sampledata import taxi_table
 from recordforge.errors import RecordForgeError
 from recordforge.pipelines.convert import run
-from recordforge.records.tfrecord import iter_records
 from recordforge.runners import adapter
 
 
@@ -49,7 +49,7 @@ def test_records_per_shard_is_exact(tmp_path: Path, source: str) -> None:
     names = [s["file"].split("/", 1)[1] for s in shards]
     assert names == [f"data-{i:05d}-of-{n:05d}.tfrecord.gz" for i in range(n)]
     for s in shards:
-        assert sum(1 for _ in iter_records(str(tmp_path / "out" / s["file"]), "gzip")) == s["records"]
+        assert sum(1 for _ in file_records(str(tmp_path / "out" / s["file"]), "gzip")) == s["records"]
 
 
 def test_shard_size_is_a_target(tmp_path: Path, source: str) -> None:
@@ -187,7 +187,7 @@ def test_deterministic_shards_are_balanced_runs_of_the_input_whoever_writes_them
     ids = [
         example_to_dict(r)["trip_id"][0]
         for s in shards
-        for r in iter_records(str(tmp_path / "one" / s["file"]), "gzip")
+        for r in file_records(str(tmp_path / "one" / s["file"]), "gzip")
     ]
     assert ids == pq.read_table(source).column("trip_id").to_pylist()
     # The local runner spills the batches to files (deleted once the shards are written) so that
@@ -231,7 +231,7 @@ def test_num_shards_is_exact_and_the_shards_are_about_equal(tmp_path: Path, sour
     records = [s["records"] for s in shards]
     assert sum(records) == 20_000 and max(records) - min(records) <= 2 * 1000
     ids = [
-        example_to_dict(r)["trip_id"][0] for s in shards for r in iter_records(str(out / s["file"]), "gzip")
+        example_to_dict(r)["trip_id"][0] for s in shards for r in file_records(str(out / s["file"]), "gzip")
     ]
     assert ids == pq.read_table(source).column("trip_id").to_pylist()
     assert not list(out.rglob("_tmp-*"))

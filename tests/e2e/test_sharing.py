@@ -20,11 +20,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from apache_beam.utils.windowed_value import WindowedValue
+from independent import file_records
 
 from recordforge.pipelines.config import ConvertConfig
 from recordforge.pipelines.convert import build, run
 from recordforge.pipelines.resolve import request_from_argv, resolve
-from recordforge.records.tfrecord import detect_compression, iter_records
+from recordforge.records.tfrecord import detect_compression
 from recordforge.runners.session import runner_traits
 from recordforge.transforms.csv_ranges import whole
 from recordforge.transforms.csv_source import _ReadCsvFn
@@ -162,7 +163,7 @@ def test_csv_files_and_image_chunks_are_claimed_whole(
 def _records(output: Path) -> tuple[Counter, list[int]]:
     meta = json.loads((output / "metadata.json").read_text())
     paths = [str(output / s["file"]) for s in meta["shards"]]
-    records = Counter(r for p in paths for r in iter_records(p, detect_compression(p)))
+    records = Counter(r for p in paths for r in file_records(p, detect_compression(p)))
     return records, sorted(s["records"] for s in meta["shards"])
 
 

@@ -13,13 +13,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from conftest import published_root
+from independent import file_records
 
 from demo.sampledata import taxi_table
 from recordforge.errors import RecordForgeError
 from recordforge.pipelines.convert import run
 from recordforge.records.example_pb import parse_example
 from recordforge.records.shard_spec import DEFAULT_SEED
-from recordforge.records.tfrecord import iter_records
 from recordforge.runners import adapter
 from recordforge.transforms.shuffle import Permutation
 
@@ -47,7 +47,7 @@ def _records(out: Path, split: str | None = None) -> list[list[bytes]]:
     """Each shard's records in order, shards in name order (of one split, or all)."""
     meta = json.loads((out / "metadata.json").read_text())
     return [
-        [r for r in iter_records(str(out / s["file"]), "gzip")]
+        [r for r in file_records(str(out / s["file"]), "gzip")]
         for s in sorted(meta["shards"], key=lambda s: s["file"])
         if split is None or s.get("split") == split
     ]

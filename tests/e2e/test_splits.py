@@ -10,11 +10,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from conftest import example_to_dict, published_root
+from independent import file_records
 
 import recordforge
 from recordforge.errors import RecordForgeError
 from recordforge.pipelines.convert import run
-from recordforge.records.tfrecord import iter_records
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +39,7 @@ def _ids(out: Path, split: str) -> list[tuple[int, float]]:
         (r["user_id"][0], r["x"][0])
         for s in meta["shards"]
         if s.get("split") == split
-        for r in map(example_to_dict, iter_records(str(out / s["file"]), "gzip"))
+        for r in map(example_to_dict, file_records(str(out / s["file"]), "gzip"))
     )
 
 

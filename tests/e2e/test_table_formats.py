@@ -23,9 +23,9 @@ import pytest
 from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.options.pipeline_options import PipelineOptions
 from conftest import published_root, tf_records
+from independent import file_records
 
 from recordforge.pipelines.convert import DEFAULT_RUNNER, run
-from recordforge.records.tfrecord import iter_records
 from recordforge.runners.session import runner_traits
 from recordforge.sources import table_files
 from recordforge.transforms.table_source import ReadTables
@@ -304,7 +304,7 @@ def test_a_split_conversion_equals_the_whole_read(
         meta = run(["--source", str(source), "--output", str(tmp_path / out), "--deterministic", *extra])
         assert (meta["rows_read"], meta["rows_written"]) == (2000, 2000)
         root = published_root(tmp_path / out)
-        return [r for s in sorted(root.glob("data-*")) for r in iter_records(str(s), meta["compression"])]
+        return [r for s in sorted(root.glob("data-*")) for r in file_records(str(s), meta["compression"])]
 
     whole = convert("one", ["--direct_num_workers=1"])
     size = source.stat().st_size

@@ -235,3 +235,65 @@ def test_what_tfds_cannot_read_exactly_is_left_out_with_the_reason() -> None:
     bad, _ = tfds_features(label_plan, ["", "dog"])
     assert ok["featuresDict"]["features"]["label_id"]["classLabel"] == {"numClasses": "2"}
     assert "tensor" in bad["featuresDict"]["features"]["label_id"]
+
+
+def _np(got: Any, want: Any) -> Any:
+    """TFDS's NumPy decoding gives a scalar as a Python value (as_dataset: a NumPy scalar)."""
+    return np.asarray(got, want.dtype) if isinstance(want, np.generic) else got
+
+
+class _AbsentAsEmpty(tfds.decode.Decoder):
+    """docs/catalogs.md's decoder: a list feature a record lacks as the empty array that
+    as_dataset gives, where as_data_source's NumPy decoding gives None."""
+
+    def decode_example(self, serialized: Any) -> Any:
+        return self.feature.decode_example(serialized)
+
+    def decode_example_np(self, serialized: Any) -> Any:
+        if serialized is None:
+            return np.zeros((0, *self.feature.shape[1:]), self.feature.np_dtype)
+        return self.feature.decode_example_np(serialized)
+
+
+def test_as_data_source_gives_none_for_an_absent_list_and_the_documented_decoder_makes_it_empty(
+    tmp_path: Path,
+) -> None:
+    """One table as an uncompressed TFRecord bundle, read with as_dataset (tf.io parsing: a list
+    feature a record lacks is an empty list), and as an ArrayRecord bundle, read with
+    as_data_source (TFDS's NumPy parsing: None; TFDS has no as_dataset for ArrayRecord files).
+    Both get the same features.json; no TFDS feature description changes the None
+    (docs/catalogs.md says why), and the decoder that page gives makes every value agree."""
+    table = _table()
+    pq.write_table(table, tmp_path / "t.parquet")
+    (tmp_path / "schema.yaml").write_text(yaml.safe_dump(SCHEMA))
+    argv = ["--source", str(tmp_path / "t.parquet"), "--schema", str(tmp_path / "schema.yaml")]
+    run([*argv, "--output", str(tmp_path / "tfrecord"), "--compression", "none"])
+    run([*argv, "--output", str(tmp_path / "array_record"), "--output_format", "array_record"])
+    assert (tmp_path / "tfrecord" / "features.json").read_text() == (
+        tmp_path / "array_record" / "features.json"
+    ).read_text()
+    by_id = {
+        int(rec["id"]): rec
+        for rec in tfds.as_numpy(
+            tfds.builder_from_directory(str(tmp_path / "tfrecord")).as_dataset(split="train")
+        )
+    }
+    builder = tfds.builder_from_directory(str(tmp_path / "array_record"))
+    lists = {name: _AbsentAsEmpty() for name, f in builder.info.features.items() if f.shape[:1] == (None,)}
+    assert sorted(lists) == ["m", "n", "s", "tags"]
+    plain = builder.as_data_source(split="train")
+    decoded = builder.as_data_source(split="train", decoders=lists)
+    assert len(by_id) == len(plain) == len(decoded) == N
+    absent = 0
+    for i in range(N):
+        raw, got = plain[i], decoded[i]
+        want = by_id[int(raw["id"])]
+        assert set(got) == set(want) == set(raw)
+        for key, value in want.items():
+            assert _same(_np(got[key], value), value), (i, key, got[key], value)
+            if raw[key] is None:  # TFDS's NumPy decoding of a feature the record lacks
+                assert key in lists and len(value) == 0
+                absent += 1
+            else:
+                assert _same(_np(raw[key], value), value), (i, key, raw[key], value)
+    assert absent == sum(table.column(k).null_count for k in ("n", "s", "m"))

@@ -15,10 +15,10 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from independent import file_records
 
 from recordforge.output import crashpoints
 from recordforge.pipelines.convert import run
-from recordforge.records.tfrecord import iter_records
 from recordforge.runners.local_runner import LocalRunner
 from recordforge.tools.verify import verify
 
@@ -27,7 +27,7 @@ TWO_WORKERS = ["--direct_running_mode=multi_processing", "--direct_num_workers=2
 
 def _records(output: Path) -> Counter:
     meta = json.loads((output / "metadata.json").read_text())
-    return Counter(r for s in meta["shards"] for r in iter_records(str(output / s["file"]), "gzip"))
+    return Counter(r for s in meta["shards"] for r in file_records(str(output / s["file"]), "gzip"))
 
 
 def _cli(*args: str, env: dict[str, str] | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
