@@ -37,9 +37,13 @@ coverage: $(STAMP)
 	$(BIN)/python -m coverage run --branch --source=src/recordforge -m pytest -q -p no:cacheprovider tests
 	$(BIN)/python -m coverage report | tail -1
 
-# Many runs started together on one output (tests/e2e/test_publishing_stress.py): a few minutes.
+# The long tests (marked `stress`): many runs started together on one output
+# (tests/e2e/test_publishing_stress.py) and 200 repeated conversions per mode that promises the
+# same bytes (tests/e2e/test_repeated_runs.py); a few minutes. STRESS_TESTS narrows them (CI runs
+# the first: .ci/run).
+STRESS_TESTS ?= tests
 stress: $(STAMP)
-	$(BIN)/python -m pytest -q -m stress tests
+	$(BIN)/python -m pytest -q -m stress $(STRESS_TESTS)
 
 # Every harness of fuzz/, FUZZ_SECONDS in all (a fifth each), one after another (atheris if installed, else
 # seeded random mutations); a finding is written to fuzz/findings/ and stops the run.
