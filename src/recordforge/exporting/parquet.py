@@ -51,7 +51,7 @@ from recordforge.records.wire_keys import KeyTable
 from recordforge.schemas.kinds import DType
 from recordforge.schemas.loader import schema_from_dict
 from recordforge.schemas.model import Feature, Schema
-from recordforge.tools.scan import ShardResult, scan_shards
+from recordforge.tools.scan import ShardResult, malloc_keeps_memory, scan_shards
 from recordforge.version import __version__
 
 __all__ = ["export"]
@@ -182,22 +182,23 @@ def export(
     )
     try:
         job = _Job(tree, stage, names)
-        results = scan_shards(
-            paths,
-            functools.partial(_Stager, job),
-            what="exported",
-            total_bytes=sum(int(s["bytes"]) for s in shards),
-            workers=workers,
-            started=streamer.start if streamer is not None else None,
-        )
-        staged = _checked(results, shards)
-        table_schema = arrow_schema(tree, staged.decimals)
-        if streamer is not None:
-            parts = streamer.finish()
-        else:
-            parts = _write_parts(
-                sorted(staged.files, key=lambda s: (s.shard, s.first_record)), table_schema, tmp, workers
+        with malloc_keeps_memory():
+            results = scan_shards(
+                paths,
+                functools.partial(_Stager, job),
+                what="exported",
+                total_bytes=sum(int(s["bytes"]) for s in shards),
+                workers=workers,
+                started=streamer.start if streamer is not None else None,
             )
+            staged = _checked(results, shards)
+            table_schema = arrow_schema(tree, staged.decimals)
+            if streamer is not None:
+                parts = streamer.finish()
+            else:
+                parts = _write_parts(
+                    sorted(staged.files, key=lambda s: (s.shard, s.first_record)), table_schema, tmp, workers
+                )
         shutil.rmtree(stage, ignore_errors=True)
         rows = sum(p["rows"] for p in parts)
         expected = sum(int(s["records"]) for s in shards)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import mmap
 import multiprocessing
@@ -11,7 +12,7 @@ import posixpath
 import queue
 import threading
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
@@ -25,7 +26,7 @@ from recordforge.records.chunks import RecordChunk, read_record_chunks
 from recordforge.records.tfrecord import CorruptRecord, FileDigest
 from recordforge.records.wire import PAD
 
-__all__ = ["Accumulator", "ShardResult", "scan_shards"]
+__all__ = ["Accumulator", "ShardResult", "malloc_keeps_memory", "scan_shards"]
 
 
 class Accumulator(Protocol):
@@ -250,16 +251,32 @@ def _chunk_worker(
         outbox.put((False, f"{type(exn).__name__}: {exn}\n{traceback.format_exc()}"))
 
 
-def _malloc_keeps_memory() -> None:
+def _malloc_keeps_memory(threshold: int = 1 << 30) -> None:
     """Large numpy arrays come from glibc's heap and are reused, instead of each being mapped
     and unmapped (a page fault per 4 KiB every time a chunk's arrays are made). Only in the
     worker processes, whose peak is a few chunks' arrays; elsewhere (not glibc) a no-op."""
     try:
         libc = ctypes.CDLL(None)
-        libc.mallopt(-3, 1 << 30)  # M_MMAP_THRESHOLD
-        libc.mallopt(-1, 1 << 30)  # M_TRIM_THRESHOLD
+        libc.mallopt(-3, threshold)  # M_MMAP_THRESHOLD
+        libc.mallopt(-1, threshold)  # M_TRIM_THRESHOLD
     except (OSError, AttributeError):
         pass
+
+
+@contextlib.contextmanager
+def malloc_keeps_memory() -> Iterator[None]:
+    """`_malloc_keeps_memory` in this process while the block runs (a reading thread's chunk
+    buffers and a writing thread's batches reused, not mapped afresh: half the system time of an
+    export's main process), then glibc's default thresholds (128 KiB) and the heap trimmed."""
+    _malloc_keeps_memory()
+    try:
+        yield
+    finally:
+        _malloc_keeps_memory(128 << 10)
+        try:
+            ctypes.CDLL(None).malloc_trim(0)
+        except (OSError, AttributeError):
+            pass
 
 
 def _by_chunk(
