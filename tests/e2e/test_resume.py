@@ -28,11 +28,11 @@ from recordforge.files.storage import exists, list_files, read_bytes
 from recordforge.output import crashpoints
 from recordforge.tools.verify import verify
 
-ROWS, FILES = 400_000, 6
-# Shards of 8 MiB (about 16 for this input, each a part recorded when it fills, besides the short
+ROWS, FILES, ROW_GROUP = 100_000, 6, 12_500
+# Shards of 2 MiB (about 16 for this input, each a part recorded when it fills, besides the short
 # parts where a bundle ends). The crash point counts per process: with two workers each writes
 # about half of the parts, so the 7th part of the first worker there is about 70-80% of the run.
-WORKERS, KILL_AFTER, SHARD = "2", "7", "8MiB"
+WORKERS, KILL_AFTER, SHARD = "2", "7", "2MiB"
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +47,7 @@ def source(tmp_path_factory: pytest.TempPathFactory) -> Path:
     src = tmp_path_factory.mktemp("resume-src")
     for i in range(FILES):
         pq.write_table(
-            taxi_table(ROWS, seed=i, first_id=i * ROWS), src / f"t{i}.parquet", row_group_size=50_000
+            taxi_table(ROWS, seed=i, first_id=i * ROWS), src / f"t{i}.parquet", row_group_size=ROW_GROUP
         )
     return src
 
@@ -125,7 +125,7 @@ def _shard_bytes(out: Path) -> dict[str, bytes]:
 def deterministic(
     forked: ForkedRuns, source: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> dict[str, bytes]:
-    """An uninterrupted --deterministic run's shards: 10 of them (a shard per 8 MiB of input)."""
+    """An uninterrupted --deterministic run's shards: 10 of them (a shard per 2 MiB of input)."""
     out = tmp_path_factory.mktemp("deterministic") / "whole"
     (whole,) = forked.together([(_argv(source, out, "--deterministic"), 0.0)])
     assert whole.code == 0, whole.stderr
@@ -138,7 +138,8 @@ def test_a_killed_deterministic_run_resumes_to_the_same_bytes(
 ) -> None:
     """--deterministic: the shards a killed run finished are kept whole. One worker writes the 10
     shards one after another, so the 7th is 70% of them; the rerun converts the batches of the
-    other three (at most a third of the rows) and publishes the uninterrupted run's bytes."""
+    others (the rows the finished shards do not hold, and the one batch that straddles the last
+    finished shard's end) and publishes the uninterrupted run's bytes."""
     out = tmp_path / "out"
     argv = _argv(source, out, "--deterministic", workers="1")
     env = {crashpoints.ENV: "piece_written", crashpoints.AFTER_ENV: "7"}
@@ -148,7 +149,8 @@ def test_a_killed_deterministic_run_resumes_to_the_same_bytes(
     assert killed.code == (-9 if how == "SIGKILL" else 130), killed.stderr
     assert not (out / layout.METADATA).exists()
     (pieces,) = [p for p in out.glob("v-*/_pieces")]
-    finished = len(list(pieces.glob("shard-*.json")))
+    shards = [json.loads(p.read_text()) for p in pieces.glob("shard-*.json")]
+    finished, held = len(shards), sum(s["count"] for s in shards)  # recorded before the kill
     assert 7 <= finished < len(deterministic)  # a Ctrl-C lands while the worker goes on
 
     (rerun,) = forked.together([(argv, 0.0)], timeout=300)
@@ -160,7 +162,7 @@ def test_a_killed_deterministic_run_resumes_to_the_same_bytes(
     assert resumed["shards"] == finished and resumed["parts"] == 0
     assert f"{finished} shards) of the interrupted run" in rerun.stdout
     assert resumed["rows"] + resumed["rows_converted"] == meta["rows_read"] == ROWS * FILES
-    assert 0 < resumed["rows_converted"] <= ROWS * FILES / 3, resumed
+    assert 0 < resumed["rows_converted"] <= ROWS * FILES - held + ROW_GROUP, (resumed, held)
     assert _shard_bytes(out) == deterministic
     assert verify(str(out)) == []
     assert sorted(p.name for p in (out / meta["version"]).iterdir() if p.name.startswith("_")) == []
@@ -235,12 +237,18 @@ def test_a_killed_run_on_gcs_is_resumed_by_its_rerun(gcs_bucket: str, tmp_path: 
     proc.communicate(timeout=60)
     assert proc.returncode == -9, "the run ended before 75% of its parts were recorded"
     assert not exists(f"{out}/{layout.METADATA}")
+    records = [p for p in list_files(out) if "/_pieces/" in p and p.endswith(".json")]
+    finished = finished_rows(json.loads(read_bytes(p)) for p in records)  # recorded before the kill
+    assert finished > 0
     rerun = convert(out)
     assert rerun.returncode == 0, rerun.stderr
     meta = json.loads(read_bytes(f"{out}/{layout.METADATA}"))
     resumed = meta["resumed"]
     assert resumed["rows"] + resumed["rows_converted"] == meta["rows_read"] == rows * files
-    assert resumed["rows_converted"] <= rows * files / 3, resumed
+    assert resumed["rows"] >= finished and resumed["rows_converted"] <= rows * files - finished, (
+        resumed,
+        finished,
+    )
     assert recordforge.verify(out) == []
     assert np.array_equal(_digests(out), _digests(tmp_path / "whole"))
     assert not [p for p in list_files(f"{out}/{meta['version']}") if "/_" in layout.relative(p, out)]
