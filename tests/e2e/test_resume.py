@@ -207,16 +207,16 @@ def test_a_killed_run_on_gcs_is_resumed_by_its_rerun(gcs_bucket: str, tmp_path: 
     """The same on gs:// (the GCS emulator): parts and records are objects, written whole."""
     src = tmp_path / "src"
     src.mkdir()
-    rows, files = 100_000, 6
+    rows, files = 50_000, 6
     for i in range(files):
         table = taxi_table(rows, seed=i, first_id=i * rows)
-        pq.write_table(table, src / f"t{i}.parquet", row_group_size=25_000)
+        pq.write_table(table, src / f"t{i}.parquet", row_group_size=12_500)
     out = f"{gcs_bucket}/out"
 
     def argv(output: str) -> list[str]:
         return [sys.executable, "-m", "recordforge", "convert", "--source", str(src / "*.parquet"),
                 "--output", output, "--schema", "examples/taxi.yaml", "--direct_num_workers", "2",
-                "--shard_size", "1MiB"]  # fmt: skip
+                "--shard_size", "512KiB"]  # fmt: skip
 
     def convert(output: str) -> subprocess.CompletedProcess:
         return subprocess.run(argv(output), capture_output=True, text=True, timeout=600)
@@ -224,9 +224,9 @@ def test_a_killed_run_on_gcs_is_resumed_by_its_rerun(gcs_bucket: str, tmp_path: 
     whole = convert(str(tmp_path / "whole"))
     assert whole.returncode == 0, whole.stderr
     # Killed from outside (the crash point counts per worker, and the workers' shares are uneven
-    # here): the run and its workers, once 75% of its parts (about one per MiB) are recorded.
+    # here): the run and its workers, once 75% of its parts (about one per 512 KiB) are recorded.
     parts = sum(s["bytes"] for s in json.loads((tmp_path / "whole" / layout.METADATA).read_text())["shards"])
-    parts //= 1 << 20
+    parts //= 512 << 10
     proc = subprocess.Popen(argv(out), stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
     deadline = time.monotonic() + 300
     while proc.poll() is None and time.monotonic() < deadline:
