@@ -3,6 +3,7 @@ bounded memory; and every reading command's line on each damaged input."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -21,7 +22,7 @@ from crafted import (
 
 from recordforge.cli.main import main
 from recordforge.errors import CorruptFile
-from recordforge.tools.describe import head, inspect
+from recordforge.tools.describe import format_inspect, head, inspect
 
 SPEC = {"x": {"kind": "FixedLenFeature", "dtype": "int64", "shape": []}}
 
@@ -147,3 +148,51 @@ def test_stats_of_long_feature_names(tmp_path: Path) -> None:
     assert code == 0, err
     assert seconds < 5
     assert peak < 500 << 20, peak
+
+
+# Found by the bundle_json fuzz target (fuzz/bundle_json.py): (file, its new bytes, what the
+# line says); before, each command gave an "internal error" (UnicodeDecodeError from stats,
+# AttributeError, KeyError) or read a shard beside the bundle's folder (inspect).
+DAMAGED_JSON = {
+    "not utf-8": ("metadata.json", b'{"shards": "\xf1"}', "metadata.json: not UTF-8"),
+    "spec a list": ("feature_spec.json", b"[]", "feature_spec.json: not a feature spec: is a list"),
+    "climbing shard": ("metadata.json", None, "metadata.json: not a bundle's metadata: shard 0: 'file'"),
+}
+
+
+@pytest.mark.corrupts
+@pytest.mark.parametrize("damage", list(DAMAGED_JSON))
+@pytest.mark.parametrize("command", ["inspect", "stats", "verify", "export"])
+def test_one_line_for_a_damaged_manifest(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], command: str, damage: str
+) -> None:
+    out = tfrecord_bundle(tmp_path / "b", [example(x=("int64", [1]))], SPEC)
+    name, data, said = DAMAGED_JSON[damage]
+    if data is None:
+        meta = json.loads((out / name).read_text())
+        meta["shards"][0]["file"] = "../b/" + meta["shards"][0]["file"]
+        data = json.dumps(meta).encode()
+    (out / name).write_bytes(data)
+    code = main(
+        [command, str(out), *([str(tmp_path / "dest"), "--to", "parquet"] if command == "export" else [])]
+    )
+    captured = capsys.readouterr()
+    if command == "verify":  # a problem line, not an error
+        assert code == 1 and f"{out}/{said}" in captured.out, captured
+        return
+    lines = captured.err.strip().splitlines()
+    assert code == 1 and len(lines) == 1, captured
+    assert lines[0].startswith(f"recordforge {command}: error: {out}/{said}"), captured
+
+
+@pytest.mark.corrupts
+def test_inspect_of_a_manifest_without_the_runs_counts(tmp_path: Path) -> None:
+    """metadata.json holds what load_metadata requires (shards, compression) and no counts;
+    before: KeyError 'rows_read' from format_inspect."""
+    out = tfrecord_bundle(tmp_path / "b", [example(x=("int64", [1]))], SPEC)
+    meta = json.loads((out / "metadata.json").read_text())
+    kept = {k: meta[k] for k in ("shards", "compression")}
+    (out / "metadata.json").write_text(json.dumps(kept))
+    text = format_inspect(inspect(str(out)))
+    assert "? records in 1 shards (none)" in text
+    assert "rows read ?, written ?, rejected ?; schema ? (?)" in text

@@ -2,22 +2,17 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from recordforge.errors import RecordForgeError
 from recordforge.files import layout
 from recordforge.files.layout import FEATURE_SPEC, METADATA, SUCCESS
-from recordforge.files.storage import exists, open_read
+from recordforge.files.storage import exists
+from recordforge.records.bundle_json import load_feature_spec, load_metadata
 from recordforge.schemas.export import decode_images as _decode_images
 from recordforge.schemas.export import decode_parsed, to_tf_feature_spec
 
 __all__ = ["load_bundle", "read", "version_path"]
-
-
-def _load_json(path: str) -> Any:
-    with open_read(path) as f:
-        return json.loads(f.read())
 
 
 def load_bundle(path: str, *, split: str | None = None) -> dict[str, Any]:
@@ -27,7 +22,7 @@ def load_bundle(path: str, *, split: str | None = None) -> dict[str, Any]:
     out = path.rstrip("/")
     if not exists(f"{out}/{SUCCESS}"):
         raise RecordForgeError(f"{out}: no {SUCCESS} marker; the dataset is missing or incomplete")
-    meta = _load_json(f"{out}/{METADATA}")
+    meta = load_metadata(f"{out}/{METADATA}")
     root = layout.version_root(out, meta["version"]) if meta.get("version") else out
     shards = meta["shards"]
     if split is not None:
@@ -38,7 +33,7 @@ def load_bundle(path: str, *, split: str | None = None) -> dict[str, Any]:
         shards = [s for s in shards if s.get("split") == split]
     return {
         "metadata": meta,
-        "feature_spec": _load_json(f"{root}/{FEATURE_SPEC}"),
+        "feature_spec": load_feature_spec(f"{root}/{FEATURE_SPEC}", sequence="sequence" in meta),
         "files": [f"{out}/{s['file']}" for s in shards],
         "root": root,
     }

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import itertools
-import json
 from typing import Any
 
 import yaml
 
 from recordforge.files import layout
-from recordforge.files.storage import exists, open_read
+from recordforge.files.storage import exists
 from recordforge.records.array_records import reading
+from recordforge.records.bundle_json import load_feature_spec, load_metadata
 from recordforge.records.example_pb import parse_example
 from recordforge.records.tfrecord import detect_compression, read_records
 from recordforge.tools.records import infer_feature_spec, parsed_records
@@ -133,10 +133,8 @@ def inspect(path: str, *, split: str | None = None, n: int = 5) -> dict[str, Any
         if exists(out) and not out.endswith("/"):
             return {"kind": "file", **head(out, n)}
         raise FileNotFoundError(f"{out}: neither a RecordForge output folder nor a TFRecord file")
-    with open_read(f"{out}/metadata.json") as f:
-        meta = json.loads(f.read())
-    with open_read(f"{out}/feature_spec.json") as f:
-        spec = json.loads(f.read())
+    meta = load_metadata(f"{out}/metadata.json")
+    spec = load_feature_spec(f"{out}/feature_spec.json", sequence="sequence" in meta)
     if split:
         meta = {**meta, "shards": [s for s in meta["shards"] if s.get("split") == split]}
     records: list[dict[str, Any]] = []
@@ -166,7 +164,10 @@ def inspect(path: str, *, split: str | None = None, n: int = 5) -> dict[str, Any
 def format_inspect(result: dict[str, Any]) -> str:
     if result["kind"] == "file":
         return format_head(result)
-    meta = result["metadata"]
+    # load_metadata checks their types where present; one the manifest lacks shows as "?".
+    unknown = ["num_records", "rows_read", "rows_written", "rows_rejected"]
+    unknown += ["schema_origin", "schema_fingerprint"]
+    meta: dict[str, Any] = {**dict.fromkeys(unknown, "?"), **result["metadata"]}
     lines = [
         f"{result['path']}: {meta['num_records']} records in {len(meta['shards'])} shards "
         f"({meta['compression']}), {'published' if result['published'] else 'NOT published (no _SUCCESS)'}",

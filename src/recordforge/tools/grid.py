@@ -4,16 +4,16 @@
 from __future__ import annotations
 
 import io
-import json
 import math
 from typing import Any
 
 import numpy as np
 
 from recordforge.errors import RecordForgeError
-from recordforge.files.storage import exists, open_read
+from recordforge.files.storage import exists
 from recordforge.images.headers import image_format
 from recordforge.records.array_records import reading
+from recordforge.records.bundle_json import load_metadata
 from recordforge.records.chunks import read_record_chunks
 from recordforge.records.wire import BYTES, INT64, Column, decode_batch
 from recordforge.records.wire_keys import KeyTable
@@ -32,8 +32,7 @@ def _files(path: str, split: str | None) -> tuple[list[tuple[str, str]], bool]:
     out = path.rstrip("/")
     if split is None or not exists(f"{out}/metadata.json"):
         return record_files(path), split is not None
-    with open_read(f"{out}/metadata.json") as f:
-        meta = json.loads(f.read())
+    meta = load_metadata(f"{out}/metadata.json")
     if not any("split" in s for s in meta["shards"]):
         return record_files(path), True
     shards = [s for s in meta["shards"] if s.get("split") == split]

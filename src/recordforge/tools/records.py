@@ -7,8 +7,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from recordforge.errors import CorruptFile
-from recordforge.files.storage import exists, open_read
+from recordforge.files.storage import exists
 from recordforge.records.array_records import ARRAY_RECORD, reading
+from recordforge.records.bundle_json import load_metadata
 from recordforge.records.example_pb import parse_example
 from recordforge.records.tfrecord import detect_compression
 
@@ -21,10 +22,7 @@ def record_files(path: str) -> list[tuple[str, str]]:
     """(file, compression) of every shard of an output folder, or of one TFRecord file."""
     out = path.rstrip("/")
     if exists(f"{out}/metadata.json"):
-        import json
-
-        with open_read(f"{out}/metadata.json") as f:
-            meta = json.loads(f.read())
+        meta = load_metadata(f"{out}/metadata.json")
         return [(f"{out}/{s['file']}", reading(meta)) for s in meta["shards"]]
     return [(out, detect_compression(out))]
 

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 from collections import Counter
 from dataclasses import dataclass, field
@@ -12,8 +11,9 @@ from typing import Any
 import numpy as np
 
 from recordforge.errors import CorruptFile
-from recordforge.files.storage import exists, open_read
+from recordforge.files.storage import exists
 from recordforge.images.headers import FORMATS, header_values, sniff
+from recordforge.records.bundle_json import load_feature_spec, load_metadata
 from recordforge.records.chunks import RecordChunk, data_crc_mismatches
 from recordforge.records.tfrecord import CorruptRecord
 from recordforge.records.wire import FLOAT, INT64, Column, decode_batch, kind_name
@@ -321,8 +321,8 @@ class _Summary:
 def _spec(path: str) -> dict[str, Any]:
     out = path.rstrip("/")
     if exists(f"{out}/metadata.json") and exists(f"{out}/feature_spec.json"):
-        with open_read(f"{out}/feature_spec.json") as f:
-            return json.loads(f.read())
+        meta = load_metadata(f"{out}/metadata.json")
+        return load_feature_spec(f"{out}/feature_spec.json", sequence="sequence" in meta)
     return {}
 
 

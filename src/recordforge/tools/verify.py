@@ -5,17 +5,18 @@ nothing lies in the output that the manifest does not account for."""
 from __future__ import annotations
 
 import functools
-import json
 import math
 import posixpath
 from typing import Any
 
 import numpy as np
 
+from recordforge.errors import CorruptFile
 from recordforge.files import layout
-from recordforge.files.storage import exists, is_local, list_files, open_read, read_bytes
+from recordforge.files.storage import exists, is_local, list_files, read_bytes
 from recordforge.output.state import committed_versions
 from recordforge.records.array_records import reading
+from recordforge.records.bundle_json import load_feature_spec, load_metadata
 from recordforge.records.chunks import RecordChunk, data_crc_mismatches
 from recordforge.records.wire import BYTES, FLOAT, INT64, NONE, Batch, Column, decode_batch, kind_name
 from recordforge.records.wire_keys import KeyTable
@@ -317,15 +318,18 @@ def verify(path: str, *, workers: int | None = None) -> list[str]:
     if not exists(layout.join(out, layout.METADATA)):
         return [*problems, _damaged(out, f"{layout.METADATA} is missing")]
     try:
-        with open_read(layout.join(out, layout.METADATA)) as f:
-            meta = json.loads(f.read())
-    except ValueError as exn:
-        return [*problems, _damaged(out, f"{layout.METADATA} is not valid JSON ({exn})")]
+        meta = load_metadata(layout.join(out, layout.METADATA))
+    except CorruptFile as exn:
+        return [*problems, _damaged(out, str(exn))]
+    version = meta.get("version") or ""
     try:
-        version = meta.get("version") or ""
-        with open_read(layout.join(out, version, layout.FEATURE_SPEC)) as f:
-            spec = json.loads(f.read())
-    except Exception as exn:
+        spec_path = (
+            layout.join(out, version, layout.FEATURE_SPEC)
+            if version
+            else layout.join(out, layout.FEATURE_SPEC)
+        )
+        spec = load_feature_spec(spec_path, sequence="sequence" in meta)
+    except (CorruptFile, OSError) as exn:
         return [*problems, f"cannot read the manifest: {exn}"]
     if "sequence" in meta:
         # SequenceExamples: a record's context (field 1, laid out as an Example's features) is
