@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import recordforge
-from recordforge.errors import CorruptFile
+from recordforge.errors import CorruptFile, RecordForgeError
 from recordforge.records import array_records
 from recordforge.records.crc32c import masked_crc32c
 from recordforge.records.example_pb import Example
@@ -96,3 +96,39 @@ def test_a_corrupt_array_record_chunk_is_named(tmp_path: Path) -> None:
         source[4]
     with pytest.raises(CorruptFile, match=f"^{tmp_path / name}: records at index \\[3, 4\\] cannot be read"):
         source.__getitems__([3, 4])
+
+
+def _parsed_with(tmp_path: Path, spec: dict, record: bytes) -> dict:
+    name = "data-00000-of-00001.array_record"
+    writer = array_records.open_writer(str(tmp_path / name), array_records.writer_options("none"))
+    writer.write(record)
+    writer.close()
+    source = recordforge.data_source(str(_bundle(tmp_path, name, b"", 1)))
+    source.feature_spec = spec
+    return source.parse(source[0])
+
+
+@pytest.mark.corrupts
+def test_a_shape_the_record_does_not_fill_is_named(tmp_path: Path) -> None:
+    """Found by the bundle_json fuzz target (a feature_spec.json whose shape was changed from
+    [2] to [3]); before: ValueError "cannot reshape array of size 1 into shape (3,)"."""
+    spec = {"x": {"kind": "FixedLenFeature", "dtype": "int64", "shape": [3]}}
+    with pytest.raises(
+        RecordForgeError, match=f"^{tmp_path}: feature 'x' has 1 values, its shape \\[3\\] holds 3"
+    ):
+        _parsed_with(tmp_path, spec, _example(7))
+    (tmp_path / "ok").mkdir()
+    assert _parsed_with(tmp_path / "ok", {"x": {**spec["x"], "shape": [1]}}, _example(7))["x"] == [7]
+
+
+@pytest.mark.corrupts
+def test_a_feature_of_another_type_than_the_spec_is_named(tmp_path: Path) -> None:
+    """A bytes feature where the spec says int64 (as a damaged dtype makes it); before:
+    ValueError "invalid literal for int() with base 10: b'a'"."""
+    ex = Example()
+    ex.features.feature["x"].bytes_list.value.append(b"a")
+    spec = {"x": {"kind": "VarLenFeature", "dtype": "int64"}}
+    with pytest.raises(
+        RecordForgeError, match=f"^{tmp_path}: feature 'x' is a bytes_list, the spec says int64"
+    ):
+        _parsed_with(tmp_path, spec, ex.SerializeToString())

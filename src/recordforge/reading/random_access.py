@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import bisect
+import math
 import operator
 import os
 import struct
@@ -131,7 +132,7 @@ class DataSource:
 
     def parse(self, record: bytes) -> dict[str, Any]:
         """A record as numpy arrays by the bundle's feature spec (`parse_example`)."""
-        return parse_example(record, self.feature_spec)
+        return parse_example(record, self.feature_spec, origin=self._out)
 
     def _handle(self, shard: int) -> Any:
         with self._lock:
@@ -216,30 +217,42 @@ def _read_index(path: str, shard: str, records: int, out: str) -> np.ndarray:
     return rows
 
 
-def parse_example(record: bytes, spec: dict[str, dict[str, Any]]) -> dict[str, Any]:
+def parse_example(record: bytes, spec: dict[str, dict[str, Any]], *, origin: str = "") -> dict[str, Any]:
     """A serialized tf.train.Example as {feature: numpy array} by a bundle's feature_spec.json,
     without TensorFlow: a FixedLenFeature shaped as the spec says, a VarLenFeature as a 1-D
     array, a RaggedFeature as a list of 1-D arrays (one per row). Strings are bytes (object
-    arrays). A FixedLenFeature that is absent takes the spec's default, else raises."""
+    arrays). A FixedLenFeature that is absent takes the spec's default, else raises. A feature
+    of another kind than the spec's dtype, or with another count than its shape holds, raises
+    RecordForgeError as tf.io.parse_example refuses it (`origin`, the bundle, starts the message)."""
     from recordforge.records.example_pb import Example
 
     features = Example.FromString(record).features.feature
+    where = f"{origin}: " if origin else ""
     out: dict[str, Any] = {}
     for name, entry in spec.items():
-        dtype = _NUMPY[entry["dtype"]]
+        dtype = entry["dtype"]
         if entry["kind"] == "RaggedFeature":
-            values = _values(features, entry["value_key"], dtype)
-            lengths = _values(features, entry["partitions"][0]["row_lengths"], np.int64)
+            values = _values(features, entry["value_key"], dtype, where)
+            lengths = _values(features, entry["partitions"][0]["row_lengths"], "int64", where)
             out[name] = np.split(values, np.cumsum(lengths)[:-1]) if len(lengths) else []
         elif entry["kind"] == "FixedLenFeature":
+            size = math.prod(entry["shape"])
             if name not in features or not _has_values(features[name]):
                 if "default_value" not in entry:
-                    raise RecordForgeError(f"feature {name!r} is missing (FixedLenFeature, no default)")
-                out[name] = np.asarray(entry["default_value"], dtype).reshape(entry["shape"])
-            else:
-                out[name] = _values(features, name, dtype).reshape(entry["shape"])
+                    raise RecordForgeError(
+                        f"{where}feature {name!r} is missing (FixedLenFeature, no default)"
+                    )
+                out[name] = np.asarray(entry["default_value"], _NUMPY[dtype]).reshape(entry["shape"])
+                continue
+            values = _values(features, name, dtype, where)
+            if len(values) != size:
+                shape = entry["shape"]
+                raise RecordForgeError(
+                    f"{where}feature {name!r} has {len(values)} values, its shape {shape} holds {size}"
+                )
+            out[name] = values.reshape(entry["shape"])
         else:
-            out[name] = _values(features, name, dtype)
+            out[name] = _values(features, name, dtype, where)
     return out
 
 
@@ -248,10 +261,16 @@ def _has_values(feature: Any) -> bool:
     return kind is not None and len(getattr(feature, kind).value) > 0
 
 
-def _values(features: Any, name: str, dtype: Any) -> np.ndarray:
+_LISTS = {"int64": "int64_list", "float32": "float_list", "string": "bytes_list"}
+
+
+def _values(features: Any, name: str, spec_dtype: str, where: str) -> np.ndarray:
+    dtype = _NUMPY[spec_dtype]
     if name not in features:
         return np.zeros(0, dtype)
     feature = features[name]
     kind = feature.WhichOneof("kind")
+    if kind not in (None, _LISTS[spec_dtype]):
+        raise RecordForgeError(f"{where}feature {name!r} is a {kind}, the spec says {spec_dtype}")
     values = list(getattr(feature, kind).value) if kind else []
     return np.array(values, dtype=dtype) if dtype is not object else np.array(values + [None], object)[:-1]
