@@ -48,7 +48,7 @@ stress: $(STAMP)
 # Every harness of fuzz/, FUZZ_SECONDS in all (a fifth each), one after another (atheris if installed, else
 # seeded random mutations); a finding is written to fuzz/findings/ and stops the run.
 FUZZ_SECONDS ?= 600
-FUZZ_TARGETS := crc32c find_records data_crc_mismatches decode_examples tools
+FUZZ_TARGETS := crc32c find_records data_crc_mismatches decode_examples tools bundle_json
 fuzz: $(STAMP)
 	for t in $(FUZZ_TARGETS); do \
 	    nice -n 10 $(BIN)/python -m fuzz.run $$t --seconds $$(( $(FUZZ_SECONDS) / 5 )) --seed $${FUZZ_SEED:-1} || exit 1; \

@@ -14,12 +14,15 @@ from recordforge.records import array_records
 from recordforge.records.crc32c import masked_crc32c
 from recordforge.records.example_pb import Example
 
-__all__ = ["FILES", "KINDS", "build_bundles", "example", "frame", "seeds"]
+__all__ = ["FILES", "JSON_FILES", "JSON_MODES", "KINDS", "build_bundles", "example", "frame", "seeds"]
 
 # The bundles (one shard each) and the files of a bundle an input may replace: the records and
-# their index (metadata.json and feature_spec.json are not fuzzed yet: docs/development.md).
+# their index (metadata.json and feature_spec.json: fuzz/bundle_json.py).
 KINDS = ("none", "gzip", "array_record")
 FILES = ("shard", "index")
+# fuzz/bundle_json.py: the files it damages, and how (the new content, or edits of the parsed JSON).
+JSON_FILES = ("metadata.json", "feature_spec.json")
+JSON_MODES = ("bytes", "structured")
 SPEC = {
     "id": {"kind": "FixedLenFeature", "dtype": "int64", "shape": []},
     "score": {"kind": "FixedLenFeature", "dtype": "float32", "shape": [2]},
@@ -154,4 +157,28 @@ def seeds(target: str, root: Path) -> list[bytes]:
                 if path is not None:
                     out.append(bytes([k * len(FILES) + f]) + path.read_bytes())
         return out
+    if target == "bundle_json":
+        return _json_seeds(root)
     raise ValueError(f"no harness {target!r}")
+
+
+def _json_seeds(root: Path) -> list[bytes]:
+    """Each bundle's metadata.json and feature_spec.json as they are (bytes mode), and edits of
+    each (structured mode, fuzz/bundle_json.py's mutated_json): none, then a few that lead where
+    damage hides (a shard path or index climbing out, or absolute; a version of ".."; a
+    "sequence" key; a count made an object; a shape its records do not fill; a default_value;
+    JSON nested 100,000 deep)."""
+    bundles = build_bundles(root)
+    edits = {
+        "metadata.json": ["", "000101050019", "00010105001e", "000101030019", "02001128", "02000716"]
+        + ["0003002a"],
+        "feature_spec.json": ["", "04030501000101", "00002e", "02030a1a2d", "0403010001"],
+    }
+    out = []
+    for k, kind in enumerate(KINDS):
+        for f, which in enumerate(JSON_FILES):
+            first = k + f * len(KINDS)
+            out.append(bytes([first]) + (bundles[kind] / which).read_bytes())
+            structured = first + len(KINDS) * len(JSON_FILES) * JSON_MODES.index("structured")
+            out += [bytes([structured]) + bytes.fromhex(ops) for ops in edits[which]]
+    return out

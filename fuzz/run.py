@@ -20,7 +20,7 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 
-TARGETS = ("crc32c", "find_records", "data_crc_mismatches", "decode_examples", "tools")
+TARGETS = ("crc32c", "find_records", "data_crc_mismatches", "decode_examples", "tools", "bundle_json")
 MAX_LEN = 64 << 10
 RSS_LIMIT_MB = 4096
 _INTERESTING = [
@@ -45,6 +45,10 @@ def _harness(target: str) -> Callable[[bytes], None]:
         from fuzz.tools import tools
 
         return tools
+    if target == "bundle_json":
+        from fuzz.bundle_json import bundle_json
+
+        return bundle_json
     from fuzz import native
 
     return getattr(native, target)

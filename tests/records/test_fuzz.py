@@ -11,13 +11,15 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 # Inputs per harness: a few seconds each for the C entry points, ~15 s for the tools (each
-# input is a bundle read by five tools).
+# input is a bundle read by five tools), a few seconds for bundle_json (its 42 seeds, then
+# mutations: each a bundle read by seven tools).
 RUNS = {
     "crc32c": 5000,
     "find_records": 20000,
     "data_crc_mismatches": 20000,
     "decode_examples": 20000,
     "tools": 150,
+    "bundle_json": 50,
 }
 
 
