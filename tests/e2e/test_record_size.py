@@ -4,6 +4,7 @@ not a failed job or an unreadable shard; with the limit raised it is written and
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pyarrow as pa
@@ -102,3 +103,60 @@ def test_a_sequence_over_the_limit_rejects_its_rows(tmp_path: Path) -> None:
     assert {bad["record"]["session"] for bad in _rejected(out)} == {"s0"}
     sessions = {context["session"].numpy().decode() for context, _ in recordforge.read(out)}
     assert sessions == {"s1", "s2", "s3", "s4"}
+
+
+def _transformed_source(tmp_path: Path, null_row: bool) -> tuple[str, str]:
+    """Rows with a feature scaled by tensorflow-transform; row 18 (1-based) holds ~3 KB of text,
+    and with `null_row` row 6 breaks `nulls: required` (a rejected row ahead of it in its batch)."""
+    import yaml
+
+    rows: list[dict[str, object]] = [{"x": float(i), "s": f"row {i}"} for i in range(50)]
+    rows[17]["s"] = "x" * 3000
+    if null_row:
+        rows[5]["x"] = None
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "in.parquet")
+    schema = {
+        "features": [
+            {
+                "name": "x",
+                "type": "float64",
+                "narrow": True,
+                "nulls": "required",
+                "transform": {"scale_to_z_score": {}},
+            },
+            {"name": "s", "type": "string", "nulls": "required"},
+        ]
+    }
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(schema))
+    return str(tmp_path / "in.parquet"), str(tmp_path / "s.yaml")
+
+
+@pytest.mark.parametrize("dead_letters", [False, True], ids=["strict", "max_rejected"])
+def test_a_transformed_record_over_the_limit_fails_the_run_naming_file_and_row(
+    tmp_path: Path, dead_letters: bool
+) -> None:
+    """After tensorflow-transform a record over the limit is not dead-lettered (the analyzers have
+    read its row): the run fails in one line naming the source file and row, and publishes nothing.
+    Row 6 rejected ahead of it (with --max_rejected) must not shift the row named."""
+    source, schema = _transformed_source(tmp_path, null_row=dead_letters)
+    flags = {"max_rejected": 5} if dead_letters else {}
+    with pytest.raises(DataError) as caught:
+        recordforge.convert(
+            source, str(tmp_path / "out"), schema, max_record_bytes=2000, direct_num_workers=1, **flags
+        )
+    assert (caught.value.file, caught.value.row, caught.value.column) == (source, 18, "s")
+    assert re.search(r"transformed record is \d+ bytes, over --max_record_bytes 2000", str(caught.value))
+    assert "[rule: record_size]" in str(caught.value) and "\n" not in str(caught.value)
+    assert not (tmp_path / "out" / "metadata.json").exists()
+
+
+def test_a_transformed_record_within_the_limit_is_written(tmp_path: Path) -> None:
+    source, schema = _transformed_source(tmp_path, null_row=True)
+    out = str(tmp_path / "out")
+    meta = recordforge.convert(
+        source, out, schema, max_record_bytes=4000, max_rejected=5, direct_num_workers=1
+    )
+    assert (meta["rows_read"], meta["rows_written"], meta["rows_rejected"]) == (50, 49, 1)
+    assert meta["rejected_by_rule"] == {"null": 1}
+    texts = sorted(example["s"].decode() for example in recordforge.read(out).as_numpy_iterator())
+    assert texts == sorted(["x" * 3000] + [f"row {i}" for i in range(50) if i not in (5, 17)])

@@ -210,6 +210,7 @@ def _preprocess(pipeline: beam.Pipeline, run: Run, rows: beam.PCollection) -> Tr
         fit=fit.examples,
         preprocessing_fn=config.preprocessing_fn,
         fit_split=run.fit_split,
+        max_record_bytes=config.max_record_bytes,
     )
 
 

@@ -18,6 +18,7 @@ from tensorflow_transform.tf_metadata import dataset_metadata, metadata_io, sche
 from tfx_bsl.public import tfxio
 
 from recordforge.arrays import binary_array, binary_parts, drop_hidden_values, list_offsets
+from recordforge.conforming.conform import BadRow
 from recordforge.conforming.splits import in_split
 from recordforge.files.layout import RAW_METADATA, temp_dir
 from recordforge.records.encoding import ExampleEncoder
@@ -31,11 +32,12 @@ from recordforge.schemas.preprocessing_fn import (
     raw_tf_spec,
 )
 from recordforge.transforms.coders import declare_element_type
+from recordforge.transforms.examples import SOURCE_ROW
 
 __all__ = ["Transformed", "analyze_and_transform"]
 
 _WHERE = "__recordforge_where"  # per row: b"split\0file"
-_ROW = "__recordforge_row"  # per row: its position, so an output batch knows its first row
+_ROW = "__recordforge_row"  # per row: its 0-based row in its file (a batch's first row, a bad row's)
 # Per row: one byte for each raw feature that may be absent, 1 where the record holds it. TFT's
 # outputs are SparseTensors, which hold an absent value and an empty list alike as a row with no
 # values; this tells the encoder which of those rows were absent in the raw record.
@@ -146,7 +148,11 @@ class _TftInputFn(beam.DoFn):
         where_col = pa.LargeListArray.from_arrays(
             offsets, binary_array(np.frombuffer(where * n, np.uint8), np.full(n, len(where)))
         )
-        rows_col = pa.LargeListArray.from_arrays(offsets, pa.array(first_row + np.arange(n, dtype=np.int64)))
+        if SOURCE_ROW in rows.schema.names:  # ToExamples' (rejected rows leave gaps)
+            source_rows = rows.column(SOURCE_ROW).cast(pa.int64())
+        else:
+            source_rows = pa.array(first_row + np.arange(n, dtype=np.int64))
+        rows_col = pa.LargeListArray.from_arrays(offsets, source_rows)
         present = np.zeros((n, len(self._absentable)), np.uint8)
         for i, name in enumerate(self._absentable):
             present[:, i] = pc.is_valid(rows.column(name)).to_numpy(zero_copy_only=False)
@@ -193,9 +199,19 @@ def _conformed(batch: pa.RecordBatch, plan: Plan, sources: dict[str, int]) -> pa
 
 
 class _EncodeFn(beam.DoFn):
-    def __init__(self, plan: Plan, sources: dict[str, int]) -> None:
+    """TFT's output batches to serialized Examples, keyed by their split, file and first row.
+
+    A record over `max_record_bytes` (0: no limit) fails the run, naming the source file, row
+    and size (rule record_size), in strict mode and with --max_rejected alike: dead-lettering it
+    here would be unsound. The analyzers have already fitted on that row (its tokens in the
+    vocabularies, its values in the means, ranges and quantiles), so the transform_fn and every
+    other record's transformed values would describe a row the bundle does not hold; and the
+    whole original record a dead letter keeps is no longer at hand after the transform."""
+
+    def __init__(self, plan: Plan, sources: dict[str, int], max_record_bytes: int = 0) -> None:
         self._plan = plan
         self._sources = sources
+        self._max_record_bytes = max_record_bytes
 
     def setup(self) -> None:
         self._encoder = ExampleEncoder(self._plan)
@@ -208,7 +224,30 @@ class _EncodeFn(beam.DoFn):
             return
         split, file = batch.column(_WHERE).values[0].as_py().decode().split("\0", 1)
         first_row = batch.column(_ROW).values[0].as_py()
-        yield (split, file, first_row), self._encoder.encode(_conformed(batch, self._plan, self._sources))
+        conformed = _conformed(batch, self._plan, self._sources)
+        records = self._encoder.encode(conformed)
+        if self._max_record_bytes:
+            self._check_sizes(records, conformed, file, batch.column(_ROW).values)
+        yield (split, file, first_row), records
+
+    def _check_sizes(self, records: pa.Array, conformed: pa.RecordBatch, file: str, rows: pa.Array) -> None:
+        offsets, _ = binary_parts(records)
+        sizes = np.diff(offsets)
+        over = np.flatnonzero(sizes > self._max_record_bytes)
+        if not over.size:
+            return
+        i = int(over[0])
+        largest = max(conformed.schema.names, key=lambda name: conformed[name].slice(i, 1).nbytes)
+        raise BadRow(
+            file,
+            int(rows[i].as_py()) + 1,
+            largest,
+            "record_size",
+            f"the transformed record is {int(sizes[i])} bytes, over --max_record_bytes "
+            f"{self._max_record_bytes} (its largest feature: {largest!r}); a record over the limit "
+            "after tensorflow-transform fails the run, as the analyzers have already read its row",
+            None,
+        ).error()
 
 
 def _write_raw_metadata(_: Any, raw_schema: bytes, path: str) -> str:
@@ -239,15 +278,24 @@ def analyze_and_transform(
     fit: beam.PCollection | None = None,
     preprocessing_fn: str | None = None,
     fit_split: str | None = None,
+    max_record_bytes: int = 0,
 ) -> Transformed:
     """Fits the preprocessing on one split (or everything) and applies it to every batch.
 
-    `examples`: `((split, file, first_row), conformed pa.RecordBatch)`; `fit`, the same rows
+    `examples`: `((split, file, first_row), conformed pa.RecordBatch)`, with ToExamples'
+    `SOURCE_ROW` column where rows may have been rejected; `fit`, the same rows
     from a second read, feeds the analyzers when given (so that `examples` stream through the
-    transform instead of waiting in memory for the analysis to end).
+    transform instead of waiting in memory for the analysis to end). A transformed record over
+    `max_record_bytes` (0: no limit) fails the run with a DataError of rule record_size
+    naming the source file and row (see `_EncodeFn` for why it is not dead-lettered).
     """
     transform = _AnalyzeAndTransform(
-        raw_plan, output, fit=fit, preprocessing_fn=preprocessing_fn, fit_split=fit_split
+        raw_plan,
+        output,
+        fit=fit,
+        preprocessing_fn=preprocessing_fn,
+        fit_split=fit_split,
+        max_record_bytes=max_record_bytes,
     )
     out = examples | "Preprocess" >> transform
     if transform.output_plan is None:  # expand sets it, and the line above ran expand
@@ -266,8 +314,10 @@ class _AnalyzeAndTransform(beam.PTransform):
         fit: beam.PCollection | None = None,
         preprocessing_fn: str | None = None,
         fit_split: str | None = None,
+        max_record_bytes: int = 0,
     ) -> None:
         super().__init__()
+        self._max_record_bytes = max_record_bytes  # 0: no limit
         self._raw_plan = raw_plan
         self._output = output.rstrip("/")
         self._fn_ref = preprocessing_fn
@@ -327,7 +377,7 @@ class _AnalyzeAndTransform(beam.PTransform):
             _write_raw_metadata, raw_bytes, f"{self._output}/{RAW_METADATA}"
         )
         encoded = transformed | "Encode" >> beam.ParDo(
-            _EncodeFn(self.output_plan, _presence_sources(self._raw_plan))
+            _EncodeFn(self.output_plan, _presence_sources(self._raw_plan), self._max_record_bytes)
         )
         declare_element_type(encoded, typehints.Tuple[typehints.Any, pa.Array])
         return {"examples": encoded, "written": written}

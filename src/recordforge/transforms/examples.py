@@ -30,10 +30,11 @@ from recordforge.transforms.source_types import SourceBatch
 beam.coders.registry.register_coder(pa.Array, ArrowCoder)
 beam.coders.registry.register_coder(pa.RecordBatch, ArrowCoder)
 
-__all__ = ["NAMESPACE", "REJECTED", "ToExamples", "conform_rows"]
+__all__ = ["NAMESPACE", "REJECTED", "SOURCE_ROW", "ToExamples", "conform_rows"]
 
 NAMESPACE = "recordforge"
 REJECTED = "rejected"
+SOURCE_ROW = "__recordforge_source_row"  # encode=False: each conformed row's 0-based row in its file
 
 
 def _check_types(rejected: list[Any], retype_file: str) -> None:
@@ -166,6 +167,9 @@ class _ToExamplesFn(beam.DoFn):
             out = _passed(element) if self._encode else None
             if out is None:
                 out = self._encoder.encode(result.batch) if self._encode else _compact(result.batch)
+            if not self._encode:  # each row's place in its file, for a later step's bad row
+                good = np.setdiff1d(np.arange(element.batch.num_rows), result.rejected_rows)
+                out = out.append_column(SOURCE_ROW, pa.array(element.first_row + good, pa.int64()))
             if self._encode and element.records is not None and element.records.null_count:
                 out = pc.coalesce(element.records, out)  # Examples read back keep their bytes
         if self._encode and self._max_record_bytes:
@@ -277,7 +281,8 @@ class ToExamples(beam.PTransform):
     where records is a large_binary array of serialized tf.train.Examples for the batch's good
     rows in row order (the key lets a deterministic sink restore the input order), or with
     `encode=False` those rows as a conformed `pa.RecordBatch` (what the encoder would have
-    encoded: tensorflow-transform reads them without a decode); and `rejected`,
+    encoded: tensorflow-transform reads them without a decode) plus a column `SOURCE_ROW`, each
+    row's 0-based place in its file (rejected rows leave gaps); and `rejected`,
     one JSON line per bad row (see `rejected_line`). With `strict=True` the first bad row fails the
     pipeline with a DataError naming file, row, column, value and rule instead.
     Metrics: `recordforge/rows_read`, `rows_encoded` (rows passed on, encoded or conformed),
