@@ -1,20 +1,30 @@
 """A Delta Lake table as one snapshot's Parquet files, and what its log says happened since a version."""
 # The `deltalake` package (delta-rs) reads the log: which data files make up version N, their
 # partition values and deletion vectors. The files themselves are read as Parquet by ReadParquet.
+# A table that is not local (gs://, ...) has the part of its log that version N needs copied to a
+# local folder first, through the run's own filesystems, and delta-rs reads that copy: delta-rs
+# has storage clients of its own, with their own credentials and endpoints, which would read the
+# log with other credentials than the run reads the data files with (or not at all: they ignore
+# STORAGE_EMULATOR_HOST, and list a bucket with the XML API an emulator may lack).
 # What changed between two versions is read from the log's commits (_delta_log/NNN.json): an
 # append adds files and removes none; a DELETE, UPDATE, MERGE or OPTIMIZE removes (rewrites) files.
 
 from __future__ import annotations
 
 import json
+import os
 import posixpath
+import re
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
 
 from recordforge.errors import SourceError
-from recordforge.files.storage import exists, is_local, open_read
+from recordforge.files.storage import exists, is_local, list_files, open_read, read_bytes
 
 __all__ = ["DeltaFile", "Snapshot", "changes_since", "is_delta_table", "snapshot"]
 
@@ -69,25 +79,75 @@ def _commit_path(table: str, version: int) -> str:
     return f"{table}/{_LOG}/{version:020d}.json"
 
 
-def _open_table(table: str, version: int | None) -> Any:
+@contextmanager
+def _open_table(table: str, version: int | None) -> Iterator[Any]:
+    """delta-rs's DeltaTable of `table` at `version`; of a local copy of its log where the table
+    is not local (valid within the block)."""
     try:
         from deltalake import DeltaTable
     except ImportError as exn:
         raise SourceError(
             "--format delta needs the `deltalake` package: pip install 'recordforge[delta]'"
         ) from exn
-    try:
-        return DeltaTable(table, version=version)
-    except Exception as exn:
-        at = f" at version {version}" if version is not None else ""
-        raise SourceError(f"{table}: cannot read the Delta table{at}: {' '.join(str(exn).split())}") from exn
+    at = f" at version {version}" if version is not None else ""
+    with tempfile.TemporaryDirectory(prefix="recordforge-delta-log-") as staged:
+        try:
+            log = table if is_local(table) else _stage_log(table, staged, version)
+            dt = DeltaTable(log, version=version)
+        except SourceError:
+            raise
+        except Exception as exn:
+            raise SourceError(
+                f"{table}: cannot read the Delta table{at}: {' '.join(str(exn).split())}"
+            ) from exn
+        yield dt
+
+
+# A log file's version: NNN.json (a commit), NNN.checkpoint.parquet, NNN.checkpoint.<part>.<parts>.parquet
+# or NNN.checkpoint.<uuid>.(json|parquet) (checkpoints), NNN.crc; other names (_last_checkpoint,
+# temporary files) have none.
+_LOG_FILE = re.compile(r"(\d{20})\.(json|crc|checkpoint\..*)$")
+
+
+def _stage_log(table: str, folder: str, version: int | None) -> str:
+    """Copies into `folder` what delta-rs reads of `table`'s log for `version` (None: the latest):
+    the latest checkpoint at or before it and the commits after that one up to it (every commit
+    from 0 where there is no checkpoint), and a v2 checkpoint's sidecars. Returns the local table
+    folder. A long log's older commits, checkpoints and `_last_checkpoint` are not copied: delta-rs
+    lists the folder to find what it holds."""
+    prefix = f"{table}/{_LOG}/"
+    files = [p for p in list_files(f"{table}/{_LOG}") if p.startswith(prefix)]
+    versions: dict[str, int] = {}
+    for path in files:
+        found = _LOG_FILE.fullmatch(path[len(prefix) :])
+        if found:
+            versions[path] = int(found.group(1))
+    commits = [v for p, v in versions.items() if p.endswith(".json") and ".checkpoint." not in p]
+    if not commits:
+        raise SourceError(f"{table}: no Delta log commits in {prefix}")
+    target = max(commits) if version is None else version
+    checkpoints = [v for p, v in versions.items() if ".checkpoint." in p and v <= target]
+    start = max(checkpoints, default=0)
+    wanted = [p for p, v in versions.items() if start <= v <= target]
+    wanted += [p for p in files if p[len(prefix) :].startswith("_sidecars/")]
+    local = os.path.join(folder, "table")
+    for path in wanted:
+        to = os.path.join(local, _LOG, *path[len(prefix) :].split("/"))
+        os.makedirs(os.path.dirname(to), exist_ok=True)
+        with open(to, "wb") as f:
+            f.write(read_bytes(path))
+    return local
 
 
 def snapshot(table: str, version: int | None = None) -> Snapshot:
     """The table at `version` (None: the latest). A table whose snapshot holds deletion vectors
     (rows deleted without rewriting their files) is refused in one line."""
     table = table.rstrip("/")
-    dt = _open_table(table, version)
+    with _open_table(table, version) as dt:
+        return _snapshot(table, dt)
+
+
+def _snapshot(table: str, dt: Any) -> Snapshot:
     at = int(dt.version())
     actions = pa.table(dt.get_add_actions(flatten=True))
     deletion = [
