@@ -45,13 +45,13 @@ STRESS_TESTS ?= tests
 stress: $(STAMP)
 	$(BIN)/python -m pytest -q -m stress $(STRESS_TESTS)
 
-# Every harness of fuzz/, FUZZ_SECONDS in all (a fifth each), one after another (atheris if installed, else
+# Every harness of fuzz/, FUZZ_SECONDS in all (an equal share each), one after another (atheris if installed, else
 # seeded random mutations); a finding is written to fuzz/findings/ and stops the run.
 FUZZ_SECONDS ?= 600
 FUZZ_TARGETS := crc32c find_records data_crc_mismatches decode_examples tools bundle_json
 fuzz: $(STAMP)
 	for t in $(FUZZ_TARGETS); do \
-	    nice -n 10 $(BIN)/python -m fuzz.run $$t --seconds $$(( $(FUZZ_SECONDS) / 5 )) --seed $${FUZZ_SEED:-1} || exit 1; \
+	    nice -n 10 $(BIN)/python -m fuzz.run $$t --seconds $$(( $(FUZZ_SECONDS) / $(words $(FUZZ_TARGETS)) )) --seed $${FUZZ_SEED:-1} || exit 1; \
 	done
 
 # The extension built with ASan and UBSan in build/sanitize (src/ untouched); the native tests
