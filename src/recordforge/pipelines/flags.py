@@ -310,8 +310,9 @@ FLAGS: tuple[Flag, ...] = (
     ),
     Flag(
         "max_record_bytes",
-        "A record encoded larger is a bad row (rule record_size), rejected like any other; "
-        "default 64 MiB, under what TensorFlow's readers and protobuf parse reliably; 0: no limit.",
+        "A record encoded larger is a bad row (rule record_size), rejected like any other (after "
+        "transforms: the run fails, docs/preprocessing.md); default 64 MiB, under what TensorFlow's "
+        "readers and protobuf parse reliably; 0: no limit.",
         True,
         "Largest record, in bytes",
         _NUMBER,
