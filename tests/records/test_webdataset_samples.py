@@ -17,6 +17,7 @@ import pytest
 
 from recordforge.records import webdataset as wd
 from recordforge.records.example_pb import Example
+from recordforge.records.webdataset import columns
 from recordforge.schemas import compile_schema, schema_from_dict
 
 _LONG = "a_feature_name_long_enough_that_its_member_name_needs_a_pax_header_" + "x" * 20
@@ -286,10 +287,10 @@ def test_header_rows_are_tarfiles_headers() -> None:
     rng = np.random.default_rng(2)
     sizes = np.array([0, 1, 7, 8, 511, 512, 513, 8**11 - 1, *rng.integers(0, 8**11, 40)], np.int64)
     for name, ext in (("a", "cls"), ("img:height", "cls"), ("x" * 70, "npy"), ("grid", "npy")):
-        template = wd._template(name, ext)
+        template = columns._template(name, ext)
         assert template is not None
         keys = [wd.sample_key(f"file{j}", int(r)) for j, r in enumerate(rng.integers(0, 10**12, len(sizes)))]
-        rows = wd._header_rows(
+        rows = columns._header_rows(
             template, np.frombuffer("".join(keys).encode(), np.uint8).reshape(len(keys), -1), sizes
         )
         for key, size, row in zip(keys, sizes.tolist(), rows, strict=True):
@@ -299,8 +300,8 @@ def test_header_rows_are_tarfiles_headers() -> None:
             info.uname = info.gname = ""
             assert row.tobytes() == info.tobuf(tarfile.PAX_FORMAT, "utf-8", "surrogateescape")
     # Over 100 bytes, or not ASCII: tarfile writes a pax header first, and so does the encoder.
-    assert wd._template("x" * 71, "npy") is None
-    assert wd._template("naïve", "cls") is None
+    assert columns._template("x" * 71, "npy") is None
+    assert columns._template("naïve", "cls") is None
 
 
 @pytest.mark.parametrize(
@@ -312,4 +313,4 @@ def test_npy_headers_are_numpys(dtype: str, shape: tuple[int, ...]) -> None:
     array = np.arange(int(np.prod(shape)), dtype=np.int64).astype(dtype).reshape(shape)
     out = io.BytesIO()
     np.save(out, array, allow_pickle=False)
-    assert wd._npy_header(dtype, shape) + array.tobytes() == out.getvalue()
+    assert columns._npy_header(dtype, shape) + array.tobytes() == out.getvalue()
