@@ -182,7 +182,7 @@ def _array_record_chunks(
 def _webdataset_chunks(
     path: str, on_raw: Callable[[bytes], None] | None, chunk_bytes: int
 ) -> Iterator[RecordChunk]:
-    """The samples of a WebDataset shard as the Examples they were written from (webdataset.py),
+    """The samples of a WebDataset shard as the Examples they were written from (webdataset/reading.py),
     framed as TFRecords; a sample that does not decode is CorruptFile after the ones before it."""
     raw = [0]
 

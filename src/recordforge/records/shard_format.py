@@ -371,7 +371,7 @@ class ArrayRecordFormat:
 
 
 class _TarWriter(_TFRecordWriter):
-    """Samples (already tar members: webdataset.py) streamed uncompressed, the end-of-archive
+    """Samples (already tar members: webdataset/) streamed uncompressed, the end-of-archive
     after the last segment, outside every segment."""
 
     def __init__(self, path: str) -> None:
