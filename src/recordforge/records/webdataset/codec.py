@@ -23,6 +23,8 @@ from recordforge.records.webdataset.members import (
 )
 from recordforge.schemas.feature import Feature
 
+__all__ = ["SampleCodec"]
+
 
 @dataclass(frozen=True)
 class SampleCodec:

@@ -13,6 +13,17 @@ import numpy as np
 from recordforge.schemas.feature import Feature
 from recordforge.schemas.kinds import DType
 
+__all__ = [
+    "END_OF_ARCHIVE",
+    "MIME",
+    "SUFFIX",
+    "WEBDATASET",
+    "Member",
+    "sample_bytes",
+    "sample_key",
+    "webdataset_facts",
+]
+
 WEBDATASET = "webdataset"  # the output format's name, and how tools read its shards
 SUFFIX = ".tar"
 MIME = "application/x-tar"

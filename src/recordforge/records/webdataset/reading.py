@@ -15,6 +15,8 @@ from recordforge.errors import CorruptFile
 from recordforge.files.storage import open_read
 from recordforge.records.example_pb import Feature as FeatureMessage
 
+__all__ = ["example_of", "read_examples", "read_samples"]
+
 
 class _Restricted(pickle.Unpickler):
     """Unpickles lists of bytes only: a shard is never a way to run code."""
