@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import math
@@ -425,26 +426,34 @@ def _write_part(
     rows = 0
     pending: list[pa.Table] = []
     size = total = 0
-    with open_write(dest) as sink:
-        counted = _Counted(sink)
-        # Buffered in C++: the writer, which runs without the GIL, hands this Python file
-        # object a few large writes instead of a few small ones a page (each waiting for the
-        # GIL: a thread of the process that reads the shards holds it between its calls).
-        stream = pa.BufferedOutputStream(pa.PythonFile(counted, mode="w"), _WRITE_BUFFER)
-        with stream, pq.ParquetWriter(stream, schema, dictionary_pagesize_limit=_DICTIONARY_BYTES) as writer:
-            for table in tables:
-                pending.append(table)
-                size += table.nbytes
-                total += table.nbytes
-                rows += table.num_rows
-                if size >= _ROW_GROUP_BYTES:
-                    writer.write_table(pa.concat_tables(pending), row_group_size=1 << 30)
-                    pending, size = [], 0
-                if total >= limit:
-                    break
-            if pending:
+    counted: _Counted | None = None
+    with contextlib.ExitStack() as stack:
+        if is_local(dest):  # written by Arrow's C++ alone: no Python call, no GIL taken
+            os.makedirs(os.path.dirname(dest) or ".", exist_ok=True)
+            sink: pa.NativeFile = stack.enter_context(pa.OSFile(dest, "wb"))
+        else:
+            counted = _Counted(stack.enter_context(open_write(dest)))
+            sink = pa.PythonFile(counted, mode="w")
+        # Buffered in C++: a few large writes instead of a few small ones a page (each waiting
+        # for the GIL where the file is a Python object: a thread of the process that reads the
+        # shards holds it between its calls).
+        stream = stack.enter_context(pa.BufferedOutputStream(sink, _WRITE_BUFFER))
+        writer = stack.enter_context(
+            pq.ParquetWriter(stream, schema, dictionary_pagesize_limit=_DICTIONARY_BYTES)
+        )
+        for table in tables:
+            pending.append(table)
+            size += table.nbytes
+            total += table.nbytes
+            rows += table.num_rows
+            if size >= _ROW_GROUP_BYTES:
                 writer.write_table(pa.concat_tables(pending), row_group_size=1 << 30)
-    return rows, counted.written
+                pending, size = [], 0
+            if total >= limit:
+                break
+        if pending:
+            writer.write_table(pa.concat_tables(pending), row_group_size=1 << 30)
+    return rows, counted.written if counted is not None else os.path.getsize(dest)
 
 
 class _Counted:
