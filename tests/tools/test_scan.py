@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import gzip
+import sys
 import time
+import types
 from pathlib import Path
 
 import numpy as np
@@ -12,6 +14,7 @@ import pytest
 
 from recordforge.records.chunks import RecordChunk
 from recordforge.records.tfrecord import frame_records, read_records
+from recordforge.tools import scan
 from recordforge.tools.scan import scan_shards
 
 
@@ -129,10 +132,10 @@ def test_chunks_handed_over_in_shared_slots_arrive_whole_however_often_slots_are
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Small chunks: many times more chunks than slots, each slot written again only once the
-    worker that read it is done; a record too big for a slot travels through the pipe."""
-    from recordforge.tools import scan
-
+    worker that read it is done; a record too big for a slot travels through the pipe. (Slots are
+    shared by forked workers: forked here even where this process has loaded ArrayRecord.)"""
     monkeypatch.setattr(scan, "CHUNK_BYTES", 16 << 10)
+    monkeypatch.setattr(scan, "_start_method", lambda: "fork")
     rng = np.random.default_rng(3)
     records = [rng.bytes(int(k)) for k in rng.integers(0, 900, 4000)]
     records[1234] = rng.bytes(100_000)  # more than a slot holds
@@ -157,3 +160,30 @@ def test_a_scan_without_hashes_counts_the_same_bytes(tmp_path: Path, workers: in
     for a, b in zip(hashed, counted, strict=True):
         assert len(a.sha256) == 64 and b.sha256 == ""
         assert (a.size, a.records, a.acc.bytes) == (b.size, b.records, b.acc.bytes) and b.size > 0
+
+
+def test_a_process_that_loaded_a_threaded_native_library_spawns_its_workers(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A child forked after ArrayRecord's (or TensorFlow's) native thread pools ran may inherit
+    their locks held: a verify worker forked from a process that had just written ArrayRecord
+    shards died in CI. Mutation this catches: `_start_method` returning "fork" always."""
+    assert "array_record.python.array_record_module" in scan._FORK_UNSAFE_MODULES
+    monkeypatch.setattr(scan, "_FORK_UNSAFE_MODULES", ("_recordforge_test_native",))
+    assert scan._start_method() == "fork"
+    monkeypatch.setitem(sys.modules, "_recordforge_test_native", types.ModuleType("_recordforge_test_native"))
+    assert scan._start_method() == "spawn"
+
+
+@pytest.mark.parametrize("workers", [1, 3])  # a pool of whole shards; chunks over processes
+def test_spawned_workers_see_what_forked_ones_do(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, workers: int
+) -> None:
+    shards = _shards(tmp_path)
+    forked = scan_shards(shards, _Sum, what="test", workers=workers)
+    monkeypatch.setattr(scan, "_start_method", lambda: "spawn")
+    spawned = scan_shards(shards, _Sum, what="test", workers=workers)
+    assert [(r.records, r.acc.records, r.acc.bytes, r.sha256) for r in spawned] == [
+        (r.records, r.acc.records, r.acc.bytes, r.sha256) for r in forked
+    ]
+    assert all(len(r.sha256) == 64 and r.error is None for r in spawned)

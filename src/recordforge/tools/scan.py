@@ -10,6 +10,7 @@ import multiprocessing
 import os
 import posixpath
 import queue
+import sys
 import threading
 import traceback
 from collections.abc import Callable, Iterator
@@ -143,9 +144,7 @@ def scan_shards(
     thread of the caller's started then is not copied, mid-work, into a child."""
     workers = workers or os.cpu_count() or 1
     progress = Progress(what, len(shards), total_bytes=total_bytes)
-    context = multiprocessing.get_context(
-        "fork" if "fork" in multiprocessing.get_all_start_methods() else None
-    )
+    context = multiprocessing.get_context(_start_method())
     counters = context.Array("q", 2)
     if len(shards) >= workers:
         with ProcessPoolExecutor(
@@ -156,6 +155,21 @@ def scan_shards(
         results = _by_chunk(context, shards, make, progress, workers, counters, hashed, started)
     progress.done()
     return results
+
+
+# Native libraries that run thread pools of their own once used: a process forked after them
+# may inherit a pool's lock held by a thread the child does not have (a verify worker forked from
+# a process that had just written ArrayRecord shards died in CI, once in thousands of runs).
+_FORK_UNSAFE_MODULES = ("array_record.python.array_record_module", "tensorflow")
+
+
+def _start_method() -> str | None:
+    """"fork" (the workers start at once and share the chunk buffers), unless this process has
+    loaded a library whose threads a forked child cannot use: then "spawn" (fresh interpreters).
+    None: the platform's default, where it cannot fork."""
+    if "fork" not in multiprocessing.get_all_start_methods():
+        return None
+    return "spawn" if any(m in sys.modules for m in _FORK_UNSAFE_MODULES) else "fork"
 
 
 def _by_shard(
