@@ -24,7 +24,7 @@ from typing import Any
 import pyarrow as pa
 
 from recordforge.errors import SourceError
-from recordforge.files.storage import exists, is_local, list_files, open_read, read_bytes
+from recordforge.files.storage import exists, is_local, list_files, open_read, open_write, read_bytes
 
 __all__ = ["DeltaFile", "Snapshot", "changes_since", "is_delta_table", "snapshot"]
 
@@ -132,9 +132,7 @@ def _stage_log(table: str, folder: str, version: int | None) -> str:
     wanted += [p for p in files if p[len(prefix) :].startswith("_sidecars/")]
     local = os.path.join(folder, "table")
     for path in wanted:
-        to = os.path.join(local, _LOG, *path[len(prefix) :].split("/"))
-        os.makedirs(os.path.dirname(to), exist_ok=True)
-        with open(to, "wb") as f:
+        with open_write(os.path.join(local, _LOG, *path[len(prefix) :].split("/"))) as f:
             f.write(read_bytes(path))
     return local
 

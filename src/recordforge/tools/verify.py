@@ -13,7 +13,7 @@ import numpy as np
 
 from recordforge.errors import CorruptFile
 from recordforge.files import layout
-from recordforge.files.storage import exists, is_local, list_files, read_bytes
+from recordforge.files.storage import exists, list_files, read_bytes
 from recordforge.output.state import committed_versions
 from recordforge.records.array_records import reading
 from recordforge.records.bundle_json import load_feature_spec, load_metadata
@@ -227,12 +227,9 @@ def _shard_problems(name: str, shard: dict[str, Any], result: ShardResult) -> li
 
 
 def _escapes(file: str, roots: set[str]) -> bool:
-    """A shard path that is absolute, climbs out, or lies outside the version folders it may
-    lie in (`roots`; {""}: the output's own)."""
-    parts = file.split("/")
-    return (
-        file.startswith("/") or not is_local(file) or ".." in parts or not ("" in roots or parts[0] in roots)
-    )
+    """A shard path outside the version folders it may lie in (`roots`; {""}: the output's own).
+    One that is absolute, has a scheme or climbs out never gets here: load_metadata refuses it."""
+    return not ("" in roots or file.split("/")[0] in roots)
 
 
 def _unlisted(out: str, meta: dict[str, Any], listed: set[str]) -> list[str]:
