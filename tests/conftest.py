@@ -142,7 +142,8 @@ def tf_records(output: Any) -> list[dict[str, list[Any]]]:
     if not files:
         return []
     ds = tf.data.TFRecordDataset(files, compression_type=meta["tf_compression_type"])
-    return [example_to_dict(raw.numpy()) for raw in ds]
+    # In batches: an eager step per record costs more than parsing the record does.
+    return [example_to_dict(raw) for batch in ds.batch(4096) for raw in batch.numpy()]
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -66,7 +66,7 @@ def _bundle_ids(out: Path) -> list[int]:
 def _small(monkeypatch: pytest.MonkeyPatch) -> None:
     """Chunks of a few dozen records, parts and row groups of a few chunks (in forked workers,
     which see these settings, even where this process has loaded ArrayRecord: scan.py)."""
-    monkeypatch.setattr(scan, "_start_method", lambda: "fork")
+    monkeypatch.setattr(scan, "start_method", lambda: "fork")
     monkeypatch.setattr(scan, "CHUNK_BYTES", 2048)
     monkeypatch.setattr(parquet, "_PART_BYTES", 40_000)
     monkeypatch.setattr(parquet, "_MIN_PART_BYTES", 10_000)

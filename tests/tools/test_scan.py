@@ -135,7 +135,7 @@ def test_chunks_handed_over_in_shared_slots_arrive_whole_however_often_slots_are
     worker that read it is done; a record too big for a slot travels through the pipe. (Slots are
     shared by forked workers: forked here even where this process has loaded ArrayRecord.)"""
     monkeypatch.setattr(scan, "CHUNK_BYTES", 16 << 10)
-    monkeypatch.setattr(scan, "_start_method", lambda: "fork")
+    monkeypatch.setattr(scan, "start_method", lambda: "fork")
     rng = np.random.default_rng(3)
     records = [rng.bytes(int(k)) for k in rng.integers(0, 900, 4000)]
     records[1234] = rng.bytes(100_000)  # more than a slot holds
@@ -167,12 +167,12 @@ def test_a_process_that_loaded_a_threaded_native_library_spawns_its_workers(
 ) -> None:
     """A child forked after ArrayRecord's (or TensorFlow's) native thread pools ran may inherit
     their locks held: a verify worker forked from a process that had just written ArrayRecord
-    shards died in CI. Mutation this catches: `_start_method` returning "fork" always."""
+    shards died in CI. Mutation this catches: `start_method` returning "fork" always."""
     assert "array_record.python.array_record_module" in scan._FORK_UNSAFE_MODULES
     monkeypatch.setattr(scan, "_FORK_UNSAFE_MODULES", ("_recordforge_test_native",))
-    assert scan._start_method() == "fork"
+    assert scan.start_method() == "fork"
     monkeypatch.setitem(sys.modules, "_recordforge_test_native", types.ModuleType("_recordforge_test_native"))
-    assert scan._start_method() == "spawn"
+    assert scan.start_method() == "spawn"
 
 
 @pytest.mark.parametrize("workers", [1, 3])  # a pool of whole shards; chunks over processes
@@ -181,9 +181,36 @@ def test_spawned_workers_see_what_forked_ones_do(
 ) -> None:
     shards = _shards(tmp_path)
     forked = scan_shards(shards, _Sum, what="test", workers=workers)
-    monkeypatch.setattr(scan, "_start_method", lambda: "spawn")
+    monkeypatch.setattr(scan, "start_method", lambda: "spawn")
     spawned = scan_shards(shards, _Sum, what="test", workers=workers)
     assert [(r.records, r.acc.records, r.acc.bytes, r.sha256) for r in spawned] == [
         (r.records, r.acc.records, r.acc.bytes, r.sha256) for r in forked
     ]
     assert all(len(r.sha256) == 64 and r.error is None for r in spawned)
+
+
+def test_one_worker_reads_in_this_process_and_finds_what_many_do(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """workers=1 starts no process (the tools' fuzz harnesses read thousands of bundles so):
+    the same records, bytes, sizes and hashes as workers over chunks, and a missing shard and
+    an accumulator's error reported as a whole-shard worker reports it. Mutation: dropping the
+    in-process path makes the first scan below start a process and fail."""
+    shards = _shards(tmp_path) + [(str(tmp_path / "gone.tfrecord.gz"), "gzip")]
+    many = scan_shards(shards, _Sum, what="test", workers=3)
+
+    def no_processes(*args: object) -> None:
+        raise AssertionError("a process was started")
+
+    monkeypatch.setattr(scan.multiprocessing, "get_context", no_processes)
+    monkeypatch.setattr(scan, "ProcessPoolExecutor", no_processes)
+    started: list[bool] = []
+    one = scan_shards(shards, _Sum, what="test", workers=1, started=lambda: started.append(True))
+    assert started == [True]
+    assert [(r.path, r.missing, r.records, r.size, r.sha256) for r in one] == [
+        (r.path, r.missing, r.records, r.size, r.sha256) for r in many
+    ]
+    assert [(r.acc.records, r.acc.bytes) for r in one[:2]] == [(r.acc.records, r.acc.bytes) for r in many[:2]]
+    # As a worker reading whole shards reports it: the shard's error, not an exception.
+    (failed,) = scan_shards(shards[:1], _Fails, what="test", workers=1)
+    assert failed.error is not None and "no such feature" in failed.error

@@ -190,7 +190,7 @@ def test_a_shard_read_in_chunks_over_workers_gives_what_one_worker_gives(
     from recordforge.tools.stats import stats
     from recordforge.tools.stats_format import format_stats
 
-    monkeypatch.setattr(scan, "_start_method", lambda: "fork")  # workers that see the setting below
+    monkeypatch.setattr(scan, "start_method", lambda: "fork")  # workers that see the setting below
     monkeypatch.setattr(scan, "CHUNK_BYTES", 8 << 10)
     rng = np.random.default_rng(5)
     png = _encode("PNG", "RGB", (7, 3))

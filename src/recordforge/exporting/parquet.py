@@ -52,6 +52,7 @@ from recordforge.records.wire_keys import KeyTable
 from recordforge.schemas.kinds import DType
 from recordforge.schemas.loader import schema_from_dict
 from recordforge.schemas.model import Feature, Schema
+from recordforge.tools import scan
 from recordforge.tools.scan import ShardResult, malloc_keeps_memory, scan_shards
 from recordforge.version import __version__
 
@@ -394,9 +395,7 @@ def _write_parts(files: list[_Staged], schema: pa.Schema, folder: str, workers: 
     if len(jobs) == 1 or workers == 1:
         done = [_write_staged(*job) for job in jobs]
     else:
-        context = multiprocessing.get_context(
-            "fork" if "fork" in multiprocessing.get_all_start_methods() else None
-        )
+        context = multiprocessing.get_context(scan.start_method())
         with ProcessPoolExecutor(min(workers, len(jobs)), mp_context=context) as pool:
             done = list(pool.map(_write_staged, *zip(*jobs, strict=True)))
     return [

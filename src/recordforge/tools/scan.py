@@ -27,7 +27,7 @@ from recordforge.records.chunks import RecordChunk, read_record_chunks
 from recordforge.records.tfrecord import CorruptRecord, FileDigest
 from recordforge.records.wire import PAD
 
-__all__ = ["Accumulator", "ShardResult", "malloc_keeps_memory", "scan_shards"]
+__all__ = ["Accumulator", "ShardResult", "malloc_keeps_memory", "scan_shards", "start_method"]
 
 
 class Accumulator(Protocol):
@@ -144,7 +144,11 @@ def scan_shards(
     thread of the caller's started then is not copied, mid-work, into a child."""
     workers = workers or os.cpu_count() or 1
     progress = Progress(what, len(shards), total_bytes=total_bytes)
-    context = multiprocessing.get_context(_start_method())
+    if workers == 1:
+        results = _in_this_process(shards, make, progress, hashed, started)
+        progress.done()
+        return results
+    context = multiprocessing.get_context(start_method())
     counters = context.Array("q", 2)
     if len(shards) >= workers:
         with ProcessPoolExecutor(
@@ -157,14 +161,38 @@ def scan_shards(
     return results
 
 
+def _in_this_process(
+    shards: list[tuple[str, str]],
+    make: Callable[[], Accumulator],
+    progress: Progress,
+    hashed: bool,
+    started: Callable[[], None] | None,
+) -> list[ShardResult]:
+    """One worker: the shards read here, one after another, as a worker process would read them
+    (a process of its own would only add its start-up and the pickling of every result)."""
+    global _COUNTERS
+    if started is not None:
+        started()
+    before, _COUNTERS = _COUNTERS, multiprocessing.Array("q", 2)
+    counters = _COUNTERS
+    try:
+        results = []
+        for path, compression in shards:
+            results.append(_whole_shard(path, compression, make, hashed))
+            progress.set(files=len(results), records=counters[0], raw=counters[1])
+        return results
+    finally:
+        _COUNTERS = before
+
+
 # Native libraries that run thread pools of their own once used: a process forked after them
 # may inherit a pool's lock held by a thread the child does not have (a verify worker forked from
 # a process that had just written ArrayRecord shards died in CI, once in thousands of runs).
 _FORK_UNSAFE_MODULES = ("array_record.python.array_record_module", "tensorflow")
 
 
-def _start_method() -> str | None:
-    """"fork" (the workers start at once and share the chunk buffers), unless this process has
+def start_method() -> str | None:
+    """ "fork" (the workers start at once and share the chunk buffers), unless this process has
     loaded a library whose threads a forked child cannot use: then "spawn" (fresh interpreters).
     None: the platform's default, where it cannot fork."""
     if "fork" not in multiprocessing.get_all_start_methods():
