@@ -26,6 +26,11 @@ library caller's imports and heap are left as they are.
   system allocator (glibc returns such a block to its arena at once), unless
   ARROW_DEFAULT_MEMORY_POOL names one. Output bytes do not depend on it: the command's and the
   library's writes are compared in tests/e2e/test_startup.py.
+- numpy's OpenBLAS starts a thread per core as numpy is imported, and each spins a while
+  before it sleeps: CPU time taken from the work in every process that imports numpy (the
+  command's, an export's workers, a spawned Beam worker), more of it the more cores. RecordForge
+  multiplies no matrices, so the command's process asks OpenBLAS for one thread
+  (OPENBLAS_NUM_THREADS, unless set), before numpy is first imported.
 - Beam works out some answers about the same object hundreds of times while it builds, translates
   and runs a pipeline (a DoFn's state and timer specs, a view of the options); on the Beam version
   checked, the command's process works each out once per object (runners/beam_memos.py).
@@ -56,6 +61,9 @@ def own_process() -> None:
     """Declares that this process runs one RecordForge command and exits."""
     global _owned
     _owned = True
+    if "numpy" not in sys.modules:
+        # Read once, when numpy loads OpenBLAS; inherited by the processes the command starts.
+        os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 
 class _Unavailable:
