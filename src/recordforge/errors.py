@@ -25,8 +25,9 @@ class UsageError(RecordForgeError, ValueError):
 
 
 class Interrupted(BaseException):
-    """A termination signal (SIGTERM) arrived; a BaseException, like KeyboardInterrupt, so that
-    `except Exception` blocks between the signal handler and the CLI do not swallow it."""
+    """A termination signal (SIGINT, SIGTERM) arrived; raised at a safe point after the CLI's
+    handler recorded it (interrupts.py), a BaseException, like KeyboardInterrupt, so that
+    `except Exception` blocks between that point and the CLI do not swallow it."""
 
     def __init__(self, signum: int) -> None:
         super().__init__(signum)

@@ -71,6 +71,7 @@ def _command_whose_thread_fails(interrupt: bool) -> int:
     import signal
     import threading
 
+    from recordforge import interrupts
     from recordforge.cli import main as cli
 
     def handler(argv: list[str]) -> int:
@@ -84,7 +85,8 @@ def _command_whose_thread_fails(interrupt: bool) -> int:
         thread.start()
         try:
             if interrupt:
-                signal.raise_signal(signal.SIGINT)  # the CLI's handler raises here
+                signal.raise_signal(signal.SIGINT)  # the CLI's handler records it
+                interrupts.check()  # the command's next safe point raises it
             return 0
         finally:
             go.set()
@@ -102,7 +104,7 @@ def test_a_thread_that_fails_because_of_a_ctrl_c_prints_nothing(
     hook that was there before, which is put back."""
     import threading
 
-    from recordforge.runners import interrupts
+    from recordforge import interrupts
 
     monkeypatch.setattr(interrupts, "MOMENT_S", 0.05)
     seen: list[str] = []
@@ -118,3 +120,99 @@ def test_a_thread_that_fails_because_of_a_ctrl_c_prints_nothing(
     assert seen == [] and threading.excepthook is hook
     assert _command_whose_thread_fails(interrupt=False) == 0
     assert seen == ["beam_control_read: the worker's connection broke"] and threading.excepthook is hook
+
+
+def test_the_installed_signal_handler_records_and_raises_nothing() -> None:
+    """The handler `_run` installs for SIGINT and SIGTERM only records the signal: the command
+    raises `Interrupted` at its next safe point (interrupts.check), from ordinary code.
+
+    Mutation it catches: `cli/main.py` `_record_signal` raising `Interrupted(signum)` after it
+    records (the old `_raise_interrupted`), which landed at whatever bytecode the main thread ran
+    (a generator's cleanup once, which deleted the run's finished pieces)."""
+    import signal
+
+    from recordforge import interrupts
+    from recordforge.cli import main as cli
+    from recordforge.errors import Interrupted
+
+    seen: list[object] = []
+
+    def handler(argv: list[str]) -> int:
+        installed = signal.getsignal(signal.SIGTERM)
+        seen.append(installed)
+        assert callable(installed) and signal.getsignal(signal.SIGINT) is installed
+        assert installed(signal.SIGTERM, None) is None  # raises nothing
+        seen.append("returned")
+        assert interrupts.signum() == signal.SIGTERM
+        with pytest.raises(Interrupted) as raised:
+            interrupts.check()
+        assert raised.value.signum == signal.SIGTERM
+        raise raised.value
+
+    before = signal.getsignal(signal.SIGTERM)
+    assert cli._run("convert", handler, [], debug=False) == 128 + signal.SIGTERM
+    assert seen == [cli._record_signal, "returned"]
+    assert signal.getsignal(signal.SIGTERM) is before and not interrupts.received()
+
+
+# A command whose handler gets a signal and reaches no safe point, then gets a second one.
+_SECOND_SIGNAL = """
+import os, signal, sys, time
+from recordforge.cli import main as cli
+
+def handler(argv):
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(0.2)
+    print("FIRST RECORDED", flush=True)
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(30)  # no safe point: only the second signal ends it
+    return 0
+
+sys.exit(cli._run("convert", handler, [], debug=False))
+"""
+
+
+def test_a_second_signal_ends_the_process_at_once() -> None:
+    """A second SIGTERM while the first is pending (the command has not reached a safe point)
+    ends the process by the signal itself, raising nothing in a handler.
+
+    Mutation it catches: `_record_signal` only recording a second signal too (the process then
+    runs on to the end of its sleep: 30 s, and the timeout fails the test)."""
+    import signal
+    import time
+
+    begin = time.monotonic()
+    done = subprocess.run([sys.executable, "-c", _SECOND_SIGNAL], capture_output=True, text=True, timeout=25)
+    assert done.returncode == -signal.SIGTERM, (done.returncode, done.stderr)
+    assert done.stdout == "FIRST RECORDED\n"
+    assert done.stderr.strip().splitlines() == [
+        f"recordforge: signal {signal.SIGTERM} again: stopped at once"
+    ]
+    assert time.monotonic() - begin < 20
+
+
+def test_a_child_forked_from_the_command_dies_of_the_signal() -> None:
+    """A process forked from the command (a pool's worker) inherits the handler: there it ends
+    the child by the signal, as the default action would, rather than recording it where no
+    safe point will ever ask."""
+    import os
+    import signal
+
+    from recordforge.cli import main as cli
+
+    def handler(argv: list[str]) -> int:
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - the child
+            try:
+                os.kill(os.getpid(), signal.SIGINT)
+                time_left = 10.0
+                import time
+
+                time.sleep(time_left)
+            finally:
+                os._exit(0)
+        _, status = os.waitpid(pid, 0)
+        assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGINT
+        return 0
+
+    assert cli._run("convert", handler, [], debug=False) == 0

@@ -6,13 +6,15 @@ still reported."""
 from __future__ import annotations
 
 import logging
+import signal
 import socket
 import threading
 from collections.abc import Iterator
 
 import pytest
 
-from recordforge.runners import interrupts, local_runner
+from recordforge import interrupts
+from recordforge.runners import local_runner
 
 
 @pytest.fixture(autouse=True)
@@ -37,7 +39,7 @@ def test_a_worker_lost_without_an_interrupt_is_reported(caplog: pytest.LogCaptur
 
 
 def test_a_worker_the_interrupt_ended_is_not_reported(caplog: pytest.LogCaptureFixture) -> None:
-    interrupts.record()
+    interrupts.record(signal.SIGINT)
     with caplog.at_level(logging.ERROR, logger=local_runner.__name__):
         local_runner._watch(_ended_worker(), "worker_3")
     assert caplog.records == []
@@ -52,7 +54,7 @@ def test_the_watch_waits_a_moment_for_the_drivers_handler(
     with caplog.at_level(logging.ERROR, logger=local_runner.__name__):
         watch = threading.Thread(target=local_runner._watch, args=(_ended_worker(), "worker_0"))
         watch.start()
-        interrupts.record()
+        interrupts.record(signal.SIGINT)
         watch.join(timeout=30)
     assert not watch.is_alive()
     assert caplog.records == []
@@ -60,7 +62,7 @@ def test_the_watch_waits_a_moment_for_the_drivers_handler(
 
 def test_received_is_what_was_recorded() -> None:
     assert not interrupts.received() and not interrupts.received(within=0.01)
-    interrupts.record()
+    interrupts.record(signal.SIGINT)
     assert interrupts.received() and interrupts.received(within=10)
     interrupts.clear()
     assert not interrupts.received()

@@ -12,10 +12,11 @@ import traceback
 from collections.abc import Callable
 from typing import Any, NoReturn
 
+from recordforge import interrupts
 from recordforge.cli.errors import configure_logging, describe
 from recordforge.errors import Interrupted, RecordForgeError, SourceError, UsageError
 from recordforge.output.run_report import done_lines
-from recordforge.runners import interrupts, startup
+from recordforge.runners import startup
 from recordforge.version import __version__
 
 __all__ = ["console", "main"]
@@ -296,9 +297,6 @@ def _stats(argv: list[str]) -> int:
     return 0
 
 
-_received: list[int] = []  # signals received while a command ran
-
-
 def _export(argv: list[str]) -> int:
     parser = _Parser(
         "recordforge export",
@@ -318,15 +316,27 @@ def _export(argv: list[str]) -> int:
     return 0
 
 
-def _raise_interrupted(signum: int, frame: Any) -> NoReturn:
-    _received.append(signum)
-    interrupts.record()
-    raise Interrupted(signum)
+def _record_signal(signum: int, frame: Any) -> None:
+    """The command's SIGINT and SIGTERM handler: records the signal and returns, raising nothing
+    (the command raises `Interrupted` at its next safe point: interrupts.py). A second signal
+    while the first is pending, or a signal reaching a child forked from this process (a pool's
+    worker inherits the handler), ends the process by the signal's default action at once: the
+    publishing protocol leaves the published bundle whole, and a rerun resumes."""
+    if interrupts.owner() and not interrupts.received():
+        interrupts.record(signum)
+        return
+    if interrupts.owner():
+        try:  # one line, as the first signal's; written directly (no lock is taken in a handler)
+            os.write(2, f"recordforge: signal {signum} again: stopped at once\n".encode())
+        except OSError:
+            pass
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
 
 
 def _thread_failed(hook: Callable[[Any], object], args: threading.ExceptHookArgs) -> None:
     """A thread's uncaught exception, printed unless the command was interrupted: Beam's threads
-    reading the connections of forked workers that the same Ctrl-C ended (runners/interrupts.py)
+    reading the connections of forked workers that the same Ctrl-C ended (interrupts.py)
     fail then, and the interrupt is reported in one line."""
     if not interrupts.received(within=interrupts.MOMENT_S):
         hook(args)
@@ -346,13 +356,12 @@ def _run(command: str, handler: Callable[[list[str]], int], argv: list[str], deb
     in_main_thread = threading.current_thread() is threading.main_thread()
     previous = {}
     hook = threading.excepthook
-    _received.clear()
     if in_main_thread:
         interrupts.clear()
         if not debug:
             threading.excepthook = functools.partial(_thread_failed, hook)
         for sig in (signal.SIGINT, signal.SIGTERM):
-            previous[sig] = signal.signal(sig, _raise_interrupted)
+            previous[sig] = signal.signal(sig, _record_signal)
     try:
         return handler(argv)
     except (KeyboardInterrupt, Interrupted) as exn:
@@ -361,8 +370,9 @@ def _run(command: str, handler: Callable[[list[str]], int], argv: list[str], deb
     except SystemExit as exn:  # argparse after --help
         return exn.code if isinstance(exn.code, int) else 0 if exn.code is None else 1
     except Exception as exn:
-        if _received:  # raised where the runner caught the interrupt and wrapped it
-            return _interrupted(command, _received[0], debug, exn)
+        recorded = interrupts.signum() if in_main_thread else None
+        if recorded is not None:  # raised where the runner caught the interrupt and wrapped it
+            return _interrupted(command, recorded, debug, exn)
         if debug:
             traceback.print_exc()
         message, code = describe(exn)
@@ -371,6 +381,8 @@ def _run(command: str, handler: Callable[[list[str]], int], argv: list[str], deb
     finally:
         for sig, handler_before in previous.items():
             signal.signal(sig, handler_before)
+        if in_main_thread:  # a later command, or library call, in this process starts afresh
+            interrupts.clear()
         threading.excepthook = hook
 
 

@@ -19,6 +19,11 @@ AFTER_ENV = "RECORDFORGE_CRASH_AFTER"
 # "SIGINT": the driver is sent a Ctrl-C instead, and the process reaching the point goes on.
 SIGNAL_ENV = "RECORDFORGE_CRASH_SIGNAL"
 _reached: dict[str, int] = {}
+# With SIGNAL_ENV: the read end of a pipe holding one byte, made by `arm` in the driver before
+# its workers are forked: the process that reads the byte sends the signal, so that a run gets
+# one Ctrl-C as from a terminal, not one per worker reaching its Nth point (a second signal ends
+# the driver at once: cli/main.py).
+_signal_once: int | None = None
 
 POINTS = (
     "locked",  # the lock taken and this run's journal entry written
@@ -38,8 +43,15 @@ POINTS = (
 def arm() -> None:
     """Called by the run's driver before its workers start (under the lock): records it as the
     process a crash point kills. Does nothing unless the environment names a point."""
+    global _signal_once
     if os.environ.get(ENV):
         os.environ[_DRIVER_ENV] = str(os.getpid())
+        if os.environ.get(SIGNAL_ENV) == "SIGINT" and _signal_once is None:
+            read, write = os.pipe()
+            os.write(write, b"!")
+            os.close(write)
+            os.set_blocking(read, False)
+            _signal_once = read
 
 
 def reached(point: str) -> None:
@@ -52,7 +64,8 @@ def reached(point: str) -> None:
         if _reached[point] != int(os.environ.get(AFTER_ENV) or 1):
             return
         if os.environ.get(SIGNAL_ENV) == "SIGINT":
-            os.kill(int(os.environ.get(_DRIVER_ENV) or os.getpid()), signal.SIGINT)
+            if _signal_once is None or os.read(_signal_once, 1):
+                os.kill(int(os.environ.get(_DRIVER_ENV) or os.getpid()), signal.SIGINT)
             return
         sys.stdout.flush()
         sys.stderr.flush()

@@ -11,6 +11,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from recordforge import interrupts
 from recordforge.errors import Interrupted, SourceError
 from recordforge.files import layout
 from recordforge.files.storage import (
@@ -149,6 +150,15 @@ class Publication:
             crashpoints.reached("cleaned")
         finally:
             self._lease.release()
+        if exc is None and interrupts.received():
+            # Recorded after the last safe point (as the runner closed its workers): the run
+            # finished and published all the same.
+            _LOGGER.warning(
+                "%s: version %s is published; the run was interrupted after its commit",
+                self.output,
+                self.version,
+            )
+            return False
         if exc is None or not self._published_is_success:
             return False
         # An interrupt here left only the runner's teardown (closing its workers): the run is
@@ -294,6 +304,7 @@ def publish_shards(moves: list[tuple[str, str]], temp_dir: str) -> None:
     deletes the writer's temporary folder with whatever else is in it (files of attempts the
     runner discarded, spills). Idempotent: a shard already moved (a retried step) is not moved
     again. A final name missing afterwards is an error: a shard list never disagrees with the files."""
+    interrupts.check()  # a safe point before the shards move
     pending = [(tmp, final) for tmp, final in moves if exists(tmp)]
     if pending:
         rename([tmp for tmp, _ in pending], [final for _, final in pending])
@@ -349,11 +360,13 @@ def _commit_version(
     output: str, version: str, files: dict[str, bytes], manifest: bytes, temp_dirs: Iterable[str]
 ) -> None:
     root = layout.version_root(output, version)
+    interrupts.check()  # safe points on the way to the commit; none after its first rename
     for temp in temp_dirs:
         delete_tree(temp)
     for name, data in {**files, layout.METADATA: manifest}.items():
         write_atomically(layout.join(root, name), data)
     crashpoints.reached("manifest_written")
+    interrupts.check()
     _commit(output, manifest, files)
 
 
@@ -380,6 +393,9 @@ def _commit(output: str, manifest: bytes, files: dict[str, bytes]) -> None:
     crashpoints.reached("staged")
     order = [layout.METADATA, *(n for n in (layout.SUCCESS, *layout.TOP_COPIES) if n in wanted)]
     try:
+        # The last safe point: past it the commit is one rename, and what follows it a rerun
+        # finishes (`_finish_copies`); an interrupt here deletes the staged files (below).
+        interrupts.check()
         for name in order:
             path = layout.join(output, name)
             if name in staged:
@@ -427,7 +443,11 @@ def undo_dry_run(output: str, version: str, made: str | None) -> None:
 
 def _interrupted(exc: BaseException | None) -> bool:
     """A signal stopped the run: the exception is the interrupt, or a runner's wrapping of it
-    (a step that caught it, or failed because the signal stopped a worker)."""
+    (a step that caught it, or failed because the signal stopped a worker), or any failure once
+    the command's handler has recorded a signal (Beam may wrap the interrupt into a plain
+    RuntimeError carrying only its text)."""
+    if exc is not None and interrupts.received():
+        return True
     seen: set[int] = set()
     while exc is not None and id(exc) not in seen:
         if isinstance(exc, KeyboardInterrupt | Interrupted):

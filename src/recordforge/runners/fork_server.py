@@ -141,6 +141,15 @@ class ForkServer:
         self.path = path
         return self
 
+    def end_workers(self) -> None:
+        """Stops the fork server and its workers at once, with no grace period: an interrupted
+        run's driver, whose workers did not get the signal (sent to the driver alone), ends
+        them so. Its signal (SIGUSR1) is recorded by the server's handler, never raised."""
+        try:
+            os.kill(self._pid, signal.SIGUSR1)
+        except ProcessLookupError:
+            pass
+
     def __exit__(self, *exc: object) -> None:
         try:
             os.kill(self._pid, signal.SIGTERM)
@@ -152,15 +161,20 @@ class ForkServer:
         shutil.rmtree(self._dir, ignore_errors=True)
 
 
+# The signals that stop a fork server: SIGTERM (its workers get a grace period), SIGUSR1 (ended
+# at once: `ForkServer.end_workers`).
+_STOP_SIGNALS = {signal.SIGTERM, signal.SIGUSR1}
+
+
 @contextlib.contextmanager
 def _sigterm_blocked() -> Iterator[None]:
-    """SIGTERM held pending in this thread (delivered on leaving) around a fork: the child
-    installs its own disposition first."""
-    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    """SIGTERM and SIGUSR1 held pending in this thread (delivered on leaving) around a fork: the
+    child installs its own disposition first."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
 
 
 class _StopRequest:
@@ -171,11 +185,13 @@ class _StopRequest:
 
     def __init__(self) -> None:
         self.requested = False
+        self.now = False  # SIGUSR1: the workers are ended at once, not after a grace period
         self.wake, self._poke = os.pipe()
         os.set_blocking(self._poke, False)
 
     def __call__(self, signum: int, frame: object) -> None:
         self.requested = True
+        self.now = self.now or signum == signal.SIGUSR1
         try:
             os.write(self._poke, b"\0")
         except BlockingIOError:  # the pipe is full: a wake-up is already pending
@@ -194,15 +210,17 @@ _GRACE_S = 1.0
 
 def _serve(listener: socket.socket, parent: int, work: Work, alive: int) -> None:
     stop = _StopRequest()
-    signal.signal(signal.SIGTERM, stop)
+    for sig in _STOP_SIGNALS:
+        signal.signal(sig, stop)
     signal.signal(signal.SIGINT, signal.SIG_DFL)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})  # blocked by the fork (above)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)  # blocked by the fork (above)
     workers: set[int] = set()
     _accept_loop(listener, parent, work, alive, workers, stop)
     # Wait for the workers (they end when their work does), so that none is left a zombie and
     # their resource usage counts towards the parent's children; end those left running.
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    deadline = time.monotonic() + _GRACE_S
+    for sig in _STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
+    deadline = time.monotonic() + (0.0 if stop.now else _GRACE_S)
     while workers and time.monotonic() < deadline:
         _reap(workers)
         time.sleep(0.01)
@@ -282,8 +300,9 @@ def _run(conn: socket.socket, env: dict[str, str], work: Work, alive: int) -> No
     teardown (the parent's atexit hooks are not this process's). Quiet once the driver is gone
     (`alive`: the read end of a pipe only the driver writes to)."""
     status = 1
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the fork server's handler is not ours
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})  # blocked by the fork
+    for sig in _STOP_SIGNALS:  # the fork server's handler is not ours
+        signal.signal(sig, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)  # blocked by the fork
     conn.settimeout(None)
     threading.excepthook = functools.partial(_thread_failed, alive, threading.excepthook)
     try:

@@ -17,10 +17,10 @@ import apache_beam as beam
 from apache_beam.options.pipeline_options import DirectOptions
 from apache_beam.runners.portability.fn_api_runner import FnApiRunner
 
+from recordforge import interrupts
 from recordforge.output import crashpoints
 from recordforge.output.lease import heartbeat_threads
 from recordforge.progress.live import watch_threads
-from recordforge.runners import interrupts
 from recordforge.runners.assumptions import (
     DRY_RUNS,
     FORKING,
@@ -83,6 +83,7 @@ class LocalRunner(FnApiRunner):
                     workers = options.view_as(DirectOptions).direct_num_workers
                     work = functools.partial(_run_beam_worker, arrow_threads=_arrow_threads(workers))
                     server = stack.enter_context(ForkServer(work))
+                    stack.enter_context(_stopped_on_interrupt(server))
                     for env in envs:
                         env.urn = FORKED_WORKER_URN
                         env.payload = server.path.encode()
@@ -217,6 +218,36 @@ def _prompt_bundle_ends() -> Iterator[None]:
         statesampler.StateSampler = original  # type: ignore[misc]
 
 
+# How often the driver looks for a recorded interrupt while Beam's runner waits for its workers.
+_INTERRUPT_POLL_S = 0.1
+
+
+@contextlib.contextmanager
+def _stopped_on_interrupt(server: ForkServer) -> Iterator[None]:
+    """While the run's forked workers run: an interrupt recorded in the driver ends them (and the
+    fork server) at once. A terminal's Ctrl-C reaches the workers itself; a SIGTERM (or
+    SIGINT) sent to the driver alone does not, and the driver's main thread is waiting inside
+    Beam's runner, where no safe point of ours runs: without this the run would go on to its end.
+    Their connections then break, Beam's wait fails, and the failure is the interrupt
+    (interrupts.py). A thread of ordinary code, not the signal handler, acts: it starts after
+    the fork server is made, so no worker is forked from a process running it."""
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.is_set():
+            if interrupts.received(within=_INTERRUPT_POLL_S):
+                server.end_workers()
+                return
+
+    watcher = threading.Thread(target=watch, name="recordforge-interrupt-watch", daemon=True)
+    watcher.start()
+    try:
+        yield
+    finally:
+        done.set()
+        watcher.join()
+
+
 def _fork_unsafe() -> str | None:
     """Why forking this process now could hang a worker, or None when it is safe."""
     others = set(threading.enumerate()) - {threading.current_thread()} - heartbeat_threads() - watch_threads()
@@ -265,7 +296,9 @@ def _forked_handler() -> type:
             )
             conn = request_worker(self._socket_path, env)
             self._watcher = threading.Thread(
-                target=_watch, args=(conn, self.worker_id), name=f"forked_{self.worker_id}"
+                target=_watch,
+                args=(conn, self.worker_id, self.control_conn.abort),
+                name=f"forked_{self.worker_id}",
             )
             self._watcher.start()
 
@@ -278,10 +311,15 @@ def _forked_handler() -> type:
     return _handler_class
 
 
-def _watch(conn: Any, worker_id: str) -> None:
+def _watch(conn: Any, worker_id: str, lost: Callable[[Exception], None] | None = None) -> None:
     with conn:
         status = conn.recv(1)  # blocks while the worker runs
     if not status or status[0]:
+        if lost is not None:
+            # As Beam's Docker handler does: the runner's waits for this worker's answers end
+            # (a stage with no outputs waits on its control channel alone, forever otherwise,
+            # now that no signal handler raises into the waiting thread).
+            _abort(lost, RuntimeError(f"forked Beam worker {worker_id} ended"))
         if interrupts.received(within=interrupts.MOMENT_S):
             return  # ended by the Ctrl-C that stops the run, which the CLI reports
         # As Beam's subprocess handler: the runner learns of a lost worker from its control
@@ -291,6 +329,17 @@ def _watch(conn: Any, worker_id: str) -> None:
             worker_id,
             "without a status" if not status else f"with status {status[0]}",
         )
+
+
+def _abort(lost: Callable[[Exception], None], exn: Exception) -> None:
+    """Beam's abort of a connection's pending answers, which iterates a dict the runner's thread
+    may change meanwhile: tried again then."""
+    for _ in range(10):
+        try:
+            lost(exn)
+            return
+        except RuntimeError:  # "dictionary changed size during iteration"
+            continue
 
 
 def _fresh_worker_command() -> str:

@@ -8,9 +8,10 @@ import threading
 import weakref
 from collections import deque
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future
+from concurrent.futures import Future, wait
 from typing import Any, TypeVar
 
+from recordforge import interrupts
 from recordforge.tracing.spans import span
 
 __all__ = ["ReadAhead"]
@@ -20,6 +21,17 @@ _END: Any = object()
 _Job = tuple[Future, Callable[[], Any]] | None
 
 THREAD_NAME = "recordforge-read-ahead"
+# How often a consumer waiting for a step looks for a recorded interrupt: a wait wakes at most
+# four times a second, and an interrupt ends it within a quarter of a second.
+_CHECK_S = 0.25
+
+
+def _wait(future: Future) -> None:
+    """Waits for `future`, acting on an interrupt recorded meanwhile: a step may take seconds
+    (a large row group), and the signal handler only records the signal."""
+    while not future.done():
+        interrupts.check()
+        wait([future], timeout=_CHECK_S)
 
 
 def _work(jobs: queue.SimpleQueue[_Job]) -> None:
@@ -78,12 +90,14 @@ class ReadAhead:
         stopped: BaseException | None = None
         try:
             while True:
+                # A safe point per item: a recorded interrupt is raised here, on the consumer's
+                # thread, as its own exception (interrupts.py).
+                interrupts.check()
                 # Left in `pending` while waited on: an interrupt here leaves its step running.
-                if pending[0].done():
-                    item = pending[0].result()
-                else:
+                if not pending[0].done():
                     with span("wait for input"):
-                        item = pending[0].result()
+                        _wait(pending[0])
+                item = pending[0].result()
                 pending.popleft()
                 if item is _END:
                     return

@@ -12,6 +12,7 @@ import pyarrow.compute as pc
 from apache_beam import typehints
 from apache_beam.metrics import Metrics
 
+from recordforge import interrupts
 from recordforge.arrays import binary_parts
 from recordforge.conforming.conform import BadRow, Conformed, conform_batch
 from recordforge.conforming.splits import SplitSpec, assign_by_hash, assign_by_value
@@ -138,6 +139,7 @@ class _ToExamplesFn(beam.DoFn):
         tracing.flush()
 
     def process(self, element: SourceBatch) -> Iterator[Any]:
+        interrupts.check()  # a safe point per batch (the in-process runner runs this on the main thread)
         if self._ledger is None:
             yield from self._process(element)
             return

@@ -8,6 +8,7 @@ from typing import Any
 import apache_beam as beam
 import pyarrow as pa
 
+from recordforge import interrupts
 from recordforge.files import layout
 from recordforge.output.placed_pieces import PlacedKeep, write_shard_record
 from recordforge.output.shard_files import ShardFiles, TempShard
@@ -32,6 +33,7 @@ class _WriteShardFn(beam.DoFn):
 
     def process(self, element: tuple[int, Iterable[pa.Array | str]]) -> Iterator[tuple[int, TempShard]]:
         shard, pieces = element
+        interrupts.check()  # a safe point per shard, before it is written
         arrays: list[pa.Array] = [sorted_records(pieces)] if self._shuffled else ordered_pieces(pieces)
         temp = self._files.write(f"shard-{shard:05d}", arrays)
         if self._pieces is not None:  # after the shard is written: the record follows the bytes

@@ -13,6 +13,7 @@ import pyarrow as pa
 from apache_beam.transforms.window import GlobalWindows
 from apache_beam.utils.windowed_value import WindowedValue
 
+from recordforge import interrupts
 from recordforge.files import layout
 from recordforge.output.pieces import part_record, write_part_record
 from recordforge.output.shard_files import ShardFiles, temp_path, write_shard
@@ -126,6 +127,7 @@ class _RollingWriteFn(beam.DoFn):
         self._roller = _Roller(*self._args)
 
     def process(self, element: tuple[BatchKey, pa.Array] | tuple[BatchKey, pa.Array, int]) -> Iterator[Part]:
+        interrupts.check()  # a safe point per batch, before its records are written
         yield from self._roller.add(*element)
 
     def finish_bundle(self) -> Iterator[WindowedValue]:
