@@ -214,3 +214,39 @@ def test_one_worker_reads_in_this_process_and_finds_what_many_do(
     # As a worker reading whole shards reports it: the shard's error, not an exception.
     (failed,) = scan_shards(shards[:1], _Fails, what="test", workers=1)
     assert failed.error is not None and "no such feature" in failed.error
+
+
+class _Slow(_Sum):
+    def add(self, chunk: RecordChunk, shard: str) -> None:
+        time.sleep(0.3)
+        super().add(chunk, shard)
+
+
+@pytest.mark.parametrize("workers", [1, 2, 3])
+def test_a_recorded_interrupt_ends_the_scan_at_its_next_wait(tmp_path: Path, workers: int) -> None:
+    """The command's signal handler only records (recordforge/interrupts.py); the scan's loops
+    raise Interrupted at their next wait, its workers ended rather than left to read every queued
+    shard: in this process per chunk (1 worker), a pool of whole shards (2 workers, 12 shards),
+    chunks over workers (3 workers, 2 shards). Mutation: the `interrupts.check()` of any of the
+    three loops removed: that case reads on for seconds, or to the end, and fails."""
+    from recordforge import interrupts
+    from recordforge.errors import Interrupted
+
+    if workers == 3:
+        shards = _shards(tmp_path)
+    else:
+        shards = []
+        for i in range(12):
+            path = tmp_path / f"s{i}.tfrecord.gz"
+            write_tfrecord(path, [b"x" * 100] * 50)
+            shards.append((str(path), "gzip"))
+    interrupts.clear()
+    try:
+        start = time.monotonic()
+        with pytest.raises(Interrupted):
+            scan_shards(
+                shards, _Slow, what="test", workers=workers, started=lambda: interrupts.record(15)
+            )
+        assert time.monotonic() - start < 2.0
+    finally:
+        interrupts.clear()

@@ -20,6 +20,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from recordforge import interrupts
 from recordforge.errors import CorruptFile
 from recordforge.files.storage import exists
 from recordforge.progress.scan import Progress
@@ -115,11 +116,15 @@ class _HashedAside:
         self.thread.join()
 
 
-def _whole_shard(path: str, compression: str, make: Callable[[], Accumulator], hashed: bool) -> ShardResult:
+def _whole_shard(
+    path: str, compression: str, make: Callable[[], Accumulator], hashed: bool, checked: bool = False
+) -> ShardResult:
     acc = make()
     name = posixpath.basename(path)
 
     def each(chunk: RecordChunk) -> None:
+        if checked:  # read in the command's own process: a safe point per chunk
+            interrupts.check()
         acc.add(chunk, name)
         _count(len(chunk), chunk.raw_bytes)
 
@@ -178,7 +183,7 @@ def _in_this_process(
     try:
         results = []
         for path, compression in shards:
-            results.append(_whole_shard(path, compression, make, hashed))
+            results.append(_whole_shard(path, compression, make, hashed, checked=True))
             progress.set(files=len(results), records=counters[0], raw=counters[1])
         return results
     finally:
@@ -217,11 +222,19 @@ def _by_shard(
         started()
     results: list[ShardResult | None] = [None] * len(shards)
     pending = set(futures)
-    while pending:
-        done, pending = wait(pending, timeout=0.25, return_when=FIRST_COMPLETED)
-        for f in done:
-            results[futures[f]] = f.result()
-        progress.set(files=sum(r is not None for r in results), records=counters[0], raw=counters[1])
+    try:
+        while pending:
+            done, pending = wait(pending, timeout=0.25, return_when=FIRST_COMPLETED)
+            for f in done:
+                results[futures[f]] = f.result()
+            progress.set(files=sum(r is not None for r in results), records=counters[0], raw=counters[1])
+            interrupts.check()
+    except BaseException:
+        # Ended now, not after every queued shard (the pool's exit would wait for them all):
+        # the pool, broken, fails the shards not read (cancelling them too races its thread).
+        for proc in list(getattr(pool, "_processes", {}).values()):
+            proc.terminate()
+        raise
     return [r for r in results if r is not None]
 
 
@@ -410,6 +423,7 @@ def _by_chunk(
             try:
                 ok, payload = outbox.get(timeout=0.25)
             except queue.Empty:
+                interrupts.check()
                 if any(p.exitcode not in (None, 0) for p in procs):
                     raise RuntimeError("a worker process died") from None
                 done = sum(not t.is_alive() for t in threads)
@@ -429,6 +443,10 @@ def _by_chunk(
             if answered < workers:  # an error: the others wait for chunks that will not come
                 proc.terminate()
             proc.join()
+        if answered < workers:
+            # Chunks still buffered for workers that are gone: the queue's feeder thread would
+            # wait to write them at the process's exit, for ever.
+            inbox.cancel_join_thread()
         for t in threads:
             t.join()
     for i, result in enumerate(results):
