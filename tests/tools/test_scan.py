@@ -244,9 +244,7 @@ def test_a_recorded_interrupt_ends_the_scan_at_its_next_wait(tmp_path: Path, wor
     try:
         start = time.monotonic()
         with pytest.raises(Interrupted):
-            scan_shards(
-                shards, _Slow, what="test", workers=workers, started=lambda: interrupts.record(15)
-            )
+            scan_shards(shards, _Slow, what="test", workers=workers, started=lambda: interrupts.record(15))
         assert time.monotonic() - start < 2.0
     finally:
         interrupts.clear()
