@@ -11,19 +11,62 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import subprocess
+import sys
+from pathlib import Path
 
-from bench.run import ONE_WORKER, TWO_WORKERS, _run_child, ensure_table
+from bench.run import ONE_WORKER, TWO_WORKERS, _run_child, ensure_table, worktree
 
 _WORKERS = ["--direct_running_mode", "multi_processing", "--direct_num_workers"]
 
 
-def _rounds(runs: dict[str, list[str]], repeats: int) -> dict[str, list[dict]]:
+def _rounds(
+    runs: dict[str, list[str]], repeats: int, trees: dict[str, Path] | None = None
+) -> dict[str, list[dict]]:
+    """Each run once a round, the order reversed every other round; `trees` names the runs made
+    with another checkout's code (--against)."""
     samples: dict[str, list[dict]] = {key: [] for key in runs}
     keys = list(runs)
     for r in range(repeats):
         for key in keys if r % 2 == 0 else reversed(keys):
-            samples[key].append(_run_child(runs[key]))
+            samples[key].append(_run_child(runs[key], (trees or {}).get(key)))
     return samples
+
+
+def _checkout(ref: str, workdir: str) -> tuple[str, Path]:
+    """REF's worktree (bench.run's), its C extension built in place if it has none."""
+    sha, tree = worktree(ref, Path(workdir))
+    if not list((tree / "src" / "recordforge" / "records").glob("_native*.so")):
+        subprocess.run(
+            [sys.executable, "setup.py", "build_ext", "--inplace", "-q"],
+            cwd=tree,
+            check=True,
+            capture_output=True,
+        )
+    return sha, tree
+
+
+def _against(args: argparse.Namespace, w: str) -> None:
+    """The two CPU rows, this tree's runs and REF's alternating in the same rounds."""
+    sha, tree = _checkout(args.against, w)
+    big = ensure_table(os.path.join(w, f"table-{args.rows}.parquet"), args.rows)
+    small = ensure_table(os.path.join(w, f"table-{args.small_rows}.parquet"), args.small_rows)
+    for table, rows in ((small, args.small_rows), (big, args.rows)):
+        runs: dict[str, list[str]] = {}
+        trees: dict[str, Path] = {}
+        for who in ("this", sha):
+            for k in (1, 2):
+                key = f"{who} {k}"
+                runs[key] = ["recordforge", table, f"{w}/wk_ab_{who}_{k}", str(rows), *_WORKERS, str(k)]
+                if who == sha:
+                    trees[key] = tree
+        cpu = _rounds(runs, args.repeats, trees)
+        for who in ("this", sha):
+            one, two = _median(cpu[f"{who} 1"], "cpu_s"), _median(cpu[f"{who} 2"], "cpu_s")
+            print(
+                f"CPU time, {rows} rows, {who}: 1 worker {one:.3f} s, 2 workers {two:.3f} s: "
+                f"{two / one:.3f}x, +{two - one:.3f} s"
+            )
 
 
 def _median(samples: list[dict], field: str) -> float:
@@ -38,10 +81,16 @@ def main() -> None:
     parser.add_argument("--profile_rows", type=int, default=1_000_000, help="rows of --profile's cost")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--workdir", default="bench/out")
+    parser.add_argument(
+        "--against", default=None, help="only the CPU rows, this tree against commit REF in the same rounds"
+    )
     args = parser.parse_args()
     w = os.path.abspath(args.workdir)
     cores = len(os.sched_getaffinity(0))
     print(f"bench.workers on {cores} cores; {args.repeats} alternating rounds, medians")
+    if args.against:
+        _against(args, w)
+        return
 
     big = ensure_table(os.path.join(w, f"table-{args.rows}.parquet"), args.rows)
     cpu = _rounds(
