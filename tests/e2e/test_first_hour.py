@@ -19,6 +19,7 @@ import yaml
 
 import recordforge
 from recordforge import errors as rf_errors
+from recordforge import interrupts
 from recordforge.cli import errors as cli_errors
 from recordforge.cli import main as cli
 from recordforge.errors import (
@@ -323,8 +324,13 @@ def test_missing_file_names_it(capsys: Any, tmp_path: Any) -> None:
 
 
 def _terminated(argv: list[str]) -> int:
+    """A command that is sent SIGTERM, then runs on as a conversion does: the handler only
+    records the signal, and the command's next safe point raises (recordforge/interrupts.py)."""
     os.kill(os.getpid(), signal.SIGTERM)
-    time.sleep(30)  # the handler raises long before this ends
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        interrupts.check()
+        time.sleep(0.01)
     return 0
 
 
@@ -397,11 +403,14 @@ def test_sigterm_in_a_real_process_is_one_line() -> None:
     script = textwrap.dedent(
         """
         import os, signal, sys, time
+        from recordforge import interrupts
         from recordforge.cli import main as cli
 
-        def convert(argv):
+        def convert(argv):  # a safe point every 10 ms, as a conversion's batches are
             os.kill(os.getpid(), signal.SIGTERM)
-            time.sleep(30)
+            for _ in range(3000):
+                interrupts.check()
+                time.sleep(0.01)
 
         cli._convert = convert
         sys.exit(cli.main(["convert", "--source", "x"]))
