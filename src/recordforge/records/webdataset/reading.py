@@ -14,6 +14,7 @@ import numpy as np
 from recordforge.errors import CorruptFile
 from recordforge.files.storage import open_read
 from recordforge.records.example_pb import Feature as FeatureMessage
+from recordforge.records.webdataset import npy, ustar
 
 __all__ = ["example_of", "read_examples", "read_samples"]
 
@@ -41,7 +42,7 @@ def _feature_values(ext: str, data: bytes) -> tuple[str, list[Any]]:
         return "bytes_list", values
     if ext != "npy":
         return "bytes_list", [data]
-    array = np.load(io.BytesIO(data), allow_pickle=False)
+    array = npy.load(data)
     if array.dtype.kind in "biuMm":
         return "int64_list", array.ravel().view(np.int64).tolist() if array.dtype.kind in "Mm" else (
             array.ravel().astype(np.int64).tolist()
@@ -102,37 +103,62 @@ class _Hashing:
         return data
 
 
+class _Chained:
+    """`first`, then the rest of `then`: where tarfile takes over from the ustar reader."""
+
+    def __init__(self, first: bytes, then: ustar.Readable) -> None:
+        self._first, self._then = first, then
+
+    def read(self, size: int = -1) -> bytes:
+        if not self._first:
+            return self._then.read(size)
+        if size < 0:
+            data, self._first = self._first + self._then.read(), b""
+            return data
+        data, self._first = self._first[:size], self._first[size:]
+        return data
+
+
 def read_samples(
     path: str, on_raw: Callable[[bytes], None] | None = None
 ) -> Iterator[tuple[int, str, list[tuple[str, str, bytes]]]]:
     """(offset of its first header, key, [(feature, ext, data)]) for each sample of a shard, in
     order; a member that is not a regular file, or a name out of the grammar, is CorruptFile."""
     with open_read(path) as raw:
-        try:
-            tar = tarfile.open(fileobj=_Hashing(raw, on_raw), mode="r|")  # type: ignore[call-overload]
-            key: str | None = None
-            start, members = 0, list[tuple[str, str, bytes]]()
-            for info in tar:
-                if not info.isreg():
-                    raise CorruptFile(path, f"member {info.name!r} at byte {info.offset} is not a file")
-                try:
-                    k, feature, ext = _split_name(info.name)
-                except ValueError as exn:
-                    raise CorruptFile(path, f"{exn} (at byte {info.offset})") from exn
-                extracted = tar.extractfile(info)
-                data = extracted.read() if extracted is not None else b""
-                if k != key:
-                    if key is not None:
-                        yield start, key, members
-                    key, start, members = k, info.offset, []
-                members.append((feature, ext, data))
-            if key is not None:
-                yield start, key, members
-            rest = _Hashing(raw, on_raw)
-            while rest.read(1 << 20):  # the end-of-archive blocks and padding count as read too
-                pass
-        except tarfile.TarError as exn:
-            raise CorruptFile(path, f"not a readable tar file ({exn})") from exn
+        source = _Hashing(raw, on_raw)
+        key: str | None = None
+        start, members = 0, list[tuple[str, str, bytes]]()
+        for offset, name, data in ustar.members(path, source, _by_tarfile):
+            try:
+                k, feature, ext = _split_name(name)
+            except ValueError as exn:
+                raise CorruptFile(path, f"{exn} (at byte {offset})") from exn
+            if k != key:
+                if key is not None:
+                    yield start, key, members
+                key, start, members = k, offset, []
+            members.append((feature, ext, data))
+        if key is not None:
+            yield start, key, members
+        while source.read(1 << 20):  # the end-of-archive blocks and padding count as read too
+            pass
+
+
+def _by_tarfile(
+    path: str, rest: bytes, source: ustar.Readable, base: int
+) -> Iterator[tuple[int, str, bytes]]:
+    """The members from byte `base` on, read by tarfile (`rest`: the bytes already taken from
+    `source` there): what the ustar reader leaves to it (pax and GNU headers, base-256 sizes,
+    names not in ASCII, anything it does not recognise), with tarfile's own checks."""
+    try:
+        tar = tarfile.open(fileobj=_Chained(rest, source), mode="r|")  # type: ignore[call-overload]
+        for info in tar:
+            if not info.isreg():
+                raise CorruptFile(path, f"member {info.name!r} at byte {base + info.offset} is not a file")
+            extracted = tar.extractfile(info)
+            yield base + info.offset, info.name, extracted.read() if extracted is not None else b""
+    except tarfile.TarError as exn:
+        raise CorruptFile(path, f"not a readable tar file ({exn}, from byte {base})") from exn
 
 
 def read_examples(path: str, on_raw: Callable[[bytes], None] | None = None) -> Iterator[tuple[int, bytes]]:
