@@ -17,16 +17,18 @@ from typing import Protocol
 
 from recordforge.errors import CorruptFile
 
-__all__ = ["members"]
+__all__ = ["Fallback", "Readable", "members"]
 
-BLOCK = 512
-_ZERO_BLOCK = bytes(BLOCK)
+_BLOCK = 512
+_ZERO_BLOCK = bytes(_BLOCK)
 _MAGIC = b"ustar\x0000"  # POSIX ustar: tarfile writes it for USTAR, PAX and the pax members' headers
 _REGULAR = (b"0", b"\x00")
 _READ = 1 << 20
 
 
 class Readable(Protocol):
+    """A stream of bytes: a file, or one that hashes what it hands out."""
+
     def read(self, size: int = -1) -> bytes: ...
 
 
@@ -96,10 +98,10 @@ def members(path: str, source: Readable, fallback: Fallback) -> Iterator[tuple[i
     blocks = _Blocks(source)
     while True:
         offset = blocks.offset
-        header = blocks.take(BLOCK)
+        header = blocks.take(_BLOCK)
         if not header or header == _ZERO_BLOCK:
             return
-        found = _plain(header) if len(header) == BLOCK else None
+        found = _plain(header) if len(header) == _BLOCK else None
         if found is None:
             yield from fallback(path, header + blocks.rest(), source, offset)
             return
@@ -109,5 +111,5 @@ def members(path: str, source: Readable, fallback: Fallback) -> Iterator[tuple[i
             raise CorruptFile(
                 path, f"not a readable tar file (unexpected end of data in member {name!r} at byte {offset})"
             )
-        blocks.take(-size % BLOCK)  # the padding to the next block; short only at the stream's end
+        blocks.take(-size % _BLOCK)  # the padding to the next block; short only at the stream's end
         yield offset, name, data
