@@ -10,15 +10,16 @@ import struct
 from pathlib import Path
 from typing import Any
 
-from recordforge.records import array_records
+from recordforge.records import array_records, webdataset
 from recordforge.records.crc32c import masked_crc32c
 from recordforge.records.example_pb import Example
+from recordforge.schemas import compile_schema, schema_from_dict
 
 __all__ = ["FILES", "JSON_FILES", "JSON_MODES", "KINDS", "build_bundles", "example", "frame", "seeds"]
 
 # The bundles (one shard each) and the files of a bundle an input may replace: the records and
 # their index (metadata.json and feature_spec.json: fuzz/bundle_json.py).
-KINDS = ("none", "gzip", "array_record")
+KINDS = ("none", "gzip", "array_record", "webdataset")
 FILES = ("shard", "index")
 # fuzz/bundle_json.py: the files it damages, and how (the new content, or edits of the parsed JSON).
 JSON_FILES = ("metadata.json", "feature_spec.json")
@@ -71,6 +72,42 @@ def _records() -> list[bytes]:
     ]
 
 
+# The WebDataset bundle's features: a member of each kind the reader maps back (.cls, .npy of a
+# fixed and of a variable shape, .bin, .pyd, .json).
+_WDS_FEATURES = [
+    {"name": "id", "type": "int64"},
+    {"name": "score", "type": "float32", "shape": [2]},
+    {"name": "raw", "type": "bytes"},
+    {"name": "name", "type": "bytes", "shape": [-1]},
+    {"name": "words", "type": "string", "shape": [-1]},
+    {"name": "tags", "type": "int64", "shape": [-1]},
+]
+
+
+_WDS_SPEC = {
+    "id": {"kind": "FixedLenFeature", "dtype": "int64", "shape": []},
+    "score": {"kind": "FixedLenFeature", "dtype": "float32", "shape": [2]},
+    "raw": {"kind": "FixedLenFeature", "dtype": "string", "shape": []},
+    "name": {"kind": "VarLenFeature", "dtype": "string"},
+    "words": {"kind": "VarLenFeature", "dtype": "string"},
+    "tags": {"kind": "VarLenFeature", "dtype": "int64"},
+}
+
+
+def _wds_records() -> list[bytes]:
+    return [
+        example(
+            id=("int64", [i]),
+            score=("float", [i / 2, -1.5]),
+            raw=("bytes", [b"\x00\xff" * i]),
+            name=("bytes", [b"r%d" % i, b"\xff\x00"]),
+            words=("bytes", [b"a", "\u00e9".encode()][: i % 3]),
+            tags=("int64", list(range(i % 3))),
+        )
+        for i in range(6)
+    ]
+
+
 def build_bundles(root: Path) -> dict[str, Path]:
     """One bundle per kind under `root`, each passing `verify`."""
     records = _records()
@@ -80,7 +117,21 @@ def build_bundles(root: Path) -> dict[str, Path]:
         folder.mkdir(parents=True)
         shard: dict[str, Any] = {"records": len(records)}
         extra: dict[str, Any] = {"compression": kind, "tf_compression_type": ""}
-        if kind == "array_record":
+        if kind == "webdataset":
+            name = "data-00000-of-00001.tar"
+            codec = webdataset.SampleCodec.of(
+                compile_schema(schema_from_dict({"features": _WDS_FEATURES})).features
+            )
+            samples = [
+                codec.encode(webdataset.sample_key("a.parquet", i), r) for i, r in enumerate(_wds_records())
+            ]
+            (folder / name).write_bytes(b"".join(samples) + webdataset.END_OF_ARCHIVE)
+            extra = {
+                "format": webdataset.WEBDATASET,
+                "compression": "none",
+                "webdataset": webdataset.webdataset_facts(),
+            }
+        elif kind == "array_record":
             name = "data-00000-of-00001.array_record"
             writer = array_records.open_writer(str(folder / name), array_records.writer_options("none"))
             for r in records:
@@ -114,7 +165,7 @@ def build_bundles(root: Path) -> dict[str, Path]:
             **extra,
         }
         (folder / "metadata.json").write_text(json.dumps(meta))
-        (folder / "feature_spec.json").write_text(json.dumps(SPEC))
+        (folder / "feature_spec.json").write_text(json.dumps(_WDS_SPEC if kind == "webdataset" else SPEC))
         (folder / "_SUCCESS").write_text("")
         out[kind] = folder
     return out

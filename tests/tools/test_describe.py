@@ -196,3 +196,21 @@ def test_inspect_of_a_manifest_without_the_runs_counts(tmp_path: Path) -> None:
     text = format_inspect(inspect(str(out)))
     assert "? records in 1 shards (none)" in text
     assert "rows read ?, written ?, rejected ?; schema ? (?)" in text
+
+
+def test_head_reads_a_webdataset_shard(tmp_path: Path) -> None:
+    """A WebDataset shard is told by its ustar header (no suffix trusted) and shown as the
+    Examples it was written from; it was read as a TFRecord file and refused."""
+    from fuzz.bundles import build_bundles
+
+    from recordforge.records import webdataset
+
+    shard = next((build_bundles(tmp_path)["webdataset"]).glob("*.tar"))
+    plain = tmp_path / "shard.tfrecord"  # a misleading name
+    plain.write_bytes(shard.read_bytes())
+    result = head(str(plain), n=6)
+    assert result["compression"] == webdataset.WEBDATASET and result["sampled"] == 6
+    examples = [e for _, e in webdataset.read_examples(str(shard))]
+    assert [r["id"] for r in result["records"]] == [("int64", [i]) for i in range(6)]
+    assert len(examples) == 6
+    assert main(["head", str(plain), "-n", "1"]) == 0

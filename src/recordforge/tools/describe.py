@@ -8,11 +8,13 @@ from typing import Any
 import yaml
 
 from recordforge.files import layout
-from recordforge.files.storage import exists
-from recordforge.records.array_records import reading
+from recordforge.files.storage import exists, open_read
+from recordforge.records.array_records import ARRAY_RECORD, reading
 from recordforge.records.bundle_json import load_feature_spec, load_metadata
 from recordforge.records.example_pb import parse_example
+from recordforge.records import webdataset
 from recordforge.records.tfrecord import detect_compression, read_records
+from recordforge.records.webdataset import ustar
 from recordforge.tools.records import infer_feature_spec, parsed_records
 
 __all__ = [
@@ -92,8 +94,11 @@ def format_record(record: dict[str, tuple[str, list[Any]]]) -> str:
 
 
 def head(path: str, n: int = 5, *, sample: int = 1000) -> dict[str, Any]:
-    """Works on any TFRecord file of tf.train.Examples, no bundle needed."""
-    compression = detect_compression(path)
+    """Works on any TFRecord, ArrayRecord or WebDataset shard of tf.train.Examples, no bundle
+    needed."""
+    with open_read(path) as f:
+        first = f.read(512)
+    compression = webdataset.WEBDATASET if ustar.is_tar(first) else detect_compression(path)
     records = list(
         parsed_records(path, itertools.islice(read_records(path, compression), sample), compression)
     )
@@ -108,9 +113,15 @@ def head(path: str, n: int = 5, *, sample: int = 1000) -> dict[str, Any]:
     }
 
 
+def _kind(compression: str) -> str:
+    if compression == webdataset.WEBDATASET:
+        return "a WebDataset shard"
+    return "an ArrayRecord file" if compression == ARRAY_RECORD else f"{compression} compression"
+
+
 def format_head(result: dict[str, Any]) -> str:
     out = [
-        f"{result['path']}: {result['compression']} compression, {result['sampled']} records sampled",
+        f"{result['path']}: {_kind(result['compression'])}, {result['sampled']} records sampled",
         "",
         "Inferred tf.io parsing spec (paste into your code):",
         "",

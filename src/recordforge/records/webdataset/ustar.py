@@ -17,7 +17,7 @@ from typing import Protocol
 
 from recordforge.errors import CorruptFile
 
-__all__ = ["Fallback", "Readable", "members"]
+__all__ = ["Fallback", "Readable", "is_tar", "members"]
 
 _BLOCK = 512
 _ZERO_BLOCK = bytes(_BLOCK)
@@ -89,6 +89,18 @@ def _plain(header: bytes) -> tuple[str, int] | None:
     if not name.isascii() or name.endswith(b"/"):
         return None
     return name.decode("ascii"), size
+
+
+def is_tar(first_block: bytes) -> bool:
+    """Whether a file starting with these bytes (512 of them, fewer if the file is shorter) is a
+    tar archive: a ustar header (POSIX or GNU magic) whose checksum holds."""
+    if len(first_block) < _BLOCK or first_block[257:262] != b"ustar":
+        return False
+    try:
+        checksum = int(first_block[148:156].split(b"\x00", 1)[0].strip() or b"0", 8)
+    except ValueError:
+        return False
+    return checksum == sum(first_block[:_BLOCK]) - sum(first_block[148:156]) + 8 * 32
 
 
 def members(path: str, source: Readable, fallback: Fallback) -> Iterator[tuple[int, str, bytes]]:
