@@ -202,7 +202,6 @@ def test_head_reads_a_webdataset_shard(tmp_path: Path) -> None:
     """A WebDataset shard is told by its ustar header (no suffix trusted) and shown as the
     Examples it was written from; it was read as a TFRecord file and refused."""
     from fuzz.bundles import build_bundles
-
     from recordforge.records import webdataset
 
     shard = next((build_bundles(tmp_path)["webdataset"]).glob("*.tar"))

@@ -9,10 +9,10 @@ import yaml
 
 from recordforge.files import layout
 from recordforge.files.storage import exists, open_read
+from recordforge.records import webdataset
 from recordforge.records.array_records import ARRAY_RECORD, reading
 from recordforge.records.bundle_json import load_feature_spec, load_metadata
 from recordforge.records.example_pb import parse_example
-from recordforge.records import webdataset
 from recordforge.records.tfrecord import detect_compression, read_records
 from recordforge.records.webdataset import ustar
 from recordforge.tools.records import infer_feature_spec, parsed_records
