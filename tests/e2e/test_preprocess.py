@@ -18,7 +18,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import published_root
+from conftest import published_root, tf_raw_records
 
 import recordforge
 from recordforge.errors import RecordForgeError, SchemaError
@@ -580,7 +580,6 @@ def test_vocabularies_equal_tensorflow_transforms_unweighted_ones(tmp_path: Path
     values, computed in the same run by a user's function: a top_k cut inside a tie, a
     frequency threshold, out-of-vocabulary buckets, an empty-string token, absent rows and a
     list feature with empty lists, over several batches."""
-    import tensorflow as tf
 
     table = _table()
     # Tokens seen once (under the threshold of 2) and twice (at it), besides frequent ones.
@@ -625,7 +624,7 @@ def test_vocabularies_equal_tensorflow_transforms_unweighted_ones(tmp_path: Path
 
     def tokens(name: str) -> list[bytes]:
         (path,) = assets.glob(f"{name}.tfrecord.gz")
-        return list(tf.data.TFRecordDataset(str(path), compression_type="GZIP").as_numpy_iterator())
+        return tf_raw_records([str(path)], "GZIP")
 
     records = _by_id(read_split(out))
     for feature in ("fruit", "color", "words"):

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from conftest import tf_raw_records
 
 import recordforge
 from recordforge.errors import RecordForgeError
@@ -48,9 +49,7 @@ def _sequential(out: Path, meta: dict[str, Any], split: str | None = None) -> li
 
         with ArrayRecordDataSource(files) as source:
             return [source[i] for i in range(len(source))]
-    import tensorflow as tf
-
-    return [r.numpy() for r in tf.data.TFRecordDataset(files)]
+    return tf_raw_records(files)
 
 
 @pytest.fixture(scope="module")

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+from conftest import tf_raw_records
 from forked_runs import ForkedRuns
 
 from demo.sampledata import taxi_table
@@ -53,12 +54,9 @@ def _argv(src: Path, out: Path, writer: str, *extra: str) -> list[str]:
 def _records(out: Path) -> Counter[bytes]:
     """The published records as a multiset, read by tf.data (CRC-checked framing), not by
     RecordForge's readers."""
-    import tensorflow as tf
-
     meta = json.loads((out / layout.METADATA).read_text())
     files = [str(out / s["file"]) for s in meta["shards"]]
-    data = tf.data.TFRecordDataset(files, compression_type=meta["tf_compression_type"])
-    return Counter(bytes(r) for r in data.as_numpy_iterator())
+    return Counter(tf_raw_records(files, meta["tf_compression_type"]))
 
 
 def _shard_bytes(out: Path) -> dict[str, bytes]:

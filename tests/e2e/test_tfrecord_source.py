@@ -21,7 +21,7 @@ import pytest
 from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.testing.util import assert_that, equal_to
-from conftest import example_to_dict, published_root
+from conftest import example_to_dict, published_root, tf_raw_records
 from test_table_formats import ARROW_TYPES, _rows
 
 from recordforge.pipelines.convert import DEFAULT_RUNNER, run
@@ -37,12 +37,10 @@ from recordforge.transforms.record_source import ReadRecords
 
 def _tf_read(output: Path) -> list[bytes]:
     """Every record of a TFRecord bundle, by tf.data alone."""
-    import tensorflow as tf
 
     meta = json.loads((output / "metadata.json").read_text())
     files = [str(output / s["file"]) for s in meta["shards"]]
-    ds = tf.data.TFRecordDataset(files, compression_type=meta["tf_compression_type"])
-    return [raw.numpy() for raw in ds]
+    return tf_raw_records(files, meta["tf_compression_type"])
 
 
 def _array_record_read(output: Path) -> list[bytes]:
@@ -125,9 +123,7 @@ def test_three_splits_by_a_key_feature(tmp_path: Path, gzip_bundle: tuple[Path, 
 
 
 def _tf_read_files(files: list[Path]) -> list[bytes]:
-    import tensorflow as tf
-
-    return [r.numpy() for r in tf.data.TFRecordDataset([str(f) for f in files], compression_type="GZIP")]
+    return tf_raw_records([str(f) for f in files], "GZIP")
 
 
 def _foreign_examples(n: int) -> list[bytes]:

@@ -12,7 +12,7 @@ import pyarrow as pa
 import pytest
 from apache_beam.testing import test_pipeline
 from apache_beam.testing.util import BeamAssertException, assert_that
-from conftest import DEFAULT_RUNNER
+from conftest import DEFAULT_RUNNER, tf_raw_records
 from record_cases import sample_records
 
 from recordforge.output.shard_plans import FULL_FRACTION, Limits, Part, plan
@@ -90,12 +90,11 @@ def test_joining_by_records_is_exact(tmp_path: Path) -> None:
 
 
 def test_joined_shards_are_read_by_tf_data(tmp_path: Path) -> None:
-    import tensorflow as tf
 
     limits = Limits(max_bytes=30_000, max_records=0)
     shards, _ = _shards(tmp_path, [1, 1, 1, 1, 1, 1], limits)
     for s in shards:
-        got = [r.numpy() for r in tf.data.TFRecordDataset(s.path, compression_type="GZIP")]
+        got = tf_raw_records([s.path], "GZIP")
         assert got == list(iter_records(s.path, "gzip", check_crc=True))
 
 
