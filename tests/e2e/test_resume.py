@@ -1,4 +1,4 @@
-"""A run of 2.4M rows in six files killed at a finished piece (SIGKILL, and separately Ctrl-C) at
+"""A run of 300,000 rows in six files killed at a finished piece (SIGKILL, and separately Ctrl-C) at
 about 70% of its parts, then rerun: the rerun keeps at least the rows the killed run recorded as
 finished, converts the rest, and publishes the records an uninterrupted run does."""
 
@@ -29,11 +29,11 @@ from recordforge.files.storage import exists, list_files, read_bytes
 from recordforge.output import crashpoints
 from recordforge.tools.verify import verify
 
-ROWS, FILES, ROW_GROUP = 100_000, 6, 12_500
-# Shards of 2 MiB (about 16 for this input, each a part recorded when it fills, besides the short
+ROWS, FILES, ROW_GROUP = 50_000, 6, 6_250
+# Shards of 1 MiB (about 16 for this input, each a part recorded when it fills, besides the short
 # parts where a bundle ends). The crash point counts per process: with two workers each writes
 # about half of the parts, so the 7th part of the first worker there is about 70-80% of the run.
-WORKERS, KILL_AFTER, SHARD = "2", "7", "2MiB"
+WORKERS, KILL_AFTER, SHARD = "2", "7", "1MiB"
 
 
 @pytest.fixture(scope="module")
@@ -126,7 +126,7 @@ def _shard_bytes(out: Path) -> dict[str, bytes]:
 def deterministic(
     forked: ForkedRuns, source: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> dict[str, bytes]:
-    """An uninterrupted --deterministic run's shards: 10 of them (a shard per 2 MiB of input)."""
+    """An uninterrupted --deterministic run's shards: 10 of them (a shard per 1 MiB of input)."""
     out = tmp_path_factory.mktemp("deterministic") / "whole"
     (whole,) = forked.together([(_argv(source, out, "--deterministic"), 0.0)])
     assert whole.code == 0, whole.stderr
