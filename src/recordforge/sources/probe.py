@@ -14,6 +14,7 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
+from recordforge import interrupts
 from recordforge.errors import SourceError
 from recordforge.files.storage import is_local, open_input
 from recordforge.sources import csv_types, fixed_lists, table_files
@@ -197,6 +198,7 @@ def parquet_footers(paths: Sequence[str]) -> dict[str, pq.FileMetaData] | None:
         return None
     footers = {}
     for path in paths:
+        interrupts.check()  # a safe point per file: thousands of remote footers take minutes
         try:
             with open_source(path) as f:
                 footers[path] = pq.ParquetFile(f).metadata

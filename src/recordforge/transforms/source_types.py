@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 import apache_beam as beam
 import pyarrow as pa
 
+from recordforge import interrupts
 from recordforge.errors import SourceError
 from recordforge.files.storage import is_local, match
 from recordforge.transforms.coders import PickleCoder
@@ -70,6 +71,7 @@ def expand_patterns(patterns: Iterable[str]) -> list[FileInfo]:
     """Expands every pattern now, at construction; one that matches nothing is an error."""
     out: dict[str, FileInfo] = {}
     for given in patterns:
+        interrupts.check()  # a safe point per pattern: listing a bucket can take minutes
         pattern = given
         if is_local(pattern):
             # Beam's LocalFileSystem globs within the pattern's directory part, so a pattern
