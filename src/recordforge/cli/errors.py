@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 
 from recordforge.errors import UsageError
 from recordforge.runners.unwrap import chain, from_worker, strip_step
@@ -56,8 +57,30 @@ def describe(exn: BaseException) -> tuple[str, int]:
         if type(e).__module__.startswith("pyarrow") and isinstance(e, KeyError | ValueError):
             # ArrowKeyError is a KeyError: str() would quote it.
             return strip_step(one_line(str(e.args[0]) if e.args else type(e).__name__)), 1
+    for e in chain(exn):
+        found = _worker_os_error(str(e))
+        if found is not None:
+            return found, 1
     first = one_line(str(exn))
     return (
         f"internal error: {type(exn).__name__}: {first} (run with --debug for the traceback)",
         1,
     )
+
+
+# An OSError raised in a worker reaches the driver as text in the runner's exception (Python's
+# `OSError: [Errno 28] No space left on device`, Arrow's `... Detail: [errno 28] ...`), with the
+# step it failed in.
+_OS_ERROR = re.compile(r"\[errno (\d+)\] ([^\[;\n]+)", re.IGNORECASE)
+_STEP = re.compile(r"\[while running '([^']*)'\]")
+
+
+def _worker_os_error(text: str) -> str | None:
+    """One line for a worker's OSError found in a runner's failure text, or None."""
+    found = _OS_ERROR.findall(text)
+    if not found:
+        return None
+    errno, reason = found[-1]
+    steps = _STEP.findall(text)
+    where = f" (in the step {steps[-1]!r})" if steps else ""
+    return f"a worker failed: {reason.strip()} [errno {errno}]{where}"
